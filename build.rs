@@ -1,0 +1,24 @@
+//! Compiles `proto/` into Rust with `protox` (a pure-Rust protobuf compiler),
+//! so building smg never needs a system `protoc`.
+
+use std::path::PathBuf;
+
+const PROTOS: &[&str] = &[
+    "common.proto",
+    "tokenspeed_scheduler.proto",
+    "tokenspeed_encoder.proto",
+    "sglang_scheduler.proto",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto_dir = PathBuf::from("proto");
+    for file in PROTOS {
+        println!("cargo:rerun-if-changed=proto/{file}");
+    }
+    let descriptors = protox::compile(PROTOS, [&proto_dir])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

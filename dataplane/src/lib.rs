@@ -1,0 +1,10 @@
+//! smg's data plane: pinned per-core threads, each with its own io_uring, that
+//! decode and preprocess media and move tensors into the lanes (inline gRPC
+//! bytes, `/dev/shm` slots, RDMA slots).
+//!
+//! It depends only on `smg-shared`, never on the control plane: the two sides
+//! meet through the bounded rings whose types live there. The runtime, rings
+//! and kernels arrive with the data-plane issue; until then this crate only
+//! re-exports the boundary types it will speak.
+
+pub use smg_shared::shm::ShmNamespace;
