@@ -4,7 +4,12 @@
 //! proto packages because generated code refers across packages with
 //! `super::` paths. Use the short aliases at the bottom.
 
-#![allow(missing_docs, missing_debug_implementations, clippy::all, clippy::pedantic)]
+#![allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic
+)]
 
 pub mod smg {
     pub mod grpc {

@@ -95,8 +95,14 @@ mod tests {
 
     #[test]
     fn tensor_bytes_multiplies_shape() {
-        assert_eq!(DType::BFloat16.tensor_bytes(&[10764, 1176]), Some(10764 * 1176 * 2));
+        assert_eq!(
+            DType::BFloat16.tensor_bytes(&[10764, 1176]),
+            Some(10764 * 1176 * 2)
+        );
         assert_eq!(DType::Float32.tensor_bytes(&[]), Some(4));
-        assert_eq!(DType::Int64.tensor_bytes(&[u32::MAX, u32::MAX, u32::MAX]), None);
+        assert_eq!(
+            DType::Int64.tensor_bytes(&[u32::MAX, u32::MAX, u32::MAX]),
+            None
+        );
     }
 }

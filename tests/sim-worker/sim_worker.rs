@@ -1,0 +1,310 @@
+//! `smg-sim-worker`: a simulated GPU engine worker that speaks the real
+//! TokenSpeed or SGLang gRPC protocols, so the gateway can be developed and
+//! tested end to end without GPUs.
+//!
+//! It generates deterministic text that starts with a digest of what it
+//! received (token ids, tensor bytes, shapes, dtypes; see `digest`), takes part
+//! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes or
+//! `/dev/shm` like a real worker, follows a simple timing model, and injects
+//! faults on request. When it is listening it prints one line to stdout:
+//! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
+
+mod digest;
+mod engine;
+mod model;
+mod rendezvous;
+mod service;
+mod sglang;
+mod tensor;
+mod tokenspeed;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use smg::proto;
+use smg::proto::sglang_scheduler::sglang_scheduler_server::SglangSchedulerServer;
+use smg::proto::tokenspeed_encoder::token_speed_encoder_server::TokenSpeedEncoderServer;
+use smg::proto::tokenspeed_scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
+use smg_shared::shm::ShmNamespace;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
+use crate::model::ModelFacts;
+use crate::service::Worker;
+use crate::tensor::Recorder;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Protocol {
+    Tokenspeed,
+    Sglang,
+}
+
+/// A simulated TokenSpeed / SGLang engine worker.
+#[derive(Debug, Parser)]
+#[command(name = "smg-sim-worker", version, about)]
+struct Args {
+    /// The engine protocol to serve.
+    #[arg(long, value_enum, default_value_t = Protocol::Tokenspeed)]
+    protocol: Protocol,
+    /// The worker's part in the fleet.
+    #[arg(long, value_enum, default_value_t = Role::Regular)]
+    role: Role,
+    /// Address to listen on (gRPC and bootstrap).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// gRPC port; 0 picks a free one (see the ready line).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Rendezvous port for prefill and encode workers; 0 picks a free one.
+    #[arg(long)]
+    bootstrap_port: Option<u16>,
+    /// A Hugging Face model directory (tokenizer.json, config.json, ...).
+    #[arg(long)]
+    model_path: PathBuf,
+    /// The model name to report; defaults to the model directory's name.
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Overrides the advertised `/dev/shm` identity (`"<boot_id>:<st_dev>"`).
+    #[arg(long)]
+    shm_namespace_id: Option<String>,
+
+    /// No simulated compute time at all (overhead benchmarks).
+    #[arg(long)]
+    zero_delay: bool,
+    /// Prompt tokens prefilled per second (uncached tokens only).
+    #[arg(long, default_value_t = 50_000.0)]
+    prefill_tokens_per_sec: f64,
+    /// Base latency of one decode step, in milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    decode_ms_per_token: f64,
+    /// Extra decode-step latency per running request, in milliseconds.
+    #[arg(long, default_value_t = 0.05)]
+    decode_ms_per_running_request: f64,
+    /// Time to encode one media item, in milliseconds.
+    #[arg(long, default_value_t = 5.0)]
+    encode_ms_per_item: f64,
+    /// Requests decoded at once; more wait in a queue.
+    #[arg(long, default_value_t = 256)]
+    max_running_requests: u32,
+    /// KV cache capacity in tokens, reported in loads.
+    #[arg(long, default_value_t = 262_144)]
+    max_total_tokens: u32,
+    /// max_new_tokens when a request does not set it.
+    #[arg(long, default_value_t = 128)]
+    default_max_new_tokens: u32,
+    /// How long prefill waits for an embedding and decode for a KV cache.
+    #[arg(long, default_value_t = 30_000)]
+    bootstrap_timeout_ms: u64,
+
+    /// Fault: fail each stream with INTERNAL after N tokens.
+    #[arg(long)]
+    fail_after_tokens: Option<u32>,
+    /// Fault: end each stream without a completion after N tokens.
+    #[arg(long)]
+    drop_after_tokens: Option<u32>,
+    /// Fault: exit the process when a stream reaches N tokens.
+    #[arg(long)]
+    exit_after_tokens: Option<u32>,
+    /// Fault: stop producing tokens after N (until aborted or cancelled).
+    #[arg(long)]
+    stall_after_tokens: Option<u32>,
+    /// Fault: answer `accepted: false` to the first N Encode calls.
+    #[arg(long, default_value_t = 0)]
+    refuse_encodes: u32,
+    /// Fault: fail the first N Encode calls with UNAVAILABLE.
+    #[arg(long, default_value_t = 0)]
+    fail_encodes: u32,
+    /// Fault: exit the process in the middle of an Encode call.
+    #[arg(long)]
+    exit_on_encode: bool,
+    /// Fault: never answer Encode calls.
+    #[arg(long)]
+    stall_encodes: bool,
+    /// Fault: never publish KV caches or embeddings for peers.
+    #[arg(long)]
+    withhold_bootstrap: bool,
+    /// Fault: read shm tensors but never unlink their names.
+    #[arg(long)]
+    keep_shm_names: bool,
+    /// Fault: report unhealthy in HealthCheck.
+    #[arg(long)]
+    unhealthy: bool,
+
+    /// Write every received tensor here (raw bytes + JSON sidecar).
+    #[arg(long)]
+    record_dir: Option<PathBuf>,
+    /// Log filter (e.g. info, debug, smg_sim_worker=trace).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+impl Args {
+    fn engine_config(&self) -> EngineConfig {
+        let timing = if self.zero_delay {
+            Timing::ZERO
+        } else {
+            Timing {
+                prefill_tokens_per_sec: self.prefill_tokens_per_sec,
+                decode_ms_per_token: self.decode_ms_per_token,
+                decode_ms_per_running_request: self.decode_ms_per_running_request,
+                encode_ms_per_item: self.encode_ms_per_item,
+            }
+        };
+        EngineConfig {
+            role: self.role,
+            timing,
+            faults: Faults {
+                fail_after_tokens: self.fail_after_tokens,
+                drop_after_tokens: self.drop_after_tokens,
+                exit_after_tokens: self.exit_after_tokens,
+                stall_after_tokens: self.stall_after_tokens,
+                refuse_encodes: AtomicU32::new(self.refuse_encodes),
+                fail_encodes: AtomicU32::new(self.fail_encodes),
+                exit_on_encode: self.exit_on_encode,
+                stall_encodes: self.stall_encodes,
+                withhold_bootstrap: self.withhold_bootstrap,
+                keep_shm_names: self.keep_shm_names,
+                unhealthy: self.unhealthy,
+            },
+            bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
+            default_max_new_tokens: self.default_max_new_tokens,
+            max_running_requests: self.max_running_requests,
+            max_total_tokens: self.max_total_tokens,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_level)?)
+        .with_writer(std::io::stderr)
+        .init();
+    if args.protocol == Protocol::Sglang && args.role == Role::Encode {
+        bail!("SGLang has no encoder protocol: run encode workers with --protocol tokenspeed");
+    }
+    let model = ModelFacts::load(&args.model_path, args.served_model_name.clone())?;
+    let engine = Arc::new(Engine::new(args.engine_config(), model)?);
+    let shm_namespace_id = match &args.shm_namespace_id {
+        Some(id) => id.clone(),
+        None => ShmNamespace::current()
+            .map(|ns| ns.to_string())
+            .unwrap_or_else(|err| {
+                tracing::warn!(%err, "no /dev/shm identity; advertising none");
+                String::new()
+            }),
+    };
+
+    let grpc = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let grpc_addr = grpc.local_addr()?;
+    let bootstrap = match (args.role, args.bootstrap_port) {
+        (Role::Prefill | Role::Encode, port) => Some(
+            TcpListener::bind((args.host.as_str(), port.unwrap_or(0)))
+                .await
+                .with_context(|| format!("cannot listen for bootstrap on {}", args.host))?,
+        ),
+        (_, Some(_)) => bail!("--bootstrap-port is for prefill and encode workers"),
+        _ => None,
+    };
+    let bootstrap_addr: Option<SocketAddr> = bootstrap
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    if let Some(listener) = bootstrap {
+        let max_wait = engine.config.bootstrap_timeout;
+        tokio::spawn(rendezvous::serve(listener, engine.rooms.clone(), max_wait));
+    }
+
+    let recorder = args
+        .record_dir
+        .clone()
+        .map(Recorder::new)
+        .transpose()
+        .context("cannot create the record directory")?
+        .map(Arc::new);
+    let worker = Worker {
+        engine,
+        recorder,
+        shm_namespace_id,
+        port: grpc_addr.port(),
+        bootstrap_port: bootstrap_addr.map(|a| a.port()),
+        protocol: match args.protocol {
+            Protocol::Tokenspeed => "tokenspeed",
+            Protocol::Sglang => "sglang",
+        },
+    };
+
+    let limit = proto::MAX_MESSAGE_BYTES;
+    let mut server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)));
+    let router = match args.protocol {
+        Protocol::Tokenspeed => {
+            let service = tokenspeed::TokenSpeed(worker);
+            server
+                .add_service(
+                    TokenSpeedSchedulerServer::new(service.clone())
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(limit),
+                )
+                .add_service(
+                    TokenSpeedEncoderServer::new(service)
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(limit),
+                )
+        }
+        Protocol::Sglang => server.add_service(
+            SglangSchedulerServer::new(sglang::Sglang(worker))
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        ),
+    };
+
+    let bootstrap_text = bootstrap_addr.map_or_else(|| "none".to_owned(), |a| a.to_string());
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "smg-sim-worker ready grpc={grpc_addr} bootstrap={bootstrap_text}"
+    )?;
+    stdout.flush()?;
+    drop(stdout);
+    tracing::info!(
+        protocol = ?args.protocol,
+        role = args.role.name(),
+        grpc = %grpc_addr,
+        bootstrap = %bootstrap_text,
+        "simulated worker serving"
+    );
+
+    router
+        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(stream) => stream,
+        Err(err) => {
+            tracing::warn!(%err, "cannot watch SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down");
+}
