@@ -443,10 +443,12 @@ impl Engine {
 
         let mut sampling = job.sampling.clone();
         if self.config.role == Role::Prefill {
-            if let Some(peer) = &job.kv {
-                if !self.config.faults.withhold_bootstrap {
-                    self.rooms.publish(peer.room, prompt_digest);
-                }
+            if let Some(peer) = job
+                .kv
+                .as_ref()
+                .filter(|_| !self.config.faults.withhold_bootstrap)
+            {
+                self.rooms.publish(peer.room, prompt_digest);
             }
             // Prefill's job ends with the first token; decode streams the rest.
             sampling.n = 1;

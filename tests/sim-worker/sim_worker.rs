@@ -48,7 +48,11 @@ enum Protocol {
 
 /// A simulated TokenSpeed / SGLang engine worker.
 #[derive(Debug, Parser)]
-#[command(name = "smg-sim-worker", version, about)]
+#[command(
+    name = "smg-sim-worker",
+    version,
+    about = "A simulated TokenSpeed / SGLang engine worker for testing smg without GPUs"
+)]
 struct Args {
     /// The engine protocol to serve.
     #[arg(long, value_enum, default_value_t = Protocol::Tokenspeed)]

@@ -131,10 +131,8 @@ fn read_shm(name: &str, offset: u64, nbytes: u64, keep_name: bool) -> Result<Vec
     let result = read_opened(&file, &path, offset, nbytes);
     // Like a real worker: once opened, the name is consumed whatever the read
     // found, so a bad request cannot leak it.
-    if !keep_name {
-        if let Err(err) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), %err, "could not unlink shm tensor");
-        }
+    if !keep_name && let Err(err) = std::fs::remove_file(&path) {
+        tracing::warn!(path = %path.display(), %err, "could not unlink shm tensor");
     }
     result
 }

@@ -1,0 +1,169 @@
+//! Shared harness for the end-to-end tests: starts real `smg-sim-worker`
+//! processes on loopback (ephemeral ports, read back from their ready line),
+//! kills them on drop, and computes the digests a worker's output must carry.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+#[path = "../sim-worker/digest.rs"]
+pub mod digest;
+
+/// How long a worker may take to print its ready line.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model")
+}
+
+pub fn tokenizer() -> tokenizers::Tokenizer {
+    tokenizers::Tokenizer::from_file(model_dir().join("tokenizer.json")).expect("fixture tokenizer")
+}
+
+/// Decodes ids the way a gateway shows them to a user.
+pub fn decode(ids: &[u32]) -> String {
+    tokenizer().decode(ids, true).expect("decodable ids")
+}
+
+/// Encodes text without special tokens.
+pub fn encode(text: &str) -> Vec<u32> {
+    tokenizer()
+        .encode(text, false)
+        .expect("encodable text")
+        .get_ids()
+        .to_vec()
+}
+
+/// A running simulated worker process.
+#[derive(Debug)]
+pub struct SimWorker {
+    child: Child,
+    pub grpc: SocketAddr,
+    pub bootstrap: Option<SocketAddr>,
+}
+
+impl SimWorker {
+    /// Starts `smg-sim-worker --protocol P --role R` plus `extra` flags.
+    pub fn start(protocol: &str, role: &str, extra: &[&str]) -> SimWorker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_smg-sim-worker"))
+            .args([
+                "--protocol",
+                protocol,
+                "--role",
+                role,
+                "--host",
+                "127.0.0.1",
+            ])
+            .arg("--model-path")
+            .arg(model_dir())
+            .args(["--log-level", "warn"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn smg-sim-worker");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = sender.send(first);
+            // Keep draining so the worker never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let line = match receiver.recv_timeout(STARTUP_TIMEOUT) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                panic!("sim worker did not become ready: {other:?}");
+            }
+        };
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(key))
+                .unwrap_or_else(|| panic!("ready line {line:?} lacks {key}"))
+                .to_owned()
+        };
+        let grpc = field("grpc=").parse().expect("grpc address");
+        let bootstrap = match field("bootstrap=").as_str() {
+            "none" => None,
+            addr => Some(addr.parse().expect("bootstrap address")),
+        };
+        SimWorker {
+            child,
+            grpc,
+            bootstrap,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    pub fn bootstrap_port(&self) -> u16 {
+        self.bootstrap
+            .expect("this worker has a bootstrap server")
+            .port()
+    }
+
+    /// Waits for the process to exit on its own; `None` if it is still
+    /// running after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for SimWorker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh file in /dev/shm holding `bytes`; returns its name.
+pub fn shm_file(bytes: &[u8]) -> String {
+    let name = format!(
+        "smg-test-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    );
+    std::fs::write(shm_path(&name), bytes).expect("write /dev/shm file");
+    name
+}
+
+pub fn shm_path(name: &str) -> PathBuf {
+    PathBuf::from("/dev/shm").join(name)
+}
+
+/// A deterministic pseudo-image tensor of `len` bytes.
+pub fn pixels(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// The text header a sim worker starts its output with for this prompt.
+pub fn expected_header(input_ids: &[u32], items: &[[u8; 32]]) -> String {
+    digest::output_header(&digest::prompt_digest(input_ids, items))
+}
+
+/// Bounds a future so a hang fails the test instead of stalling the suite.
+pub async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(30), future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within 30 s"))
+}
