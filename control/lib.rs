@@ -5,4 +5,5 @@
 //! policies land on top of them. Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
+pub mod error;
 pub mod proto;

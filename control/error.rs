@@ -1,0 +1,247 @@
+//! One error type for the whole control plane.
+//!
+//! Every failure a client can see carries a stable snake_case [`ErrorCode`]:
+//! the code fixes the HTTP status, who caused the failure (the client, the
+//! gateway or a worker) and whether the request may be retried on another
+//! attempt. Handlers never invent statuses; they pick a code.
+
+use std::fmt;
+
+/// Who caused a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The request itself is wrong; retrying it cannot help.
+    Client,
+    /// The gateway could not serve it (capacity, configuration, a bug).
+    Gateway,
+    /// An engine worker failed or refused.
+    Worker,
+}
+
+macro_rules! error_codes {
+    ($( $(#[$doc:meta])* $variant:ident => ($code:literal, $status:literal, $origin:ident, $retryable:literal), )*) => {
+        /// The stable error codes smg answers with. The string form is part of
+        /// the API: never rename one.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl ErrorCode {
+            /// Every code, for documentation and tests.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant),*];
+
+            /// The snake_case code clients see in `error.code`.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)* }
+            }
+
+            /// The HTTP status this code answers with.
+            pub const fn http_status(self) -> u16 {
+                match self { $(ErrorCode::$variant => $status,)* }
+            }
+
+            pub const fn origin(self) -> Origin {
+                match self { $(ErrorCode::$variant => Origin::$origin,)* }
+            }
+
+            /// Whether another attempt (possibly on another worker) may succeed.
+            pub const fn retryable(self) -> bool {
+                match self { $(ErrorCode::$variant => $retryable,)* }
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// The body is not valid JSON.
+    InvalidJson => ("invalid_json", 400, Client, false),
+    /// A field is missing, has the wrong type, or the request is malformed.
+    InvalidRequest => ("invalid_request", 400, Client, false),
+    /// A parameter is out of its allowed range.
+    InvalidParameter => ("invalid_parameter", 400, Client, false),
+    /// No served model has this name.
+    ModelNotFound => ("model_not_found", 404, Client, false),
+    /// The prompt (plus the requested output) does not fit the context.
+    ContextLengthExceeded => ("context_length_exceeded", 400, Client, false),
+    /// The endpoint does not exist in the router's mode.
+    UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false),
+    /// No healthy worker can take the request for a role the mode needs.
+    NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
+    /// The gateway is at capacity (a full queue or ring).
+    Overloaded => ("overloaded", 503, Gateway, true),
+    /// The request took longer than the configured timeout.
+    RequestTimeout => ("request_timeout", 504, Gateway, true),
+    /// A worker could not be reached.
+    WorkerUnavailable => ("worker_unavailable", 503, Worker, true),
+    /// A worker failed while serving the request.
+    WorkerError => ("worker_error", 502, Worker, true),
+    /// A worker did not answer in time.
+    WorkerTimeout => ("worker_timeout", 504, Worker, true),
+    /// A worker rejected the request as invalid.
+    WorkerRejected => ("worker_rejected", 400, Worker, false),
+    /// A worker is overloaded (RESOURCE_EXHAUSTED).
+    WorkerOverloaded => ("worker_overloaded", 429, Worker, true),
+    /// An encode worker refused or failed an image (EPD).
+    EncodeFailed => ("encode_failed", 502, Worker, true),
+    /// The worker's stream ended before the request completed.
+    StreamInterrupted => ("stream_interrupted", 502, Worker, true),
+    /// The gateway failed unexpectedly.
+    InternalError => ("internal_error", 500, Gateway, false),
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failure with its code, a human message and optionally the request
+/// parameter at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub code: ErrorCode,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl Error {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// Names the request parameter at fault.
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
+    }
+
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn invalid_parameter(param: &str, message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidParameter, message).with_param(param)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InternalError, message)
+    }
+
+    pub fn retryable(&self) -> bool {
+        self.code.retryable()
+    }
+
+    /// The OpenAI `error.type` for this failure.
+    pub fn openai_type(&self) -> &'static str {
+        match self.code.origin() {
+            Origin::Client => "invalid_request_error",
+            Origin::Gateway | Origin::Worker => match self.code.http_status() {
+                503 | 429 => "service_unavailable_error",
+                _ => "server_error",
+            },
+        }
+    }
+
+    /// The OpenAI-shaped error body:
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    pub fn to_openai_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.openai_type(),
+                "param": self.param,
+                "code": self.code.as_str(),
+            }
+        })
+    }
+
+    /// Maps a worker's gRPC status to a code.
+    pub fn from_worker_status(status: &tonic::Status, worker: &str) -> Self {
+        use tonic::Code;
+        let code = match status.code() {
+            Code::InvalidArgument | Code::OutOfRange => ErrorCode::WorkerRejected,
+            Code::FailedPrecondition => ErrorCode::WorkerError,
+            Code::ResourceExhausted => ErrorCode::WorkerOverloaded,
+            Code::DeadlineExceeded => ErrorCode::WorkerTimeout,
+            Code::Unavailable => ErrorCode::WorkerUnavailable,
+            Code::Cancelled | Code::Aborted => ErrorCode::WorkerError,
+            _ => ErrorCode::WorkerError,
+        };
+        Self::new(
+            code,
+            format!(
+                "worker {worker}: {} ({:?})",
+                status.message(),
+                status.code()
+            ),
+        )
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn codes_are_unique_snake_case() {
+        let mut seen = HashSet::new();
+        for code in ErrorCode::ALL {
+            let text = code.as_str();
+            assert!(seen.insert(text), "duplicate code {text}");
+            assert!(
+                text.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{text} is not snake_case"
+            );
+        }
+    }
+
+    #[test]
+    fn client_errors_are_4xx_and_never_retried() {
+        for code in ErrorCode::ALL {
+            if code.origin() == Origin::Client {
+                assert!((400..500).contains(&code.http_status()), "{code}");
+                assert!(!code.retryable(), "{code}");
+            }
+        }
+    }
+
+    #[test]
+    fn openai_body_carries_code_and_param() {
+        let err = Error::invalid_parameter("temperature", "must be within [0, 2]");
+        let body = err.to_openai_json();
+        assert_eq!(body["error"]["code"], "invalid_parameter");
+        assert_eq!(body["error"]["param"], "temperature");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn worker_statuses_map_to_stable_codes() {
+        let cases = [
+            (tonic::Code::InvalidArgument, ErrorCode::WorkerRejected),
+            (tonic::Code::Unavailable, ErrorCode::WorkerUnavailable),
+            (tonic::Code::DeadlineExceeded, ErrorCode::WorkerTimeout),
+            (tonic::Code::ResourceExhausted, ErrorCode::WorkerOverloaded),
+            (tonic::Code::Internal, ErrorCode::WorkerError),
+        ];
+        for (status, expected) in cases {
+            let err = Error::from_worker_status(&tonic::Status::new(status, "x"), "w1");
+            assert_eq!(err.code, expected, "{status:?}");
+        }
+    }
+}
