@@ -5,5 +5,6 @@
 //! policies land on top of them. Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
+pub mod engine;
 pub mod error;
 pub mod proto;

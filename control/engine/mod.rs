@@ -1,0 +1,261 @@
+//! Engine workers as the control plane sees them: one protocol-neutral request
+//! and event type, and one client that speaks TokenSpeed or SGLang underneath.
+//!
+//! The two engines disagree on field numbers, room widths and where tensors
+//! go (see `proto/`); everything above this module uses only the types here,
+//! so a pipeline stage never matches on the runtime.
+
+mod client;
+mod convert;
+
+pub use client::{EngineClient, EventStream};
+
+use bytes::Bytes;
+use smg_shared::tensor::DType;
+
+/// Which engine protocol a worker speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Runtime {
+    TokenSpeed,
+    Sglang,
+}
+
+impl Runtime {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Runtime::TokenSpeed => "tokenspeed",
+            Runtime::Sglang => "sglang",
+        }
+    }
+
+    /// The largest PD/EPD room this runtime's wire type holds: SGLang rooms
+    /// are int32, TokenSpeed rooms int64 (both non-negative).
+    pub const fn max_room(self) -> i64 {
+        match self {
+            Runtime::TokenSpeed => i64::MAX,
+            Runtime::Sglang => i32::MAX as i64,
+        }
+    }
+
+    /// Whether the runtime has an encoder service (EPD).
+    pub const fn has_encoder(self) -> bool {
+        matches!(self, Runtime::TokenSpeed)
+    }
+}
+
+/// A fresh random rendezvous room valid for `runtime`.
+pub fn mint_room(runtime: Runtime) -> i64 {
+    rand::random_range(0..=runtime.max_room())
+}
+
+/// Where a tensor's bytes travel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TensorPayload {
+    /// In the gRPC message itself.
+    Inline(Bytes),
+    /// A `/dev/shm` name the worker opens, reads and unlinks (TokenSpeed).
+    Shm {
+        name: String,
+        offset: u64,
+        nbytes: u64,
+        owner_id: String,
+    },
+    /// Remote memory the worker fetches itself (TokenSpeed).
+    Remote {
+        transport: String,
+        descriptor: Bytes,
+        nbytes: u64,
+    },
+}
+
+/// A tensor for an engine: element type, shape and where its bytes are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub dtype: DType,
+    pub shape: Vec<u32>,
+    /// `None` sends the metadata only (what prefill and decode see in EPD).
+    pub payload: Option<TensorPayload>,
+}
+
+/// What kind of media an item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Video,
+    Audio,
+}
+
+/// One media item of a prompt, in prompt order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaItem {
+    pub modality: Modality,
+    /// blake3 of the raw media bytes.
+    pub content_hash: [u8; 32],
+    /// The encoder's input (pixel values).
+    pub encoder_input: Tensor,
+    /// Named side tensors (e.g. `image_grid_thw`), sent inline.
+    pub model_specific: Vec<(String, Tensor)>,
+    /// (offset, length) of the item's placeholder tokens in the prompt.
+    pub placeholders: Vec<(u32, u32)>,
+    pub placeholder_token_id: Option<u32>,
+}
+
+/// A structured-output constraint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Constraint {
+    Regex(String),
+    JsonSchema(String),
+    EbnfGrammar(String),
+    StructuralTag(String),
+}
+
+/// Sampling as smg understands it; `None` leaves the engine's default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub max_new_tokens: Option<u32>,
+    pub min_new_tokens: u32,
+    /// Token stops only: engines run without a tokenizer, so the gateway
+    /// trims string stops itself.
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    pub spaces_between_special_tokens: bool,
+    pub no_stop_trim: bool,
+    /// Number of sequences (at least 1).
+    pub n: u32,
+    pub logit_bias: Vec<(String, f32)>,
+    pub constraint: Option<Constraint>,
+}
+
+/// The PD rendezvous: prefill's bootstrap server and the request's room,
+/// identical on both legs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvBootstrap {
+    pub host: String,
+    pub port: u16,
+    pub room: i64,
+}
+
+/// Where prefill fetches media item `item_index`'s embedding (EPD).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodeBootstrap {
+    pub item_index: u32,
+    pub host: String,
+    pub port: u16,
+    pub room: i64,
+}
+
+/// A Generate call, protocol-neutral.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerateRequest {
+    pub request_id: String,
+    pub input_ids: Vec<u32>,
+    pub original_text: String,
+    pub sampling: Sampling,
+    pub stream: bool,
+    pub return_logprob: bool,
+    pub top_logprobs_num: i32,
+    pub media: Vec<MediaItem>,
+    pub kv_bootstrap: Option<KvBootstrap>,
+    pub encode_bootstrap: Vec<EncodeBootstrap>,
+    pub data_parallel_rank: Option<i32>,
+}
+
+/// Which stop ended a sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatchedStop {
+    TokenId(u32),
+    Text(String),
+}
+
+/// Per-token log probabilities, when requested.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogProbs {
+    pub token_logprobs: Vec<f32>,
+    pub token_ids: Vec<u32>,
+    /// For each position: (logprob, token id) alternatives.
+    pub top: Vec<Vec<(f32, u32)>>,
+}
+
+/// What a Generate stream says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerateEvent {
+    /// New tokens of sequence `index` (a delta).
+    Chunk {
+        index: u32,
+        token_ids: Vec<u32>,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        cached_tokens: u32,
+        logprobs: Option<LogProbs>,
+    },
+    /// Sequence `index` is done.
+    Complete {
+        index: u32,
+        output_ids: Vec<u32>,
+        finish_reason: String,
+        matched_stop: Option<MatchedStop>,
+        prompt_tokens: u32,
+        completion_tokens: u32,
+        cached_tokens: u32,
+        logprobs: Option<LogProbs>,
+    },
+}
+
+/// What a worker says about its model (GetModelInfo).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelInfo {
+    pub model_path: String,
+    pub tokenizer_path: String,
+    pub served_model_name: String,
+    pub model_type: String,
+    pub architectures: Vec<String>,
+    pub max_context_length: u32,
+    pub max_req_input_len: u32,
+    pub vocab_size: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub bos_token_id: Option<u32>,
+    pub pad_token_id: Option<u32>,
+    pub weight_version: String,
+    pub supports_vision: bool,
+}
+
+/// What a worker says about itself (GetServerInfo).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerInfo {
+    /// `"<boot_id>:<st_dev>"` when the worker advertises it.
+    pub shm_namespace_id: Option<String>,
+    pub active_requests: i32,
+    pub max_total_num_tokens: i32,
+    pub version: String,
+    pub server_args: serde_json::Value,
+    pub scheduler_info: serde_json::Value,
+}
+
+/// A worker's load (GetLoads), summed over its DP ranks.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Load {
+    pub running_requests: i32,
+    pub waiting_requests: i32,
+    pub used_tokens: i32,
+    pub max_total_tokens: i32,
+    pub waiting_uncached_tokens: i32,
+    pub token_usage: f64,
+    pub gen_throughput: f64,
+    pub cache_hit_rate: f64,
+    pub dp_rank_count: i32,
+}
+
+/// An embedding (SGLang `Embed`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Embedding {
+    pub values: Vec<f32>,
+    pub prompt_tokens: u32,
+}
