@@ -5,6 +5,12 @@
 //! policies land on top of them. Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
+pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod metrics;
+pub mod mode;
+pub mod pipeline;
+pub mod policies;
 pub mod proto;
+pub mod workers;

@@ -1,0 +1,277 @@
+//! `smg launch`'s command line, flag-compatible with the existing SMG gateway
+//! so operators can switch without rewriting their launch scripts.
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use crate::policies::PolicyKind;
+
+/// smg: a model gateway for LLM serving fleets.
+#[derive(Debug, Parser)]
+#[command(name = "smg", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the gateway.
+    Launch(Box<LaunchArgs>),
+}
+
+/// How image tensors travel to encode/prefill workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TensorTransport {
+    Inline,
+    Shm,
+    Auto,
+    Rdma,
+}
+
+/// Which engine protocol the workers speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeArg {
+    Tokenspeed,
+    Sglang,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LaunchArgs {
+    /// Address the HTTP API listens on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port of the HTTP API.
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+
+    /// Regular-mode workers.
+    #[arg(long, num_args = 1.., value_name = "URL")]
+    pub worker_urls: Vec<String>,
+    /// Serve prefill/decode disaggregation (needs --prefill and --decode).
+    #[arg(long)]
+    pub pd_disaggregation: bool,
+    /// Serve encode/prefill/decode disaggregation (needs --encode, --prefill, --decode).
+    #[arg(long)]
+    pub epd_disaggregation: bool,
+    /// A prefill worker and optionally its bootstrap port (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    pub prefill: Vec<String>,
+    /// A decode worker (repeatable).
+    #[arg(long, value_name = "URL", action = ArgAction::Append)]
+    pub decode: Vec<String>,
+    /// An encode worker and optionally its bootstrap port (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
+    pub encode: Vec<String>,
+    /// The engine protocol; probed from the workers when not given.
+    #[arg(long, value_enum)]
+    pub runtime: Option<RuntimeArg>,
+
+    /// Routing policy for regular workers (and the default for other roles).
+    #[arg(long, value_enum, default_value_t = PolicyKind::CacheAware)]
+    pub policy: PolicyKind,
+    #[arg(long, value_enum)]
+    pub prefill_policy: Option<PolicyKind>,
+    #[arg(long, value_enum)]
+    pub decode_policy: Option<PolicyKind>,
+    /// Encode routing; defaults to consistent hashing on the image's content.
+    #[arg(long, value_enum, default_value_t = PolicyKind::ConsistentHashing)]
+    pub encode_policy: PolicyKind,
+
+    /// A Hugging Face model directory (tokenizer, chat template, configs).
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+    /// A tokenizer directory when it differs from --model-path.
+    #[arg(long)]
+    pub tokenizer_path: Option<PathBuf>,
+    /// The model name clients use; defaults to the workers' served name.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+
+    /// How image tensors reach encode/prefill workers.
+    #[arg(long, value_enum, default_value_t = TensorTransport::Inline)]
+    pub multimodal_tensor_transport: TensorTransport,
+    /// Tensors smaller than this go inline even on the shm lane.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub multimodal_shm_min_bytes: u64,
+
+    #[arg(long)]
+    pub disable_health_check: bool,
+    #[arg(long, default_value_t = 10)]
+    pub health_check_interval_secs: u64,
+    #[arg(long, default_value_t = 5)]
+    pub health_check_timeout_secs: u64,
+    #[arg(long, default_value_t = 3)]
+    pub health_failure_threshold: u32,
+    #[arg(long, default_value_t = 2)]
+    pub health_success_threshold: u32,
+
+    /// Address of the Prometheus /metrics listener (defaults to --host).
+    #[arg(long)]
+    pub prometheus_host: Option<String>,
+    #[arg(long, default_value_t = 29000)]
+    pub prometheus_port: u16,
+
+    #[arg(long, default_value_t = 3)]
+    pub retry_max_retries: u32,
+    #[arg(long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+    #[arg(long, default_value_t = 5000)]
+    pub retry_max_backoff_ms: u64,
+    #[arg(long, default_value_t = 2.0)]
+    pub retry_backoff_multiplier: f64,
+    #[arg(long, default_value_t = 0.1)]
+    pub retry_jitter_factor: f64,
+    #[arg(long)]
+    pub disable_retries: bool,
+    /// Whole-request timeout.
+    #[arg(long, default_value_t = 1800)]
+    pub request_timeout_secs: u64,
+
+    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// A worker URL and its optional bootstrap port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    pub url: String,
+    pub bootstrap_port: Option<u16>,
+}
+
+/// Groups `--prefill URL [PORT]` values (clap hands them over flattened): a
+/// purely numeric value is the bootstrap port of the URL before it.
+pub fn worker_specs(flag: &str, values: &[String]) -> Result<Vec<WorkerSpec>, String> {
+    let mut specs: Vec<WorkerSpec> = Vec::new();
+    for value in values {
+        if value.chars().all(|c| c.is_ascii_digit()) {
+            let port = value
+                .parse()
+                .map_err(|_| format!("--{flag}: bootstrap port {value} is out of range"))?;
+            match specs.last_mut() {
+                Some(spec) if spec.bootstrap_port.is_none() => spec.bootstrap_port = Some(port),
+                _ => {
+                    return Err(format!(
+                        "--{flag}: bootstrap port {value} follows no worker URL"
+                    ));
+                }
+            }
+        } else {
+            specs.push(WorkerSpec {
+                url: value.clone(),
+                bootstrap_port: None,
+            });
+        }
+    }
+    Ok(specs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(line: &str) -> LaunchArgs {
+        let cli = Cli::try_parse_from(line.split_whitespace()).expect("parses");
+        match cli.command {
+            Command::Launch(args) => *args,
+        }
+    }
+
+    #[test]
+    fn the_documented_epd_launch_line_parses() {
+        let args = launch(
+            "smg launch --epd-disaggregation --encode grpc://127.0.0.1:50104 18995 \
+             --prefill grpc://127.0.0.1:50101 19311 --decode grpc://127.0.0.1:50111 \
+             --encode-policy consistent_hashing --prefill-policy round_robin \
+             --decode-policy round_robin --policy cache_aware \
+             --multimodal-tensor-transport inline --model-path /models/qwen \
+             --disable-health-check --prometheus-port 29080 --host 0.0.0.0 --port 12345",
+        );
+        assert!(args.epd_disaggregation);
+        let spec = |url: &str, port| WorkerSpec {
+            url: url.to_owned(),
+            bootstrap_port: port,
+        };
+        assert_eq!(
+            worker_specs("encode", &args.encode),
+            Ok(vec![spec("grpc://127.0.0.1:50104", Some(18995))])
+        );
+        assert_eq!(
+            worker_specs("prefill", &args.prefill),
+            Ok(vec![spec("grpc://127.0.0.1:50101", Some(19311))])
+        );
+        assert_eq!(args.decode, ["grpc://127.0.0.1:50111"]);
+        assert_eq!(args.encode_policy, PolicyKind::ConsistentHashing);
+        assert_eq!(args.prefill_policy, Some(PolicyKind::RoundRobin));
+        assert_eq!(args.policy, PolicyKind::CacheAware);
+        assert_eq!(args.multimodal_tensor_transport, TensorTransport::Inline);
+        assert!(args.disable_health_check);
+        assert_eq!(
+            (args.host.as_str(), args.port, args.prometheus_port),
+            ("0.0.0.0", 12345, 29080)
+        );
+        assert_eq!(
+            args.prometheus_host, None,
+            "the metrics listener follows --host"
+        );
+    }
+
+    #[test]
+    fn several_prefill_workers_with_and_without_bootstrap_ports() {
+        let args = launch(
+            "smg launch --pd-disaggregation --prefill grpc://a:1 8998 --prefill grpc://b:1 \
+             --decode grpc://c:1 --decode grpc://d:1 --retry-max-retries 5 --disable-retries",
+        );
+        let specs = worker_specs("prefill", &args.prefill).expect("valid");
+        assert_eq!(specs.len(), 2);
+        assert_eq!(
+            (specs[0].url.as_str(), specs[0].bootstrap_port),
+            ("grpc://a:1", Some(8998))
+        );
+        assert_eq!(
+            (specs[1].url.as_str(), specs[1].bootstrap_port),
+            ("grpc://b:1", None)
+        );
+        assert!(worker_specs("prefill", &["9000".to_owned()]).is_err());
+        assert!(worker_specs("prefill", &["grpc://a:1".to_owned(), "99999".to_owned()]).is_err());
+        assert_eq!(args.decode.len(), 2);
+        assert_eq!(args.retry_max_retries, 5);
+        assert!(args.disable_retries);
+    }
+
+    #[test]
+    fn regular_workers_and_policies() {
+        let args = launch(
+            "smg launch --worker-urls grpc://a:1 grpc://b:2 --policy power_of_two --log-json",
+        );
+        assert_eq!(args.worker_urls, ["grpc://a:1", "grpc://b:2"]);
+        assert_eq!(args.policy, PolicyKind::PowerOfTwo);
+        assert!(args.log_json);
+        assert!(Cli::try_parse_from(["smg", "launch", "--policy", "fastest"]).is_err());
+    }
+}

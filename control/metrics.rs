@@ -1,0 +1,73 @@
+//! Prometheus metrics, with SMG's metric names where SMG has them, labelled
+//! by the router's mode (`grpc`, `grpc_pd`, `grpc_epd`).
+//!
+//! Recording goes through the `metrics` facade; [`install`] sets up the
+//! Prometheus recorder whose rendering the `/metrics` listener serves.
+
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS_TOTAL: &str = "smg_router_requests_total";
+pub const REQUEST_DURATION: &str = "smg_router_request_duration_seconds";
+pub const REQUEST_ERRORS: &str = "smg_router_request_errors_total";
+pub const TTFT: &str = "smg_router_ttft_seconds";
+pub const TPOT: &str = "smg_router_tpot_seconds";
+pub const WORKER_SELECTION: &str = "smg_worker_selection_total";
+pub const RETRIES: &str = "smg_router_retries_total";
+pub const PD_LEGS_START: &str = "smg_router_pd_legs_start_seconds";
+pub const ENCODE_DURATION: &str = "smg_router_encode_duration_seconds";
+
+/// Latency buckets (seconds) for every histogram.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 120.0,
+];
+
+/// Installs the global Prometheus recorder; call once at start-up.
+pub fn install() -> Result<PrometheusHandle, String> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
+        .map_err(|err| err.to_string())?
+        .install_recorder()
+        .map_err(|err| err.to_string())
+}
+
+/// One finished request.
+pub fn record_request(
+    router: &'static str,
+    endpoint: &'static str,
+    model: &str,
+    elapsed: Duration,
+) {
+    let labels = [
+        ("router", router.to_owned()),
+        ("endpoint", endpoint.to_owned()),
+        ("model", model.to_owned()),
+    ];
+    metrics::counter!(REQUESTS_TOTAL, &labels).increment(1);
+    metrics::histogram!(REQUEST_DURATION, &labels).record(elapsed.as_secs_f64());
+}
+
+/// One failed request, by its stable error code.
+pub fn record_error(router: &'static str, endpoint: &'static str, code: &'static str) {
+    metrics::counter!(REQUEST_ERRORS, "router" => router, "endpoint" => endpoint, "code" => code)
+        .increment(1);
+}
+
+pub fn record_ttft(router: &'static str, elapsed: Duration) {
+    metrics::histogram!(TTFT, "router" => router).record(elapsed.as_secs_f64());
+}
+
+pub fn record_tpot(router: &'static str, per_token: Duration) {
+    metrics::histogram!(TPOT, "router" => router).record(per_token.as_secs_f64());
+}
+
+pub fn record_selection(worker: &str, role: &'static str, policy: &'static str) {
+    metrics::counter!(WORKER_SELECTION, "worker" => worker.to_owned(), "role" => role, "policy" => policy)
+        .increment(1);
+}
+
+pub fn record_retry(router: &'static str, code: &'static str) {
+    metrics::counter!(RETRIES, "router" => router, "code" => code).increment(1);
+}

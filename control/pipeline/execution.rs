@@ -1,0 +1,205 @@
+//! Running a request's engine calls as one supervised unit.
+//!
+//! A request makes one Generate call (Regular), two in parallel (PD: prefill
+//! and decode), or two plus one Encode per image (EPD). Their fates are
+//! coupled: if any call fails to start, fails, or (for encodes) is refused,
+//! every other call is aborted and the request fails at once, instead of
+//! waiting for a rendezvous timeout. A client that goes away aborts every leg.
+//! The response stream is decode's (or the single worker's) event stream.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::engine::{EngineClient, EventStream, GenerateEvent, GenerateRequest};
+use crate::error::{Error, ErrorCode, Result};
+use crate::workers::LoadGuard;
+
+/// One Generate call to make.
+#[derive(Debug)]
+pub struct Leg {
+    pub client: EngineClient,
+    pub request: GenerateRequest,
+}
+
+/// A side call whose success the request depends on (an Encode).
+pub type SideCall = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+
+/// Everything one attempt executes.
+pub struct ExecutionPlan {
+    /// The leg whose events are the response (regular or decode).
+    pub primary: Leg,
+    /// PD/EPD: the prefill leg, drained in parallel.
+    pub prefill: Option<Leg>,
+    /// EPD: encode calls that must all succeed.
+    pub side_calls: Vec<SideCall>,
+    /// Held until the calls end: worker load counts, lane resources.
+    pub guards: Vec<LoadGuard>,
+}
+
+impl std::fmt::Debug for ExecutionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecutionPlan")
+            .field("primary", &self.primary)
+            .field("prefill", &self.prefill)
+            .field("side_calls", &self.side_calls.len())
+            .finish()
+    }
+}
+
+/// Aborts a leg on the worker unless disarmed (the leg finished on its own).
+#[derive(Debug)]
+struct AbortOnDrop {
+    client: EngineClient,
+    request_id: String,
+    armed: bool,
+}
+
+impl AbortOnDrop {
+    fn new(leg: &Leg) -> Self {
+        Self {
+            client: leg.client.clone(),
+            request_id: leg.request.request_id.clone(),
+            armed: true,
+        }
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let client = self.client.clone();
+        let request_id = std::mem::take(&mut self.request_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(err) = client
+                    .abort(&request_id, "gateway cancelled the request")
+                    .await
+                {
+                    tracing::debug!(%err, %request_id, worker = client.url(), "abort failed");
+                }
+            });
+        }
+    }
+}
+
+/// Starts every call of `plan` and returns the primary's events, supervised.
+///
+/// Returns an error without any stream when a leg fails to start; the other
+/// legs are aborted first.
+pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
+    let ExecutionPlan {
+        primary,
+        prefill,
+        side_calls,
+        guards,
+    } = plan;
+    let mut primary_abort = AbortOnDrop::new(&primary);
+    let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
+
+    let primary_start = primary.client.generate(primary.request);
+    let (primary_stream, prefill_stream) = match prefill {
+        Some(leg) => {
+            let (a, b) = tokio::join!(primary_start, leg.client.generate(leg.request));
+            (a, Some(b))
+        }
+        None => (primary_start.await, None),
+    };
+    // If either fails to start, the guards abort whatever did start.
+    let primary_stream = primary_stream?;
+    let prefill_stream = prefill_stream.transpose()?;
+
+    let (sender, receiver) = mpsc::channel(32);
+    tokio::spawn(async move {
+        let _guards = guards;
+        let mut side: FuturesUnordered<SideCall> = side_calls.into_iter().collect();
+        let mut prefill_stream = prefill_stream;
+        let mut primary_stream = primary_stream;
+        let outcome = supervise(&mut primary_stream, &mut prefill_stream, &mut side, &sender).await;
+        if let Supervised::Finished { prefill_done } = outcome {
+            primary_abort.armed = false;
+            if let Some(guard) = prefill_abort.as_mut() {
+                guard.armed = !prefill_done;
+            }
+        }
+        // Dropping the abort guards here aborts legs that did not finish.
+        drop(primary_abort);
+        drop(prefill_abort);
+    });
+    Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+enum Supervised {
+    /// The primary stream ended cleanly.
+    Finished { prefill_done: bool },
+    /// A leg failed, or the client went away.
+    Stopped,
+}
+
+async fn supervise(
+    primary: &mut EventStream,
+    prefill: &mut Option<EventStream>,
+    side: &mut FuturesUnordered<SideCall>,
+    sender: &mpsc::Sender<Result<GenerateEvent>>,
+) -> Supervised {
+    let mut prefill_done = prefill.is_none();
+    let mut primary_completes = 0usize;
+    loop {
+        tokio::select! {
+            biased;
+            () = sender.closed() => return Supervised::Stopped,
+            Some(result) = side.next(), if !side.is_empty() => {
+                if let Err(err) = result {
+                    let _ = sender.send(Err(err)).await;
+                    return Supervised::Stopped;
+                }
+            }
+            event = next_prefill(prefill), if !prefill_done => match event {
+                Some(Ok(_)) => {}
+                Some(Err(err)) => {
+                    let _ = sender.send(Err(err)).await;
+                    return Supervised::Stopped;
+                }
+                None => prefill_done = true,
+            },
+            event = primary.next() => match event {
+                Some(Ok(event)) => {
+                    if matches!(event, GenerateEvent::Complete { .. }) {
+                        primary_completes += 1;
+                    }
+                    if sender.send(Ok(event)).await.is_err() {
+                        return Supervised::Stopped;
+                    }
+                }
+                Some(Err(err)) => {
+                    let _ = sender.send(Err(err)).await;
+                    return Supervised::Stopped;
+                }
+                None => {
+                    if primary_completes == 0 {
+                        let err = Error::new(
+                            ErrorCode::StreamInterrupted,
+                            "the worker's stream ended before the request completed",
+                        );
+                        let _ = sender.send(Err(err)).await;
+                        return Supervised::Stopped;
+                    }
+                    return Supervised::Finished { prefill_done };
+                }
+            },
+        }
+    }
+}
+
+async fn next_prefill(prefill: &mut Option<EventStream>) -> Option<Result<GenerateEvent>> {
+    match prefill {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
+    }
+}
