@@ -239,7 +239,8 @@ pub struct ServerInfo {
     pub scheduler_info: serde_json::Value,
 }
 
-/// A worker's load (GetLoads), summed over its DP ranks.
+/// A worker's load (GetLoads), summed over its DP ranks: counts and
+/// throughput add up, `token_usage` and `cache_hit_rate` are rank averages.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Load {
     pub running_requests: i32,
