@@ -1,10 +1,12 @@
 //! smg's control plane: everything that runs on the tokio runtime.
 //!
 //! It turns OpenAI/SGLang/Anthropic HTTP requests into engine RPCs. Today it
-//! holds the engines' wire protocols; the HTTP API, router, pipelines and
+//! holds the engines' wire protocols and the tokenizer (chat templates,
+//! detokenization, stop strings); the HTTP API, router, pipelines and
 //! policies land on top of them. Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
 pub mod engine;
 pub mod error;
 pub mod proto;
+pub mod tokenizer;
