@@ -1,9 +1,11 @@
 //! smg's control plane: everything that runs on the tokio runtime.
 //!
-//! It turns OpenAI/SGLang/Anthropic HTTP requests into engine RPCs. Today it
-//! holds the engines' wire protocols; the HTTP API, router, pipelines and
-//! policies land on top of them. Per-byte work (images, tensors) belongs to
-//! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
+//! It turns OpenAI/SGLang/Anthropic HTTP requests into engine RPCs: the HTTP
+//! API (`api`), one router type per [`mode::Mode`] (`router`) running the
+//! request pipeline (`pipeline`), routing policies and workers, the engine
+//! clients (`engine`) and the tokenizer (chat templates, detokenization, stop
+//! strings). Per-byte work (images, tensors) belongs to the `smg-dataplane`
+//! crate, reached only through the rings in `smg-shared`.
 
 pub mod cli;
 pub mod engine;
@@ -13,4 +15,5 @@ pub mod mode;
 pub mod pipeline;
 pub mod policies;
 pub mod proto;
+pub mod tokenizer;
 pub mod workers;

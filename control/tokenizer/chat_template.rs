@@ -1,0 +1,493 @@
+//! Chat templates, rendered the way Hugging Face's `apply_chat_template`
+//! renders them.
+//!
+//! A model ships its prompt format as a Jinja template, and the engine only
+//! sees the rendered string: a prompt that differs by one newline from what
+//! `transformers` would produce is a different prompt to the model. So this
+//! file reproduces the Jinja environment `transformers` builds: `trim_blocks`
+//! and `lstrip_blocks` on, `keep_trailing_newline` off, `raise_exception`,
+//! HF's own `tojson`, `strftime_now`, Python string methods, and the same
+//! variables (`messages`, `tools`, `add_generation_prompt`, the special
+//! tokens by name, and the request's `chat_template_kwargs`).
+//!
+//! Templates are compiled once, when the tokenizer loads; rendering a request
+//! only runs the compiled template.
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Serde, Value as JinjaValue, merge_maps};
+use minijinja::{Environment, ErrorKind, Template};
+use serde_json::{Map, Value};
+
+use super::python_compat;
+use crate::error::{Error, Result};
+
+/// The template used when a model lists several (and the one name a single
+/// template is stored under).
+const DEFAULT_TEMPLATE: &str = "default";
+/// The template Hugging Face prefers when the request carries tools and the
+/// model lists one under this name.
+const TOOL_USE_TEMPLATE: &str = "tool_use";
+
+/// What a request adds to the messages when rendering its prompt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatTemplateOptions {
+    /// End the prompt with the header of an assistant turn.
+    pub add_generation_prompt: bool,
+    /// The tool schemas, exposed to the template as `tools` (`none` when absent).
+    pub tools: Option<Value>,
+    /// `chat_template_kwargs`: extra variables. They cannot replace
+    /// `messages`, `tools` or `add_generation_prompt`, but do override a
+    /// special token of the same name, as in `transformers`.
+    pub extra: Map<String, Value>,
+}
+
+/// A model's compiled chat template(s).
+#[derive(Debug)]
+pub(super) struct ChatTemplate {
+    environment: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... as template variables.
+    special_tokens: JinjaValue,
+}
+
+/// The error `raise_exception` fails rendering with, so that its message can
+/// be told apart from the template engine's own errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RaisedByTemplate(String);
+
+impl ChatTemplate {
+    /// Compiles one template, e.g. the contents of `chat_template.jinja`.
+    pub fn compile(source: String, special_tokens: &Map<String, Value>) -> Result<Self> {
+        Self::compile_named(vec![(DEFAULT_TEMPLATE.to_owned(), source)], special_tokens)
+    }
+
+    /// Compiles `tokenizer_config.json`'s `chat_template` field: a template
+    /// string, or a list of `{"name": ..., "template": ...}`.
+    pub fn from_config_field(field: &Value, special_tokens: &Map<String, Value>) -> Result<Self> {
+        let malformed = || {
+            Error::internal(
+                "tokenizer_config.json's chat_template must be a string or a list of \
+                 {\"name\", \"template\"} objects",
+            )
+        };
+        let named = match field {
+            Value::String(source) => vec![(DEFAULT_TEMPLATE.to_owned(), source.clone())],
+            Value::Array(entries) => entries
+                .iter()
+                .map(|entry| {
+                    let name = entry.get("name").and_then(Value::as_str);
+                    let source = entry.get("template").and_then(Value::as_str);
+                    match (name, source) {
+                        (Some(name), Some(source)) => Ok((name.to_owned(), source.to_owned())),
+                        _ => Err(malformed()),
+                    }
+                })
+                .collect::<Result<_>>()?,
+            _ => return Err(malformed()),
+        };
+        Self::compile_named(named, special_tokens)
+    }
+
+    fn compile_named(
+        named_sources: Vec<(String, String)>,
+        special_tokens: &Map<String, Value>,
+    ) -> Result<Self> {
+        let mut environment = huggingface_environment()?;
+        for (name, source) in named_sources {
+            environment
+                .add_template_owned(name.clone(), source)
+                .map_err(|err| {
+                    Error::internal(format!("chat template {name:?} does not compile: {err}"))
+                })?;
+        }
+        Ok(Self {
+            environment,
+            special_tokens: JinjaValue::from(Serde(special_tokens)),
+        })
+    }
+
+    /// Renders the prompt for `messages`. A template that refuses the
+    /// conversation (`raise_exception`, or a failure on the request's data)
+    /// is the client's problem: [`ErrorCode::InvalidRequest`] carrying the
+    /// template's own message.
+    ///
+    /// [`ErrorCode::InvalidRequest`]: crate::error::ErrorCode::InvalidRequest
+    pub fn render(&self, messages: &[Value], options: &ChatTemplateOptions) -> Result<String> {
+        let template = self.select(options.tools.is_some())?;
+        let fixed = minijinja::context! {
+            messages => Serde(messages),
+            tools => Serde(&options.tools),
+            add_generation_prompt => options.add_generation_prompt,
+        };
+        // The last map that has a name wins.
+        let context = merge_maps([
+            self.special_tokens.clone(),
+            JinjaValue::from(Serde(&options.extra)),
+            fixed,
+        ]);
+        template
+            .render(context)
+            .map_err(|err| match raised_message(&err) {
+                Some(message) => Error::invalid_request(message),
+                None => Error::invalid_request(format!("the chat template failed: {err}")),
+            })
+    }
+
+    /// `tool_use` when the request has tools and the model has that
+    /// template, else `default`, as `transformers` chooses.
+    fn select(&self, has_tools: bool) -> Result<Template<'_, '_>> {
+        if has_tools && let Ok(template) = self.environment.get_template(TOOL_USE_TEMPLATE) {
+            return Ok(template);
+        }
+        self.environment
+            .get_template(DEFAULT_TEMPLATE)
+            .map_err(|_| {
+                let names: Vec<&str> = self.environment.templates().map(|(name, _)| name).collect();
+                Error::invalid_request(format!(
+                    "the model lists chat templates {names:?} but none named {DEFAULT_TEMPLATE:?}"
+                ))
+            })
+    }
+}
+
+/// The Jinja environment `transformers` renders chat templates in.
+fn huggingface_environment() -> Result<Environment<'static>> {
+    let mut environment = Environment::new();
+    let syntax = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .keep_trailing_newline(false)
+        .build()
+        .map_err(|err| Error::internal(format!("chat template syntax: {err}")))?;
+    environment.set_syntax(syntax);
+    environment.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    environment.add_filter("tojson", python_compat::tojson);
+    environment.add_function("strftime_now", python_compat::strftime_now);
+    environment.add_function("raise_exception", raise_exception);
+    Ok(environment)
+}
+
+fn raise_exception(message: String) -> Result<JinjaValue, minijinja::Error> {
+    Err(
+        minijinja::Error::new(ErrorKind::InvalidOperation, message.clone())
+            .with_source(RaisedByTemplate(message)),
+    )
+}
+
+/// The message of a `raise_exception` call anywhere in the error's chain.
+fn raised_message(err: &minijinja::Error) -> Option<String> {
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(raised) = cause.downcast_ref::<RaisedByTemplate>() {
+            return Some(raised.0.clone());
+        }
+        source = cause.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+    use serde_json::json;
+
+    fn fixture_template() -> ChatTemplate {
+        let config: Value = serde_json::from_str(include_str!(
+            "../../tests/fixtures/model/tokenizer_config.json"
+        ))
+        .expect("the fixture tokenizer_config.json is JSON");
+        ChatTemplate::from_config_field(&config["chat_template"], &fixture_special_tokens())
+            .expect("the fixture template compiles")
+    }
+
+    fn fixture_special_tokens() -> Map<String, Value> {
+        let mut tokens = Map::new();
+        tokens.insert("eos_token".into(), json!("<|im_end|>"));
+        tokens.insert("pad_token".into(), json!("<|endoftext|>"));
+        tokens
+    }
+
+    fn hand_written(source: &str) -> ChatTemplate {
+        ChatTemplate::compile(source.to_owned(), &fixture_special_tokens())
+            .expect("the test template compiles")
+    }
+
+    fn with_generation_prompt() -> ChatTemplateOptions {
+        ChatTemplateOptions {
+            add_generation_prompt: true,
+            ..ChatTemplateOptions::default()
+        }
+    }
+
+    #[test]
+    fn fixture_plain_text_gets_the_default_system_prompt() {
+        let messages = [json!({"role": "user", "content": "Hi there"})];
+        let prompt = fixture_template()
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\nHi there<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn fixture_generation_prompt_opens_an_assistant_turn() {
+        let messages = [json!({"role": "user", "content": "Hi"})];
+        let template = fixture_template();
+        let with = template
+            .render(&messages, &with_generation_prompt())
+            .expect("renders");
+        let without = template
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(with, format!("{without}<|im_start|>assistant\n"));
+        assert!(!without.contains("<|im_start|>assistant"), "{without:?}");
+    }
+
+    #[test]
+    fn fixture_system_message_replaces_the_default() {
+        let messages = [
+            json!({"role": "system", "content": "Be terse."}),
+            json!({"role": "user", "content": "Hi"}),
+            json!({"role": "assistant", "content": "Hello."}),
+        ];
+        let prompt = fixture_template()
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nBe terse.<|im_end|>\n\
+             <|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\nHello.<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn fixture_image_part_becomes_vision_placeholders() {
+        let messages = [json!({"role": "user", "content": [
+            {"type": "text", "text": "What is this? "},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": " Answer briefly."},
+        ]})];
+        let prompt = fixture_template()
+            .render(&messages, &with_generation_prompt())
+            .expect("renders");
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n\
+             <|im_start|>user\nWhat is this? <|vision_start|><|image_pad|><|vision_end|> \
+             Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn fixture_tools_are_listed_as_json_in_the_system_turn() {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Météo du jour"}}]);
+        let options = ChatTemplateOptions {
+            tools: Some(tools),
+            ..ChatTemplateOptions::default()
+        };
+        let messages = [json!({"role": "user", "content": "Weather?"})];
+        let prompt = fixture_template()
+            .render(&messages, &options)
+            .expect("renders");
+        // serde_json keeps object keys sorted, hence "function" before "type";
+        // non-ASCII stays as is (ensure_ascii=False).
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\n\
+             You can call the functions described below. To call one, answer with a JSON \
+             object holding \"name\" and \"arguments\", wrapped in <tool_call></tool_call> tags.\n\n\
+             <tools>\n\
+             {\"function\": {\"description\": \"Météo du jour\", \"name\": \"get_weather\"}, \"type\": \"function\"}\n\
+             </tools><|im_end|>\n\
+             <|im_start|>user\nWeather?<|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn fixture_bad_role_is_an_invalid_request_with_the_templates_message() {
+        let messages = [json!({"role": "narrator", "content": "Once upon a time"})];
+        let err = fixture_template()
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect_err("the template refuses the role");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert_eq!(
+            err.message,
+            "Unsupported message role: narrator. Roles must be system, user, assistant or tool."
+        );
+    }
+
+    #[test]
+    fn raise_exception_inside_a_macro_keeps_its_message() {
+        let template = hand_written(
+            "{% macro check(m) %}{{ raise_exception('bad: ' ~ m.role) }}{% endmacro %}{{ check(messages[0]) }}",
+        );
+        let err = template
+            .render(&[json!({"role": "x"})], &ChatTemplateOptions::default())
+            .expect_err("raises");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert_eq!(err.message, "bad: x");
+    }
+
+    #[test]
+    fn engine_errors_are_invalid_requests_naming_the_failure() {
+        let template = hand_written("{{ messages[0].content.strip() }}");
+        let err = template
+            .render(
+                &[json!({"role": "user", "content": 5})],
+                &ChatTemplateOptions::default(),
+            )
+            .expect_err("an integer has no strip()");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(
+            err.message.starts_with("the chat template failed: "),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let template = hand_written(
+            "{{ messages[0].data | tojson }}|{{ messages[0].data | tojson(indent=2) }}|\
+             {{ 'é\"\\n' | tojson }}|{{ 'é' | tojson(ensure_ascii=true) }}|{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}",
+        );
+        let messages =
+            [json!({"data": {"list": [1, 2.5, null, true], "empty": [], "text": "<b>&'"}})];
+        let rendered = template
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        let expected = [
+            r#"{"empty": [], "list": [1, 2.5, null, true], "text": "<b>&'"}"#,
+            "{\n  \"empty\": [],\n  \"list\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"text\": \"<b>&'\"\n}",
+            r#""é\"\n""#,
+            r#""\u00e9""#,
+            r#"{"a": 2, "b": 1}"#,
+        ]
+        .join("|");
+        assert_eq!(rendered, expected);
+    }
+
+    #[test]
+    fn python_string_methods_and_loop_last_work() {
+        let template = hand_written(
+            "{% for m in messages %}{{ m.content.strip().upper() }}\
+             {% if m.content.strip().startswith('b') %}!{% endif %}\
+             {% if not loop.last %}, {% endif %}{% endfor %}|{{ 'a,b'.split(',') | length }}",
+        );
+        let messages = [
+            json!({"content": "  alpha "}),
+            json!({"content": "\tbeta\n"}),
+        ];
+        let rendered = template
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(rendered, "ALPHA, BETA!|2");
+    }
+
+    #[test]
+    fn block_whitespace_is_trimmed_like_transformers() {
+        // trim_blocks drops the newline after a block tag, lstrip_blocks the
+        // indentation before it, and the template's final newline is dropped.
+        let template = hand_written(
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n",
+        );
+        let messages = [
+            json!({"role": "user", "content": "a"}),
+            json!({"role": "user", "content": "b"}),
+        ];
+        let rendered = template
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(rendered, "[a]\n[b]\n");
+    }
+
+    #[test]
+    fn special_tokens_and_kwargs_are_variables() {
+        let template = hand_written(
+            "{{ eos_token }}/{{ pad_token }}/{{ bos_token }}/{{ enable_thinking }}/{{ messages | length }}",
+        );
+        let mut extra = Map::new();
+        extra.insert("enable_thinking".into(), json!(false));
+        extra.insert("pad_token".into(), json!("<pad-override>"));
+        extra.insert("messages".into(), json!("cannot replace messages"));
+        let options = ChatTemplateOptions {
+            extra,
+            ..ChatTemplateOptions::default()
+        };
+        let rendered = template
+            .render(&[json!({"role": "user"})], &options)
+            .expect("renders");
+        // bos_token is unset in this model, so it is undefined (renders empty).
+        // Booleans print as Python does.
+        assert_eq!(rendered, "<|im_end|>/<pad-override>//False/1");
+    }
+
+    #[test]
+    fn tools_are_none_when_absent() {
+        let template = hand_written("{{ tools is none }}|{{ add_generation_prompt }}");
+        let rendered = template
+            .render(&[], &with_generation_prompt())
+            .expect("renders");
+        assert_eq!(rendered, "True|True");
+    }
+
+    #[test]
+    fn list_form_picks_default_or_tool_use() {
+        let field = json!([
+            {"name": "tool_use", "template": "TOOLS {{ tools | length }}"},
+            {"name": "default", "template": "PLAIN {{ messages | length }}"},
+        ]);
+        let template =
+            ChatTemplate::from_config_field(&field, &Map::new()).expect("the list compiles");
+        let plain = template
+            .render(&[json!({})], &ChatTemplateOptions::default())
+            .expect("renders");
+        assert_eq!(plain, "PLAIN 1");
+        let options = ChatTemplateOptions {
+            tools: Some(json!([{}, {}])),
+            ..ChatTemplateOptions::default()
+        };
+        let with_tools = template.render(&[], &options).expect("renders");
+        assert_eq!(with_tools, "TOOLS 2");
+    }
+
+    #[test]
+    fn list_form_without_default_is_refused_at_render() {
+        let field = json!([{"name": "rag", "template": "x"}]);
+        let template = ChatTemplate::from_config_field(&field, &Map::new()).expect("compiles");
+        let err = template
+            .render(&[], &ChatTemplateOptions::default())
+            .expect_err("no default");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(err.message.contains("\"rag\""), "{}", err.message);
+    }
+
+    #[test]
+    fn malformed_templates_fail_at_load() {
+        let not_jinja = ChatTemplate::compile("{% for %}".into(), &Map::new())
+            .expect_err("a for without a target does not compile");
+        assert_eq!(not_jinja.code, ErrorCode::InternalError);
+        let wrong_shape =
+            ChatTemplate::from_config_field(&json!([{"name": "default"}]), &Map::new())
+                .expect_err("an entry without a template");
+        assert_eq!(wrong_shape.code, ErrorCode::InternalError);
+        let wrong_type = ChatTemplate::from_config_field(&json!(7), &Map::new())
+            .expect_err("a number is no template");
+        assert_eq!(wrong_type.code, ErrorCode::InternalError);
+    }
+
+    #[test]
+    fn strftime_now_renders_the_current_year() {
+        let template = hand_written("{{ strftime_now('%Y') }}");
+        let rendered = template
+            .render(&[], &ChatTemplateOptions::default())
+            .expect("renders");
+        let year: i32 = rendered.parse().expect("a year");
+        assert!((2024..3000).contains(&year), "{rendered}");
+    }
+}
