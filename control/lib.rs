@@ -5,6 +5,7 @@
 //! policies land on top of them. Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
+pub mod api;
 pub mod engine;
 pub mod error;
 pub mod proto;
