@@ -8,6 +8,7 @@
 //! crate, reached only through the rings in `smg-shared`.
 
 pub mod cli;
+pub mod api;
 pub mod engine;
 pub mod error;
 pub mod metrics;
