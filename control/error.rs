@@ -60,12 +60,16 @@ error_codes! {
     InvalidRequest => ("invalid_request", 400, Client, false),
     /// A parameter is out of its allowed range.
     InvalidParameter => ("invalid_parameter", 400, Client, false),
+    /// No such route.
+    NotFound => ("not_found", 404, Client, false),
     /// No served model has this name.
     ModelNotFound => ("model_not_found", 404, Client, false),
     /// The prompt (plus the requested output) does not fit the context.
     ContextLengthExceeded => ("context_length_exceeded", 400, Client, false),
     /// The endpoint does not exist in the router's mode.
     UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false),
+    /// The request carries media this gateway cannot process.
+    UnsupportedMedia => ("unsupported_media", 501, Gateway, false),
     /// No healthy worker can take the request for a role the mode needs.
     NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
     /// The gateway is at capacity (a full queue or ring).

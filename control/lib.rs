@@ -7,8 +7,8 @@
 //! strings). Per-byte work (images, tensors) belongs to the `smg-dataplane`
 //! crate, reached only through the rings in `smg-shared`.
 
-pub mod cli;
 pub mod api;
+pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod metrics;
@@ -16,5 +16,7 @@ pub mod mode;
 pub mod pipeline;
 pub mod policies;
 pub mod proto;
+pub mod router;
+pub mod server;
 pub mod tokenizer;
 pub mod workers;

@@ -1,18 +1,30 @@
 //! The `smg` gateway binary.
 
 use clap::Parser;
+use smg::cli::{Cli, Command};
 
-/// smg: a model gateway for LLM serving fleets.
-#[derive(Debug, Parser)]
-#[command(name = "smg", version, about)]
-struct Cli {}
+fn init_logging(level: &str, json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
 
-fn main() {
-    let _cli = Cli::parse();
-    eprintln!(
-        "smg {}: the gateway's `launch` command is not built yet; \
-         run `smg-sim-worker --help` for the simulated engine",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::exit(2);
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Launch(args) => {
+            init_logging(args.log_level.as_filter(), args.log_json);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(smg::server::launch(*args))
+        }
+    }
 }

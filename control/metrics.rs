@@ -71,3 +71,11 @@ pub fn record_selection(worker: &str, role: &'static str, policy: &'static str) 
 pub fn record_retry(router: &'static str, code: &'static str) {
     metrics::counter!(RETRIES, "router" => router, "code" => code).increment(1);
 }
+
+pub fn record_encode(elapsed: Duration) {
+    metrics::histogram!(ENCODE_DURATION).record(elapsed.as_secs_f64());
+}
+
+pub fn record_pd_legs_start(router: &'static str, elapsed: Duration) {
+    metrics::histogram!(PD_LEGS_START, "router" => router).record(elapsed.as_secs_f64());
+}

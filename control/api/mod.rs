@@ -1,4 +1,9 @@
-//! smg's public HTTP API: the wire types clients send and receive (and, later,
-//! the handlers that serve them).
+//! smg's public HTTP API: the wire types clients send and receive (`types`),
+//! the handlers that run them through the router (`endpoints`), and the
+//! server plumbing (`http`: routes, SSE framing, errors, listeners).
 
+mod endpoints;
+mod http;
 pub mod types;
+
+pub use http::{AppState, SharedState, app, serve, serve_metrics};

@@ -7,6 +7,9 @@
 //! are released by `Drop` when the request ends, however it ends.
 
 pub mod execution;
+pub mod prepare;
+pub mod respond;
+pub mod stages;
 
 use crate::engine::Runtime;
 use crate::mode::Mode;

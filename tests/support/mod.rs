@@ -167,3 +167,110 @@ pub async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within 30 s"))
 }
+
+/// A running `smg launch` process.
+#[derive(Debug)]
+pub struct Gateway {
+    child: Child,
+    pub http: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+impl Gateway {
+    /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
+    /// --model-path <fixture>` plus `args`.
+    pub fn start(args: &[&str]) -> Gateway {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_smg"))
+            .args([
+                "launch",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--prometheus-port",
+                "0",
+            ])
+            .arg("--model-path")
+            .arg(model_dir())
+            .args(["--log-level", "warn"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn smg");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = sender.send(lines.next());
+            for _ in lines {}
+        });
+        let line = match receiver.recv_timeout(STARTUP_TIMEOUT) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                panic!("smg did not become ready: {other:?}");
+            }
+        };
+        let field = |key: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|word| word.strip_prefix(key))
+                .unwrap_or_else(|| panic!("ready line {line:?} lacks {key}"))
+                .parse()
+                .expect("an address")
+        };
+        Gateway {
+            http: field("http="),
+            metrics: field("metrics="),
+            child,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    /// Runs `smg launch` with `args` and returns its exit status and stderr,
+    /// for start-up failures.
+    pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
+        let output = Command::new(env!("CARGO_BIN_EXE_smg"))
+            .args([
+                "launch",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--prometheus-port",
+                "0",
+            ])
+            .arg("--model-path")
+            .arg(model_dir())
+            .args(args)
+            .output()
+            .expect("run smg");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl SimWorker {
+    /// `grpc://host:port`, as `smg launch` takes worker URLs.
+    pub fn grpc_url(&self) -> String {
+        format!("grpc://{}", self.grpc)
+    }
+
+    /// Kills the worker process now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

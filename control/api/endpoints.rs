@@ -1,0 +1,853 @@
+//! The endpoint handlers: parse the body into its dialect's request type,
+//! validate it into a `GenerationSpec`, run it through the router, and write
+//! the answer back in the same dialect — one JSON body, or an SSE stream
+//! that ends with `data: [DONE]` (Anthropic: `message_stop`).
+//!
+//! Each dialect is a [`Dialect`]: how it frames deltas, finishes, usage and
+//! errors. One driver streams any dialect, so streaming, metrics and error
+//! handling exist once.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+
+use super::http::{DONE_FRAME, SharedState, data_frame, named_frame, sse_response};
+use super::types::parse::parse_json;
+use super::types::validate::Limits;
+use super::types::{anthropic, openai, sglang};
+use crate::engine::MatchedStop;
+use crate::error::{Error, ErrorCode, Result};
+use crate::metrics;
+use crate::pipeline::Endpoint;
+use crate::pipeline::respond::{CollectedOutput, FinishReason, OutputEvent, Usage, collect};
+use crate::router::Generation;
+
+/// The header that pins a conversation to a worker under sticky policies.
+const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+
+fn routing_key(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(ROUTING_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn limits(state: &SharedState) -> Limits {
+    Limits {
+        max_output_tokens: Some(state.router.model().max_context_length),
+    }
+}
+
+fn openai_finish(reason: FinishReason) -> openai::FinishReason {
+    match reason {
+        FinishReason::Length => openai::FinishReason::Length,
+        FinishReason::Stop | FinishReason::Abort => openai::FinishReason::Stop,
+    }
+}
+
+fn openai_usage(usage: &Usage) -> openai::Usage {
+    openai::Usage::new(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        Some(usage.cached_tokens),
+    )
+}
+
+/// How one API dialect writes a generation.
+trait Dialect: Send + 'static {
+    /// Frames before any output (Anthropic's `message_start`).
+    fn start(&mut self, _generation: &GenerationInfo) -> Vec<Bytes> {
+        Vec::new()
+    }
+    fn delta(&mut self, index: u32, text: String, token_ids: &[u32]) -> Vec<Bytes>;
+    fn finish(
+        &mut self,
+        index: u32,
+        reason: FinishReason,
+        matched: Option<MatchedStop>,
+    ) -> Vec<Bytes>;
+    fn usage(&mut self, usage: &Usage) -> Vec<Bytes>;
+    fn error(&mut self, err: &Error) -> Vec<Bytes> {
+        vec![data_frame(&err.to_openai_json())]
+    }
+    fn end(&mut self) -> Vec<Bytes> {
+        vec![Bytes::from_static(DONE_FRAME)]
+    }
+    /// The whole non-streamed answer.
+    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response;
+}
+
+/// The identifiers of a generation, without its output stream.
+#[derive(Debug, Clone)]
+struct GenerationInfo {
+    id: String,
+    model: String,
+    created: u64,
+    started: Instant,
+}
+
+/// Runs a parsed request and answers in `dialect`.
+async fn run<D: Dialect>(
+    state: SharedState,
+    endpoint: Endpoint,
+    spec: Result<crate::api::types::spec::GenerationSpec>,
+    headers: &HeaderMap,
+    make_dialect: impl FnOnce(&crate::api::types::spec::GenerationSpec) -> D,
+) -> Response {
+    let started = Instant::now();
+    let router_label = state.router.mode().metrics_label();
+    let outcome = async {
+        let spec = spec?;
+        let stream = spec.stream;
+        let dialect = make_dialect(&spec);
+        let generation = state
+            .router
+            .generate(endpoint, spec, routing_key(headers))
+            .await?;
+        Ok::<_, Error>((stream, dialect, generation))
+    }
+    .await;
+    let (stream, dialect, generation) = match outcome {
+        Ok(parts) => parts,
+        Err(err) => {
+            metrics::record_error(router_label, endpoint.label(), err.code.as_str());
+            return error_for(endpoint, &err);
+        }
+    };
+    let Generation {
+        request_id,
+        model,
+        created,
+        n,
+        output,
+    } = generation;
+    let info = GenerationInfo {
+        id: request_id,
+        model,
+        created,
+        started,
+    };
+    if stream {
+        return stream_response(state, endpoint, info, output, dialect);
+    }
+    match collect(output, n).await {
+        Ok(collected) => {
+            if let Some(ttft) = collected.first_token_after {
+                metrics::record_ttft(router_label, ttft);
+            }
+            metrics::record_request(
+                router_label,
+                endpoint.label(),
+                &info.model,
+                started.elapsed(),
+            );
+            dialect.json(&info, collected)
+        }
+        Err(err) => {
+            metrics::record_error(router_label, endpoint.label(), err.code.as_str());
+            error_for(endpoint, &err)
+        }
+    }
+}
+
+fn error_for(endpoint: Endpoint, err: &Error) -> Response {
+    if endpoint == Endpoint::Messages {
+        let status = axum::http::StatusCode::from_u16(err.code.http_status())
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        return (status, axum::Json(anthropic::StreamEvent::error(err))).into_response();
+    }
+    err.clone().into_response()
+}
+
+fn stream_response<D: Dialect>(
+    state: SharedState,
+    endpoint: Endpoint,
+    info: GenerationInfo,
+    mut output: crate::pipeline::respond::OutputStream,
+    mut dialect: D,
+) -> Response {
+    let router_label = state.router.mode().metrics_label();
+    let frames = async_frames(move |sender| async move {
+        let mut first_token: Option<Instant> = None;
+        let mut completion_tokens = 0u32;
+        let send_all = |frames: Vec<Bytes>| {
+            let sender = sender.clone();
+            async move {
+                for frame in frames {
+                    if sender.send(frame).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        if !send_all(dialect.start(&info)).await {
+            return;
+        }
+        while let Some(event) = output.next().await {
+            let frames = match event {
+                Ok(OutputEvent::Delta {
+                    index,
+                    text,
+                    token_ids,
+                    ..
+                }) => {
+                    if first_token.is_none() {
+                        first_token = Some(Instant::now());
+                        metrics::record_ttft(router_label, info.started.elapsed());
+                    }
+                    dialect.delta(index, text, &token_ids)
+                }
+                Ok(OutputEvent::Finish {
+                    index,
+                    reason,
+                    matched_stop,
+                }) => dialect.finish(index, reason, matched_stop),
+                Ok(OutputEvent::Usage(usage)) => {
+                    completion_tokens = usage.completion_tokens;
+                    dialect.usage(&usage)
+                }
+                Err(err) => {
+                    metrics::record_error(router_label, endpoint.label(), err.code.as_str());
+                    let mut frames = dialect.error(&err);
+                    frames.extend(dialect.end());
+                    let _ = send_all(frames).await;
+                    return;
+                }
+            };
+            if !send_all(frames).await {
+                // The client went away: dropping `output` aborts the legs.
+                return;
+            }
+        }
+        if let Some(first) = first_token
+            && completion_tokens > 1
+        {
+            metrics::record_tpot(router_label, first.elapsed() / (completion_tokens - 1));
+        }
+        metrics::record_request(
+            router_label,
+            endpoint.label(),
+            &info.model,
+            info.started.elapsed(),
+        );
+        let _ = send_all(dialect.end()).await;
+    });
+    sse_response(frames)
+}
+
+/// A stream of frames produced by a task; the task stops when the response
+/// body (the receiver) is dropped.
+fn async_frames<F, Fut>(producer: F) -> impl futures::Stream<Item = Bytes> + Send + 'static
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(producer(sender));
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
+}
+
+// ----------------------------------------------------------------------------
+// OpenAI chat
+// ----------------------------------------------------------------------------
+
+struct ChatDialect {
+    info: Option<GenerationInfo>,
+    include_usage: bool,
+    role_sent: Vec<bool>,
+}
+
+impl ChatDialect {
+    fn chunk(&self, choices: Vec<openai::ChunkChoice>, usage: Option<openai::Usage>) -> Bytes {
+        let (id, model, created) = self
+            .info
+            .as_ref()
+            .map(|i| (i.id.clone(), i.model.clone(), i.created))
+            .unwrap_or_default();
+        data_frame(&openai::ChatCompletionChunk {
+            id,
+            object: openai::ChatCompletionChunkObject,
+            created,
+            model,
+            choices,
+            usage,
+        })
+    }
+
+    fn role_pending(&mut self, index: u32) -> bool {
+        let slot = index as usize;
+        if self.role_sent.len() <= slot {
+            self.role_sent.resize(slot + 1, false);
+        }
+        !std::mem::replace(&mut self.role_sent[slot], true)
+    }
+}
+
+impl Dialect for ChatDialect {
+    fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
+        self.info = Some(generation.clone());
+        Vec::new()
+    }
+
+    fn delta(&mut self, index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+        let role = self.role_pending(index).then_some(openai::AssistantRole);
+        vec![self.chunk(
+            vec![openai::ChunkChoice {
+                index,
+                delta: openai::Delta {
+                    role,
+                    content: Some(text),
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        )]
+    }
+
+    fn finish(
+        &mut self,
+        index: u32,
+        reason: FinishReason,
+        _matched: Option<MatchedStop>,
+    ) -> Vec<Bytes> {
+        let role = self.role_pending(index).then_some(openai::AssistantRole);
+        vec![self.chunk(
+            vec![openai::ChunkChoice {
+                index,
+                delta: openai::Delta {
+                    role,
+                    content: None,
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: Some(openai_finish(reason)),
+            }],
+            None,
+        )]
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
+        if self.include_usage {
+            vec![self.chunk(Vec::new(), Some(openai_usage(usage)))]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
+        let choices = output
+            .choices
+            .into_iter()
+            .map(|choice| openai::ChatChoice {
+                index: choice.index,
+                message: openai::AssistantMessage {
+                    role: openai::AssistantRole,
+                    content: Some(choice.text),
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: choice.finish_reason.map(openai_finish),
+            })
+            .collect();
+        axum::Json(openai::ChatCompletionResponse {
+            id: generation.id.clone(),
+            object: openai::ChatCompletionObject,
+            created: generation.created,
+            model: generation.model.clone(),
+            choices,
+            usage: openai_usage(&output.usage),
+        })
+        .into_response()
+    }
+}
+
+pub async fn chat_completions(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let spec =
+        parse_json::<openai::ChatCompletionRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
+    run(state, Endpoint::ChatCompletions, spec, &headers, |spec| {
+        ChatDialect {
+            info: None,
+            include_usage: spec.include_usage,
+            role_sent: Vec::new(),
+        }
+    })
+    .await
+}
+
+// ----------------------------------------------------------------------------
+// OpenAI completions
+// ----------------------------------------------------------------------------
+
+struct CompletionDialect {
+    info: Option<GenerationInfo>,
+    include_usage: bool,
+}
+
+impl CompletionDialect {
+    fn chunk(&self, choices: Vec<openai::CompletionChoice>, usage: Option<openai::Usage>) -> Bytes {
+        let (id, model, created) = self
+            .info
+            .as_ref()
+            .map(|i| (i.id.clone(), i.model.clone(), i.created))
+            .unwrap_or_default();
+        data_frame(&openai::CompletionChunk {
+            id,
+            object: openai::TextCompletionObject,
+            created,
+            model,
+            choices,
+            usage,
+        })
+    }
+}
+
+impl Dialect for CompletionDialect {
+    fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
+        self.info = Some(generation.clone());
+        Vec::new()
+    }
+
+    fn delta(&mut self, index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+        vec![self.chunk(
+            vec![openai::CompletionChoice {
+                index,
+                text,
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        )]
+    }
+
+    fn finish(
+        &mut self,
+        index: u32,
+        reason: FinishReason,
+        _matched: Option<MatchedStop>,
+    ) -> Vec<Bytes> {
+        vec![self.chunk(
+            vec![openai::CompletionChoice {
+                index,
+                text: String::new(),
+                logprobs: None,
+                finish_reason: Some(openai_finish(reason)),
+            }],
+            None,
+        )]
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
+        if self.include_usage {
+            vec![self.chunk(Vec::new(), Some(openai_usage(usage)))]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
+        let choices = output
+            .choices
+            .into_iter()
+            .map(|choice| openai::CompletionChoice {
+                index: choice.index,
+                text: choice.text,
+                logprobs: None,
+                finish_reason: choice.finish_reason.map(openai_finish),
+            })
+            .collect();
+        axum::Json(openai::CompletionResponse {
+            id: generation.id.clone(),
+            object: openai::TextCompletionObject,
+            created: generation.created,
+            model: generation.model.clone(),
+            choices,
+            usage: openai_usage(&output.usage),
+        })
+        .into_response()
+    }
+}
+
+pub async fn completions(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let spec =
+        parse_json::<openai::CompletionRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
+    run(state, Endpoint::Completions, spec, &headers, |spec| {
+        CompletionDialect {
+            info: None,
+            include_usage: spec.include_usage,
+        }
+    })
+    .await
+}
+
+// ----------------------------------------------------------------------------
+// SGLang /generate
+// ----------------------------------------------------------------------------
+
+/// Per sequence: everything generated so far (SGLang streams cumulative text).
+#[derive(Default, Clone)]
+struct SoFar {
+    text: String,
+    output_ids: Vec<u32>,
+}
+
+struct GenerateDialect {
+    info: Option<GenerationInfo>,
+    n: u32,
+    sequences: Vec<SoFar>,
+    finished: Vec<Option<sglang::GenerateFinishReason>>,
+    usage: Usage,
+}
+
+impl GenerateDialect {
+    fn sequence(&mut self, index: u32) -> &mut SoFar {
+        let slot = index as usize;
+        if self.sequences.len() <= slot {
+            self.sequences.resize(slot + 1, SoFar::default());
+            self.finished.resize(slot + 1, None);
+        }
+        &mut self.sequences[slot]
+    }
+
+    fn response(
+        &self,
+        index: u32,
+        usage: &Usage,
+        completion_tokens: u32,
+    ) -> sglang::GenerateResponse {
+        let so_far = self
+            .sequences
+            .get(index as usize)
+            .cloned()
+            .unwrap_or_default();
+        let info = self.info.as_ref();
+        sglang::GenerateResponse {
+            text: so_far.text,
+            output_ids: so_far.output_ids,
+            meta_info: sglang::MetaInfo {
+                id: info.map(|i| i.id.clone()).unwrap_or_default(),
+                finish_reason: self.finished.get(index as usize).cloned().flatten(),
+                prompt_tokens: usage.prompt_tokens,
+                completion_tokens,
+                cached_tokens: usage.cached_tokens,
+                e2e_latency: info.map_or(0.0, |i| i.started.elapsed().as_secs_f64()),
+            },
+            index: (self.n > 1).then_some(index),
+        }
+    }
+}
+
+fn generate_finish(
+    reason: FinishReason,
+    matched: Option<MatchedStop>,
+    length: u32,
+) -> sglang::GenerateFinishReason {
+    match reason {
+        FinishReason::Stop => sglang::GenerateFinishReason::Stop {
+            matched: matched.map(Into::into),
+        },
+        FinishReason::Length => sglang::GenerateFinishReason::Length { length },
+        FinishReason::Abort => sglang::GenerateFinishReason::Abort {
+            message: "aborted".to_owned(),
+        },
+    }
+}
+
+impl Dialect for GenerateDialect {
+    fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
+        self.info = Some(generation.clone());
+        Vec::new()
+    }
+
+    fn delta(&mut self, index: u32, text: String, token_ids: &[u32]) -> Vec<Bytes> {
+        let sequence = self.sequence(index);
+        sequence.text.push_str(&text);
+        sequence.output_ids.extend_from_slice(token_ids);
+        let produced = sequence.output_ids.len() as u32;
+        let usage = self.usage;
+        vec![data_frame(&self.response(index, &usage, produced))]
+    }
+
+    fn finish(
+        &mut self,
+        index: u32,
+        reason: FinishReason,
+        matched: Option<MatchedStop>,
+    ) -> Vec<Bytes> {
+        let produced = self.sequence(index).output_ids.len() as u32;
+        self.finished[index as usize] = Some(generate_finish(reason, matched, produced));
+        let usage = self.usage;
+        vec![data_frame(&self.response(index, &usage, produced))]
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
+        self.usage = *usage;
+        Vec::new()
+    }
+
+    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
+        let n = output.choices.len();
+        let responses: Vec<sglang::GenerateResponse> = output
+            .choices
+            .into_iter()
+            .map(|choice| {
+                let length = choice.token_ids.len() as u32;
+                sglang::GenerateResponse {
+                    meta_info: sglang::MetaInfo {
+                        id: generation.id.clone(),
+                        finish_reason: choice
+                            .finish_reason
+                            .map(|r| generate_finish(r, choice.matched_stop.clone(), length)),
+                        prompt_tokens: output.usage.prompt_tokens,
+                        completion_tokens: length,
+                        cached_tokens: output.usage.cached_tokens,
+                        e2e_latency: generation.started.elapsed().as_secs_f64(),
+                    },
+                    text: choice.text,
+                    output_ids: choice.token_ids,
+                    index: (n > 1).then_some(choice.index),
+                }
+            })
+            .collect();
+        match <[sglang::GenerateResponse; 1]>::try_from(responses) {
+            Ok([single]) => axum::Json(single).into_response(),
+            Err(many) => axum::Json(many).into_response(),
+        }
+    }
+}
+
+pub async fn generate(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let spec =
+        parse_json::<sglang::GenerateRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
+    run(state, Endpoint::Generate, spec, &headers, |spec| {
+        GenerateDialect {
+            info: None,
+            n: spec.sampling.n.max(1),
+            sequences: Vec::new(),
+            finished: Vec::new(),
+            usage: Usage::default(),
+        }
+    })
+    .await
+}
+
+// ----------------------------------------------------------------------------
+// Anthropic /v1/messages
+// ----------------------------------------------------------------------------
+
+struct MessagesDialect {
+    info: Option<GenerationInfo>,
+    block_open: bool,
+    stop: Option<(anthropic::StopReason, Option<String>)>,
+}
+
+fn event_frame(event: &anthropic::StreamEvent) -> Bytes {
+    named_frame(event.event_name(), event)
+}
+
+impl MessagesDialect {
+    fn message(
+        &self,
+        content: Vec<anthropic::ResponseBlock>,
+        usage: anthropic::Usage,
+    ) -> anthropic::MessagesResponse {
+        let info = self.info.as_ref();
+        anthropic::MessagesResponse {
+            id: info.map(|i| i.id.clone()).unwrap_or_default(),
+            kind: anthropic::MessageTag,
+            role: openai::AssistantRole,
+            content,
+            model: info.map(|i| i.model.clone()).unwrap_or_default(),
+            stop_reason: self.stop.as_ref().map(|(reason, _)| *reason),
+            stop_sequence: self.stop.as_ref().and_then(|(_, seq)| seq.clone()),
+            usage,
+        }
+    }
+}
+
+fn anthropic_stop(
+    reason: FinishReason,
+    matched: Option<&MatchedStop>,
+) -> (anthropic::StopReason, Option<String>) {
+    let openai_reason = openai_finish(reason);
+    anthropic::StopReason::from_finish(openai_reason, matched)
+}
+
+impl Dialect for MessagesDialect {
+    fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
+        self.info = Some(generation.clone());
+        let message = self.message(Vec::new(), anthropic::Usage::from_counts(0, 0, 0));
+        vec![
+            event_frame(&anthropic::StreamEvent::MessageStart { message }),
+            event_frame(&anthropic::StreamEvent::ContentBlockStart {
+                index: 0,
+                content_block: anthropic::ResponseBlock::Text {
+                    text: String::new(),
+                },
+            }),
+        ]
+        .into_iter()
+        .inspect(|_| self.block_open = true)
+        .collect()
+    }
+
+    fn delta(&mut self, _index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+        vec![event_frame(&anthropic::StreamEvent::ContentBlockDelta {
+            index: 0,
+            delta: anthropic::BlockDelta::TextDelta { text },
+        })]
+    }
+
+    fn finish(
+        &mut self,
+        _index: u32,
+        reason: FinishReason,
+        matched: Option<MatchedStop>,
+    ) -> Vec<Bytes> {
+        self.stop = Some(anthropic_stop(reason, matched.as_ref()));
+        Vec::new()
+    }
+
+    fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        if std::mem::replace(&mut self.block_open, false) {
+            frames.push(event_frame(&anthropic::StreamEvent::ContentBlockStop {
+                index: 0,
+            }));
+        }
+        let (stop_reason, stop_sequence) = match &self.stop {
+            Some((reason, sequence)) => (Some(*reason), sequence.clone()),
+            None => (None, None),
+        };
+        frames.push(event_frame(&anthropic::StreamEvent::MessageDelta {
+            delta: anthropic::MessageDelta {
+                stop_reason,
+                stop_sequence,
+            },
+            usage: anthropic::DeltaUsage {
+                output_tokens: usage.completion_tokens,
+            },
+        }));
+        frames
+    }
+
+    fn error(&mut self, err: &Error) -> Vec<Bytes> {
+        vec![event_frame(&anthropic::StreamEvent::error(err))]
+    }
+
+    fn end(&mut self) -> Vec<Bytes> {
+        vec![event_frame(&anthropic::StreamEvent::MessageStop)]
+    }
+
+    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
+        let mut dialect = MessagesDialect {
+            info: Some(generation.clone()),
+            block_open: false,
+            stop: None,
+        };
+        let Some(choice) = output.choices.into_iter().next() else {
+            return Error::internal("the generation produced no output").into_response();
+        };
+        dialect.stop = choice
+            .finish_reason
+            .map(|reason| anthropic_stop(reason, choice.matched_stop.as_ref()));
+        let usage = anthropic::Usage::from_counts(
+            output.usage.prompt_tokens,
+            output.usage.completion_tokens,
+            output.usage.cached_tokens,
+        );
+        axum::Json(dialect.message(
+            vec![anthropic::ResponseBlock::Text { text: choice.text }],
+            usage,
+        ))
+        .into_response()
+    }
+}
+
+pub async fn messages(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let spec =
+        parse_json::<anthropic::MessagesRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
+    run(state, Endpoint::Messages, spec, &headers, |_| {
+        MessagesDialect {
+            info: None,
+            block_open: false,
+            stop: None,
+        }
+    })
+    .await
+}
+
+// ----------------------------------------------------------------------------
+// Embeddings, classify, models
+// ----------------------------------------------------------------------------
+
+pub async fn embeddings(
+    State(state): State<SharedState>,
+    _headers: HeaderMap,
+    _body: Bytes,
+) -> Response {
+    match state.router.pipeline(Endpoint::Embeddings) {
+        Err(err) => err.into_response(),
+        Ok(_) => Error::new(
+            ErrorCode::UnsupportedEndpoint,
+            "embeddings are not served by this build yet",
+        )
+        .into_response(),
+    }
+}
+
+pub async fn classify(
+    State(state): State<SharedState>,
+    _headers: HeaderMap,
+    _body: Bytes,
+) -> Response {
+    match state.router.pipeline(Endpoint::Classify) {
+        Err(err) => err.into_response(),
+        Ok(_) => Error::new(
+            ErrorCode::UnsupportedEndpoint,
+            "classification is not served by this build yet",
+        )
+        .into_response(),
+    }
+}
+
+pub async fn models(State(state): State<SharedState>) -> Response {
+    let model = state.router.model();
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        - state.started.elapsed().as_secs();
+    axum::Json(openai::ModelList {
+        object: super::types::forms::ListObject,
+        data: vec![openai::ModelCard {
+            id: model.name.clone(),
+            object: openai::ModelObject,
+            created,
+            owned_by: "smg".to_owned(),
+            max_model_len: Some(model.max_context_length),
+        }],
+    })
+    .into_response()
+}

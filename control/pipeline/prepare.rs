@@ -1,0 +1,154 @@
+//! The Preparation stage: from a validated [`GenerationSpec`] to the token ids
+//! and engine sampling every later stage uses. It resolves the model, renders
+//! the chat template, tokenizes, checks the context length and turns stop
+//! strings that are single tokens into `stop_token_ids` (engines reject string
+//! stops; the gateway still trims the text itself).
+
+use crate::api::types::spec::{GenerationSpec, Prompt};
+use crate::engine::{MediaItem, Sampling};
+use crate::error::{Error, ErrorCode, Result};
+use crate::tokenizer::{ChatTemplateOptions, Tokenizer};
+
+use super::Endpoint;
+
+/// The model a router serves, as clients name it.
+#[derive(Debug, Clone)]
+pub struct ServedModel {
+    pub name: String,
+    pub max_context_length: u32,
+    pub vocab_size: u32,
+}
+
+/// A request after Preparation.
+#[derive(Debug, Clone)]
+pub struct PreparedRequest {
+    pub endpoint: Endpoint,
+    pub model: String,
+    /// The id clients see; engine calls get `<id>-<attempt>`.
+    pub request_id: String,
+    pub input_ids: Vec<u32>,
+    pub prompt_text: String,
+    pub media: Vec<MediaItem>,
+    pub sampling: Sampling,
+    pub stop_strings: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub logprobs: Option<u32>,
+    pub echo: bool,
+    /// `X-SMG-Routing-Key`, for sticky policies.
+    pub routing_key: Option<String>,
+}
+
+/// Prefix of the ids minted per endpoint, as OpenAI and Anthropic spell them.
+fn id_prefix(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::ChatCompletions => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+        Endpoint::Generate => "gen",
+        Endpoint::Messages => "msg",
+        Endpoint::Embeddings => "embd",
+        Endpoint::Classify => "classify",
+    }
+}
+
+/// A fresh request id for `endpoint`.
+pub fn mint_request_id(endpoint: Endpoint) -> String {
+    format!("{}-{:032x}", id_prefix(endpoint), rand::random::<u128>())
+}
+
+/// Runs Preparation.
+pub fn prepare(
+    endpoint: Endpoint,
+    spec: GenerationSpec,
+    model: &ServedModel,
+    tokenizer: &Tokenizer,
+    routing_key: Option<String>,
+) -> Result<PreparedRequest> {
+    if let Some(asked) = spec.model.as_deref()
+        && asked != model.name
+    {
+        return Err(Error::new(
+            ErrorCode::ModelNotFound,
+            format!(
+                "model {asked:?} is not served here (serving {:?})",
+                model.name
+            ),
+        )
+        .with_param("model"));
+    }
+    if !spec.images.is_empty() {
+        return Err(Error::new(
+            ErrorCode::UnsupportedMedia,
+            "image inputs need the data plane's preprocessing, which this build does not have yet",
+        )
+        .with_param("messages"));
+    }
+    let (prompt_text, input_ids) = match &spec.prompt {
+        Prompt::Text(text) => (text.clone(), tokenizer.encode(text, true)?),
+        Prompt::TokenIds(ids) => {
+            if let Some(bad) = ids.iter().find(|&&id| id >= model.vocab_size) {
+                return Err(Error::invalid_parameter(
+                    "prompt",
+                    format!(
+                        "token id {bad} is outside the vocabulary of {}",
+                        model.vocab_size
+                    ),
+                ));
+            }
+            (String::new(), ids.clone())
+        }
+        Prompt::Chat(chat) => {
+            let options = ChatTemplateOptions {
+                add_generation_prompt: true,
+                tools: (!chat.tools.is_empty())
+                    .then(|| serde_json::Value::Array(chat.tools.clone())),
+                extra: chat.template_kwargs.clone(),
+            };
+            let text = tokenizer.apply_chat_template(&chat.messages, &options)?;
+            let ids = tokenizer.encode(&text, false)?;
+            (text, ids)
+        }
+    };
+    if input_ids.is_empty() {
+        return Err(Error::invalid_request("the prompt is empty").with_param("prompt"));
+    }
+    let wanted = input_ids.len() as u64 + u64::from(spec.sampling.max_new_tokens.unwrap_or(0));
+    if input_ids.len() as u64 >= u64::from(model.max_context_length)
+        || wanted > u64::from(model.max_context_length)
+    {
+        return Err(Error::new(
+            ErrorCode::ContextLengthExceeded,
+            format!(
+                "the prompt has {} tokens and asks for {} more; the model's context holds {}",
+                input_ids.len(),
+                spec.sampling.max_new_tokens.unwrap_or(0),
+                model.max_context_length
+            ),
+        )
+        .with_param("max_tokens"));
+    }
+    let mut sampling = spec.sampling;
+    for stop in &spec.stop_strings {
+        if let Some(id) = tokenizer.single_token(stop)
+            && !sampling.stop_token_ids.contains(&id)
+        {
+            sampling.stop_token_ids.push(id);
+        }
+    }
+    sampling.n = sampling.n.max(1);
+    Ok(PreparedRequest {
+        endpoint,
+        model: model.name.clone(),
+        request_id: spec.request_id.unwrap_or_else(|| mint_request_id(endpoint)),
+        input_ids,
+        prompt_text,
+        media: Vec::new(),
+        sampling,
+        stop_strings: spec.stop_strings,
+        stream: spec.stream,
+        include_usage: spec.include_usage,
+        logprobs: spec.logprobs,
+        echo: spec.echo,
+        routing_key,
+    })
+}

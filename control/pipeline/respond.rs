@@ -1,0 +1,351 @@
+//! ResponseProcessing: engine token events become client text.
+//!
+//! Per sequence, an incremental decoder turns ids into text without ever
+//! splitting a UTF-8 character, and a stop matcher trims stop strings the
+//! engines cannot see. The result is a dialect-neutral stream of
+//! [`OutputEvent`]s that each API formats its own way (OpenAI chunks,
+//! SGLang's `/generate`, Anthropic events), or collects for a JSON answer.
+//! When every sequence has stopped on a stop string the engine stream is
+//! dropped, which aborts the legs.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+
+use crate::engine::{EventStream, GenerateEvent, LogProbs, MatchedStop};
+use crate::error::{Error, ErrorCode, Result};
+use crate::tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
+
+/// Why a sequence ended, as the APIs report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+impl FinishReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+
+    fn from_engine(reason: &str) -> Self {
+        match reason {
+            "length" => FinishReason::Length,
+            "abort" => FinishReason::Abort,
+            _ => FinishReason::Stop,
+        }
+    }
+}
+
+/// Token accounting of a whole request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+/// What the client is told, dialect-neutral.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputEvent {
+    /// New text of sequence `index`.
+    Delta {
+        index: u32,
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Option<LogProbs>,
+    },
+    /// Sequence `index` ended.
+    Finish {
+        index: u32,
+        reason: FinishReason,
+        matched_stop: Option<MatchedStop>,
+    },
+    /// Every sequence ended; the last event.
+    Usage(Usage),
+}
+
+pub type OutputStream = Pin<Box<dyn Stream<Item = Result<OutputEvent>> + Send + 'static>>;
+
+/// How to turn one request's events into text.
+#[derive(Debug, Clone)]
+pub struct ResponseOptions {
+    pub tokenizer: Tokenizer,
+    pub n: u32,
+    pub skip_special_tokens: bool,
+    pub stop_strings: Vec<String>,
+    pub no_stop_trim: bool,
+    /// The whole request must end by then.
+    pub deadline: Instant,
+}
+
+struct Sequence {
+    decoder: IncrementalDecoder,
+    stops: StopMatcher,
+    tokens_seen: u32,
+    finished: bool,
+}
+
+struct Processor {
+    events: Option<EventStream>,
+    sequences: Vec<Sequence>,
+    pending: std::collections::VecDeque<OutputEvent>,
+    usage: Usage,
+    deadline: Instant,
+    done: bool,
+}
+
+impl Processor {
+    fn sequence(&mut self, index: u32) -> Result<&mut Sequence> {
+        let count = self.sequences.len();
+        self.sequences.get_mut(index as usize).ok_or_else(|| {
+            Error::new(
+                ErrorCode::WorkerError,
+                format!("the worker sent sequence {index} of {count}"),
+            )
+        })
+    }
+
+    /// Decodes `ids` of sequence `index` and queues the released text.
+    fn push_tokens(&mut self, index: u32, ids: &[u32], logprobs: Option<LogProbs>) -> Result<()> {
+        let sequence = self.sequence(index)?;
+        if sequence.finished {
+            return Ok(());
+        }
+        sequence.tokens_seen += ids.len() as u32;
+        let text = sequence.decoder.push(ids)?;
+        let outcome = sequence.stops.push(&text);
+        if let Some(stop) = outcome.matched_stop {
+            sequence.finished = true;
+            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs);
+            self.pending.push_back(OutputEvent::Finish {
+                index,
+                reason: FinishReason::Stop,
+                matched_stop: Some(MatchedStop::Text(stop)),
+            });
+        } else {
+            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs);
+        }
+        Ok(())
+    }
+
+    fn queue_delta(
+        &mut self,
+        index: u32,
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Option<LogProbs>,
+    ) {
+        if !text.is_empty() || logprobs.is_some() {
+            self.pending.push_back(OutputEvent::Delta {
+                index,
+                text,
+                token_ids,
+                logprobs,
+            });
+        }
+    }
+
+    fn handle(&mut self, event: GenerateEvent) -> Result<()> {
+        match event {
+            GenerateEvent::Chunk {
+                index,
+                token_ids,
+                prompt_tokens,
+                cached_tokens,
+                logprobs,
+                ..
+            } => {
+                self.usage.prompt_tokens = prompt_tokens;
+                self.usage.cached_tokens = cached_tokens;
+                self.push_tokens(index, &token_ids, logprobs)
+            }
+            GenerateEvent::Complete {
+                index,
+                output_ids,
+                finish_reason,
+                matched_stop,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                logprobs,
+            } => {
+                self.usage.prompt_tokens = prompt_tokens;
+                self.usage.cached_tokens = cached_tokens;
+                let seen = self.sequence(index)?.tokens_seen as usize;
+                // Unary responses carry every token here; streams only the rest.
+                if let Some(unseen) = output_ids.get(seen..)
+                    && !unseen.is_empty()
+                {
+                    self.push_tokens(index, unseen, logprobs)?;
+                }
+                let sequence = self.sequence(index)?;
+                let already_finished = sequence.finished;
+                sequence.finished = true;
+                if already_finished {
+                    self.usage.completion_tokens += sequence.tokens_seen;
+                    return Ok(());
+                }
+                let tail = sequence.decoder.finish()?;
+                let mut released = sequence.stops.push(&tail);
+                if released.matched_stop.is_none() {
+                    released.text.push_str(&sequence.stops.finish());
+                }
+                self.usage.completion_tokens += completion_tokens.max(sequence.tokens_seen);
+                let stop_text = released.matched_stop.take();
+                self.queue_delta(index, released.text, Vec::new(), None);
+                self.pending.push_back(OutputEvent::Finish {
+                    index,
+                    reason: if stop_text.is_some() {
+                        FinishReason::Stop
+                    } else {
+                        FinishReason::from_engine(&finish_reason)
+                    },
+                    matched_stop: stop_text.map(MatchedStop::Text).or(matched_stop),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn all_finished(&self) -> bool {
+        self.sequences.iter().all(|s| s.finished)
+    }
+
+    async fn next(&mut self) -> Option<Result<OutputEvent>> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return Some(Ok(event));
+            }
+            if self.done {
+                return None;
+            }
+            if self.all_finished() {
+                // Dropping the engine stream aborts legs still generating.
+                if let Some(events) = self.events.take() {
+                    drop(events);
+                    for sequence in &self.sequences {
+                        self.usage.completion_tokens =
+                            self.usage.completion_tokens.max(sequence.tokens_seen);
+                    }
+                }
+                self.done = true;
+                return Some(Ok(OutputEvent::Usage(self.usage)));
+            }
+            let events = self.events.as_mut()?;
+            let next = tokio::time::timeout_at(self.deadline.into(), events.next()).await;
+            let result = match next {
+                Err(_) => Err(Error::new(
+                    ErrorCode::RequestTimeout,
+                    "the request exceeded its time limit",
+                )),
+                Ok(None) => Err(Error::new(
+                    ErrorCode::StreamInterrupted,
+                    "the worker's stream ended before every sequence completed",
+                )),
+                Ok(Some(Err(err))) => Err(err),
+                Ok(Some(Ok(event))) => self.handle(event),
+            };
+            if let Err(err) = result {
+                self.done = true;
+                self.events = None;
+                return Some(Err(err));
+            }
+        }
+    }
+}
+
+/// Turns a request's engine events into client output events.
+pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
+    let sequences = (0..options.n.max(1))
+        .map(|_| Sequence {
+            decoder: IncrementalDecoder::new(&options.tokenizer, options.skip_special_tokens),
+            stops: StopMatcher::new(options.stop_strings.iter().cloned(), options.no_stop_trim),
+            tokens_seen: 0,
+            finished: false,
+        })
+        .collect();
+    let processor = Processor {
+        events: Some(events),
+        sequences,
+        pending: std::collections::VecDeque::new(),
+        usage: Usage::default(),
+        deadline: options.deadline,
+        done: false,
+    };
+    Box::pin(futures::stream::unfold(
+        processor,
+        |mut processor| async move { processor.next().await.map(|event| (event, processor)) },
+    ))
+}
+
+/// One sequence's whole output, for JSON answers.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CollectedChoice {
+    pub index: u32,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub finish_reason: Option<FinishReason>,
+    pub matched_stop: Option<MatchedStop>,
+    pub logprobs: Vec<LogProbs>,
+}
+
+/// A whole non-streaming response.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CollectedOutput {
+    pub choices: Vec<CollectedChoice>,
+    pub usage: Usage,
+    /// Time to the first text, for metrics.
+    pub first_token_after: Option<Duration>,
+}
+
+/// Drains an output stream into one response.
+pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput> {
+    let started = Instant::now();
+    let mut collected = CollectedOutput {
+        choices: (0..n.max(1))
+            .map(|index| CollectedChoice {
+                index,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    while let Some(event) = output.next().await {
+        match event? {
+            OutputEvent::Delta {
+                index,
+                text,
+                token_ids,
+                logprobs,
+            } => {
+                collected
+                    .first_token_after
+                    .get_or_insert_with(|| started.elapsed());
+                if let Some(choice) = collected.choices.get_mut(index as usize) {
+                    choice.text.push_str(&text);
+                    choice.token_ids.extend(token_ids);
+                    choice.logprobs.extend(logprobs);
+                }
+            }
+            OutputEvent::Finish {
+                index,
+                reason,
+                matched_stop,
+            } => {
+                if let Some(choice) = collected.choices.get_mut(index as usize) {
+                    choice.finish_reason = Some(reason);
+                    choice.matched_stop = matched_stop;
+                }
+            }
+            OutputEvent::Usage(usage) => collected.usage = usage,
+        }
+    }
+    Ok(collected)
+}

@@ -1,0 +1,300 @@
+//! The stages between Preparation and RequestExecution: WorkerSelection,
+//! ClientAcquisition, Encode (EPD), RequestBuilding and DispatchMetadata.
+//! Each runs once per attempt: a retry picks workers, rooms and engine
+//! request ids afresh.
+
+use std::sync::Arc;
+
+use crate::engine::{
+    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, mint_room,
+};
+use crate::error::{Error, ErrorCode, Result};
+use crate::metrics;
+use crate::mode::{ExecutionPlan as PlanShape, Mode};
+use crate::policies::{Policy, SelectionRequest};
+use crate::workers::{LoadGuard, Worker, WorkerRole, WorkerSet};
+
+use super::execution::{ExecutionPlan, Leg, SideCall};
+use super::prepare::PreparedRequest;
+
+/// The policy of each role.
+#[derive(Debug, Clone)]
+pub struct RolePolicies {
+    pub regular: Arc<dyn Policy>,
+    pub prefill: Arc<dyn Policy>,
+    pub decode: Arc<dyn Policy>,
+    pub encode: Arc<dyn Policy>,
+}
+
+impl RolePolicies {
+    fn of(&self, role: WorkerRole) -> &Arc<dyn Policy> {
+        match role {
+            WorkerRole::Regular => &self.regular,
+            WorkerRole::Prefill => &self.prefill,
+            WorkerRole::Decode => &self.decode,
+            WorkerRole::Encode => &self.encode,
+        }
+    }
+}
+
+/// The workers one attempt uses, each held by a load guard.
+#[derive(Debug)]
+pub struct Selection {
+    /// Regular worker, or decode in PD/EPD: its stream is the response.
+    pub primary: LoadGuard,
+    pub prefill: Option<LoadGuard>,
+    /// EPD: one encode worker per media item, in item order.
+    pub encoders: Vec<LoadGuard>,
+}
+
+fn pick(
+    workers: &WorkerSet,
+    policies: &RolePolicies,
+    role: WorkerRole,
+    request: &SelectionRequest<'_>,
+) -> Result<LoadGuard> {
+    let candidates = workers.healthy(role);
+    if candidates.is_empty() {
+        return Err(Error::new(
+            ErrorCode::NoHealthyWorker,
+            format!("no healthy {role} worker is available"),
+        ));
+    }
+    let policy = policies.of(role);
+    let index = policy
+        .select(&candidates, request)
+        .min(candidates.len() - 1);
+    let worker: &Arc<Worker> = &candidates[index];
+    policy.on_routed(worker, request);
+    metrics::record_selection(worker.url(), role.name(), policy.name());
+    Ok(worker.acquire())
+}
+
+/// WorkerSelection: one worker, or prefill + decode, plus an encode worker
+/// per media item in EPD (keyed by the item's content hash).
+pub fn select_workers(
+    mode: Mode,
+    request: &PreparedRequest,
+    workers: &WorkerSet,
+    policies: &RolePolicies,
+) -> Result<Selection> {
+    let selection_request = SelectionRequest {
+        input_ids: &request.input_ids,
+        routing_key: request.routing_key.as_deref(),
+        content_hash: None,
+    };
+    let selection = match mode.spec().plan {
+        PlanShape::Single => Selection {
+            primary: pick(workers, policies, WorkerRole::Regular, &selection_request)?,
+            prefill: None,
+            encoders: Vec::new(),
+        },
+        PlanShape::DualLeg => {
+            let prefill = pick(workers, policies, WorkerRole::Prefill, &selection_request)?;
+            let decode = pick(workers, policies, WorkerRole::Decode, &selection_request)?;
+            Selection {
+                primary: decode,
+                prefill: Some(prefill),
+                encoders: Vec::new(),
+            }
+        }
+    };
+    if !mode.spec().encodes_media {
+        return Ok(selection);
+    }
+    let encoders = request
+        .media
+        .iter()
+        .map(|item| {
+            let by_content = SelectionRequest {
+                content_hash: Some(&item.content_hash),
+                ..selection_request
+            };
+            pick(workers, policies, WorkerRole::Encode, &by_content)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Selection {
+        encoders,
+        ..selection
+    })
+}
+
+/// ClientAcquisition: the gRPC client of each chosen worker.
+#[derive(Debug)]
+pub struct Clients {
+    pub primary: EngineClient,
+    pub prefill: Option<EngineClient>,
+    pub encoders: Vec<EngineClient>,
+}
+
+pub fn acquire_clients(selection: &Selection) -> Clients {
+    let client = |guard: &LoadGuard| guard.worker().client().clone();
+    Clients {
+        primary: client(&selection.primary),
+        prefill: selection.prefill.as_ref().map(client),
+        encoders: selection.encoders.iter().map(client).collect(),
+    }
+}
+
+/// What the Encode stage decided: where prefill fetches each embedding and
+/// the supervised encode calls.
+#[derive(Debug, Default)]
+pub struct EncodeDispatch {
+    pub bootstrap: Vec<EncodeBootstrap>,
+    pub calls: Vec<(EngineClient, String, MediaItem, i64)>,
+}
+
+/// Encode (EPD only): a room per media item, the encode worker's bootstrap
+/// host/port, and the Encode call that carries the item's tensor.
+pub fn plan_encodes(
+    request: &PreparedRequest,
+    selection: &Selection,
+    clients: &Clients,
+    engine_request_id: &str,
+) -> Result<EncodeDispatch> {
+    let mut dispatch = EncodeDispatch::default();
+    for (index, (item, (guard, client))) in request
+        .media
+        .iter()
+        .zip(selection.encoders.iter().zip(&clients.encoders))
+        .enumerate()
+    {
+        let worker = guard.worker();
+        let port = worker.bootstrap_port().ok_or_else(|| {
+            Error::internal(format!(
+                "encode worker {} has no bootstrap port",
+                worker.url()
+            ))
+        })?;
+        let room = mint_room(client.runtime());
+        dispatch.bootstrap.push(EncodeBootstrap {
+            item_index: index as u32,
+            host: worker.bootstrap_host().to_owned(),
+            port,
+            room,
+        });
+        dispatch.calls.push((
+            client.clone(),
+            format!("{engine_request_id}-enc{index}"),
+            item.clone(),
+            room,
+        ));
+    }
+    Ok(dispatch)
+}
+
+fn encode_call(client: EngineClient, request_id: String, item: MediaItem, room: i64) -> SideCall {
+    Box::pin(async move {
+        let started = std::time::Instant::now();
+        let result = client.encode(&request_id, &item, room).await;
+        metrics::record_encode(started.elapsed());
+        match result {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::new(
+                ErrorCode::EncodeFailed,
+                format!("encode worker {} refused the image", client.url()),
+            )),
+            Err(err) => Err(Error::new(
+                ErrorCode::EncodeFailed,
+                format!("encode worker {} failed: {}", client.url(), err.message),
+            )),
+        }
+    })
+}
+
+/// The item as prefill and decode see it in EPD (and decode in PD):
+/// placeholders and side tensors, no encoder payload.
+fn metadata_only(item: &MediaItem) -> MediaItem {
+    let mut item = item.clone();
+    item.encoder_input.payload = None;
+    item
+}
+
+/// RequestBuilding + DispatchMetadata: the engine requests of one attempt.
+pub fn build_plan(
+    mode: Mode,
+    request: &PreparedRequest,
+    selection: Selection,
+    clients: Clients,
+    encodes: EncodeDispatch,
+    engine_request_id: String,
+) -> Result<ExecutionPlan> {
+    let base = GenerateRequest {
+        request_id: engine_request_id,
+        input_ids: request.input_ids.clone(),
+        original_text: request.prompt_text.clone(),
+        sampling: request.sampling.clone(),
+        stream: request.stream,
+        return_logprob: request.logprobs.is_some(),
+        top_logprobs_num: request.logprobs.map_or(0, |k| k as i32),
+        media: request.media.clone(),
+        ..Default::default()
+    };
+    let Selection {
+        primary,
+        prefill,
+        encoders,
+    } = selection;
+    let mut guards = vec![primary];
+    guards.extend(encoders);
+    let Some(prefill_guard) = prefill else {
+        return Ok(ExecutionPlan {
+            primary: Leg {
+                client: clients.primary,
+                request: base,
+            },
+            prefill: None,
+            side_calls: Vec::new(),
+            guards,
+        });
+    };
+    let prefill_worker = Arc::clone(prefill_guard.worker());
+    guards.push(prefill_guard);
+    let port = prefill_worker.bootstrap_port().ok_or_else(|| {
+        Error::internal(format!(
+            "prefill worker {} has no bootstrap port",
+            prefill_worker.url()
+        ))
+    })?;
+    let runtime: Runtime = clients.primary.runtime();
+    let kv = KvBootstrap {
+        host: prefill_worker.bootstrap_host().to_owned(),
+        port,
+        room: mint_room(runtime),
+    };
+    let encoded = mode.spec().encodes_media && !encodes.bootstrap.is_empty();
+    let prefill_request = GenerateRequest {
+        kv_bootstrap: Some(kv.clone()),
+        media: if encoded {
+            base.media.iter().map(metadata_only).collect()
+        } else {
+            base.media.clone()
+        },
+        encode_bootstrap: encodes.bootstrap,
+        ..base.clone()
+    };
+    let decode_request = GenerateRequest {
+        kv_bootstrap: Some(kv),
+        media: base.media.iter().map(metadata_only).collect(),
+        ..base
+    };
+    let prefill_client = clients
+        .prefill
+        .ok_or_else(|| Error::internal("a prefill worker was selected without a client"))?;
+    Ok(ExecutionPlan {
+        primary: Leg {
+            client: clients.primary,
+            request: decode_request,
+        },
+        prefill: Some(Leg {
+            client: prefill_client,
+            request: prefill_request,
+        }),
+        side_calls: encodes
+            .calls
+            .into_iter()
+            .map(|(client, id, item, room)| encode_call(client, id, item, room))
+            .collect(),
+        guards,
+    })
+}

@@ -1,0 +1,308 @@
+//! Start-up: from `smg launch` flags to a serving gateway. Builds the workers
+//! and detects their runtime, loads the tokenizer, assembles the router for
+//! the chosen mode, starts health probes and the metrics listener, and serves
+//! the HTTP API until SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::net::TcpListener;
+
+use crate::api::{self, AppState};
+use crate::cli::{LaunchArgs, RuntimeArg, TensorTransport, worker_specs};
+use crate::engine::{EngineClient, ModelInfo, Runtime};
+use crate::mode::Mode;
+use crate::pipeline::prepare::ServedModel;
+use crate::pipeline::stages::RolePolicies;
+use crate::router::{RetryConfig, Router, RouterParts};
+use crate::tokenizer::Tokenizer;
+use crate::workers::{HealthConfig, Worker, WorkerRole, WorkerSet, spawn_health_checks};
+
+/// How long start-up waits for a worker's discovery RPCs.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A worker named on the command line: URL, role, bootstrap port.
+type FlaggedWorker = (String, WorkerRole, Option<u16>);
+
+/// The workers the flags describe, and the mode.
+fn fleet_from_flags(args: &LaunchArgs) -> anyhow::Result<(Mode, Vec<FlaggedWorker>)> {
+    let to_anyhow = |e: String| anyhow::anyhow!(e);
+    let mut fleet = Vec::new();
+    let mode = if args.epd_disaggregation {
+        for spec in worker_specs("encode", &args.encode).map_err(to_anyhow)? {
+            fleet.push((spec.url, WorkerRole::Encode, spec.bootstrap_port));
+        }
+        Mode::EncodePrefillDecode
+    } else if args.pd_disaggregation {
+        Mode::PrefillDecode
+    } else {
+        Mode::Regular
+    };
+    if mode == Mode::Regular {
+        if !args.prefill.is_empty() || !args.decode.is_empty() || !args.encode.is_empty() {
+            bail!("--prefill/--decode/--encode need --pd-disaggregation or --epd-disaggregation");
+        }
+        fleet.extend(
+            args.worker_urls
+                .iter()
+                .map(|url| (url.clone(), WorkerRole::Regular, None)),
+        );
+    } else {
+        for spec in worker_specs("prefill", &args.prefill).map_err(to_anyhow)? {
+            fleet.push((spec.url, WorkerRole::Prefill, spec.bootstrap_port));
+        }
+        fleet.extend(
+            args.decode
+                .iter()
+                .map(|url| (url.clone(), WorkerRole::Decode, None)),
+        );
+    }
+    for role in mode.spec().required_roles {
+        if !fleet.iter().any(|(_, r, _)| r == role) {
+            bail!("{mode:?} mode needs at least one {role} worker");
+        }
+    }
+    Ok((mode, fleet))
+}
+
+async fn discover<T>(
+    what: &str,
+    url: &str,
+    call: impl std::future::Future<Output = crate::error::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(DISCOVERY_TIMEOUT, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what} of {url} timed out"))?
+        .map_err(|err| anyhow::anyhow!("{what} of {url} failed: {err}"))
+}
+
+/// The bootstrap port a worker advertises when the flags name none.
+fn advertised_bootstrap_port(info: &crate::engine::ServerInfo) -> Option<u16> {
+    [
+        info.scheduler_info.get("bootstrap_port"),
+        info.server_args.get("disaggregation_bootstrap_port"),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(serde_json::Value::as_u64)
+    .and_then(|port| u16::try_from(port).ok())
+}
+
+fn load_tokenizer_dir(dir: &Path) -> anyhow::Result<Tokenizer> {
+    Tokenizer::from_model_dir(dir)
+        .with_context(|| format!("cannot load the tokenizer from {}", dir.display()))
+}
+
+/// `--tokenizer-path`, else `--model-path`, else the workers' advertised
+/// local path, else their GetTokenizer archive.
+async fn load_tokenizer(
+    args: &LaunchArgs,
+    info: Option<&ModelInfo>,
+    client: &EngineClient,
+) -> anyhow::Result<Tokenizer> {
+    if let Some(dir) = args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
+        return load_tokenizer_dir(dir);
+    }
+    if let Some(dir) = info
+        .map(|i| PathBuf::from(&i.tokenizer_path))
+        .filter(|p| p.is_dir())
+    {
+        return load_tokenizer_dir(&dir);
+    }
+    let archive = discover("GetTokenizer", client.url(), client.tokenizer_archive()).await?;
+    Tokenizer::from_archive(&archive).context("the worker's tokenizer archive is unusable")
+}
+
+fn model_dir_context_length(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let config: serde_json::Value = serde_json::from_str(&text).ok()?;
+    config
+        .get("max_position_embeddings")?
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+}
+
+/// Builds the router that `args` describe.
+pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
+    let (mode, fleet) = fleet_from_flags(args)?;
+    let first_url = &fleet[0].0;
+    let runtime = match args.runtime {
+        Some(RuntimeArg::Tokenspeed) => Runtime::TokenSpeed,
+        Some(RuntimeArg::Sglang) => Runtime::Sglang,
+        None => discover(
+            "runtime detection",
+            first_url,
+            EngineClient::detect(first_url),
+        )
+        .await?
+        .runtime(),
+    };
+    if mode == Mode::EncodePrefillDecode && !runtime.has_encoder() {
+        bail!(
+            "EPD needs encode workers, but {} has no encoder protocol: use TokenSpeed workers",
+            runtime.name()
+        );
+    }
+    if args.multimodal_tensor_transport != TensorTransport::Inline {
+        tracing::warn!(
+            transport = ?args.multimodal_tensor_transport,
+            "only the inline tensor transport is built yet; tensors go inline"
+        );
+    }
+
+    let mut workers = WorkerSet::default();
+    for (url, role, flagged_port) in &fleet {
+        let client =
+            EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
+        let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
+        let port = match (flagged_port, needs_bootstrap) {
+            (Some(port), _) => Some(*port),
+            (None, true) => {
+                let info = discover("GetServerInfo", url, client.server_info()).await?;
+                Some(advertised_bootstrap_port(&info).with_context(|| {
+                    format!("{role} worker {url} needs a bootstrap port: give it after the URL")
+                })?)
+            }
+            (None, false) => None,
+        };
+        workers.add(Worker::new(client, *role, port).map_err(|e| anyhow::anyhow!("{e}"))?);
+    }
+
+    let probe = workers
+        .all()
+        .find(|w| w.role() != WorkerRole::Encode)
+        .cloned()
+        .context("no generating worker")?;
+    let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
+        Ok(info) => Some(info),
+        Err(err) if args.model_path.is_some() || args.tokenizer_path.is_some() => {
+            tracing::warn!(%err, "no model info from the workers; using the model directory");
+            None
+        }
+        Err(err) => return Err(err),
+    };
+    let tokenizer = load_tokenizer(args, info.as_ref(), probe.client()).await?;
+    let name = args
+        .served_model_name
+        .clone()
+        .or_else(|| {
+            info.as_ref()
+                .map(|i| i.served_model_name.clone())
+                .filter(|n| !n.is_empty())
+        })
+        .or_else(|| {
+            args.model_path
+                .as_ref()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "default".to_owned());
+    let max_context_length = info
+        .as_ref()
+        .map(|i| i.max_context_length)
+        .filter(|&n| n > 0)
+        .or_else(|| {
+            args.model_path
+                .as_deref()
+                .and_then(model_dir_context_length)
+        })
+        .unwrap_or(32_768);
+    let model = ServedModel {
+        name,
+        max_context_length,
+        vocab_size: info
+            .as_ref()
+            .map(|i| i.vocab_size)
+            .filter(|&n| n > 0)
+            .unwrap_or(tokenizer.vocab_size() as u32),
+    };
+
+    let policies = RolePolicies {
+        regular: args.policy.build(),
+        prefill: args.prefill_policy.unwrap_or(args.policy).build(),
+        decode: args.decode_policy.unwrap_or(args.policy).build(),
+        encode: args.encode_policy.build(),
+    };
+    if !args.disable_health_check {
+        spawn_health_checks(
+            workers.all().cloned().collect(),
+            HealthConfig {
+                interval: Duration::from_secs(args.health_check_interval_secs.max(1)),
+                timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
+                failure_threshold: args.health_failure_threshold.max(1),
+                success_threshold: args.health_success_threshold.max(1),
+            },
+        );
+    }
+    Ok(Router::new(RouterParts {
+        mode,
+        runtime,
+        workers,
+        policies,
+        tokenizer,
+        model,
+        retry: RetryConfig {
+            max_retries: args.retry_max_retries,
+            initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
+            max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
+            multiplier: args.retry_backoff_multiplier,
+            jitter_factor: args.retry_jitter_factor,
+            disabled: args.disable_retries,
+        },
+        request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+    }))
+}
+
+/// Runs the gateway until a shutdown signal.
+pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
+    let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
+    let router = build_router(&args).await?;
+    let mode = router.mode();
+    let state = Arc::new(AppState::new(router));
+
+    let http = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let metrics_host = args
+        .prometheus_host
+        .clone()
+        .unwrap_or_else(|| args.host.clone());
+    let metrics_listener = TcpListener::bind((metrics_host.as_str(), args.prometheus_port))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen for metrics on {metrics_host}:{}",
+                args.prometheus_port
+            )
+        })?;
+    let http_addr: SocketAddr = http.local_addr()?;
+    let metrics_addr: SocketAddr = metrics_listener.local_addr()?;
+
+    tokio::spawn(api::serve_metrics(metrics_listener, metrics));
+    println!(
+        "smg ready http={http_addr} metrics={metrics_addr} mode={}",
+        mode.metrics_label()
+    );
+    tracing::info!(%http_addr, %metrics_addr, ?mode, "smg serving");
+    api::serve(http, state, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,661 @@
+//! End-to-end tests of the gateway: real `smg` and `smg-sim-worker` processes
+//! on loopback, real HTTP. The sim workers' output starts with a digest of
+//! the token ids they received, so every answer proves the prompt reached the
+//! right worker intact, in each mode and protocol.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use smg::proto::tokenspeed_scheduler as ts;
+use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+use support::{Gateway, SimWorker, bounded, expected_header};
+
+const ZERO: &[&str] = &["--zero-delay"];
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+fn gateway_tokenizer() -> smg::tokenizer::Tokenizer {
+    smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("fixture tokenizer")
+}
+
+/// The ids the gateway sends for a chat with these messages.
+fn chat_ids(messages: &Value) -> Vec<u32> {
+    let tokenizer = gateway_tokenizer();
+    let messages = messages.as_array().expect("a list").clone();
+    let options = smg::tokenizer::ChatTemplateOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let text = tokenizer
+        .apply_chat_template(&messages, &options)
+        .expect("renders");
+    tokenizer.encode(&text, false).expect("encodes")
+}
+
+fn completion_ids(prompt: &str) -> Vec<u32> {
+    gateway_tokenizer().encode(prompt, true).expect("encodes")
+}
+
+async fn post(gateway: &Gateway, path: &str, body: Value) -> (u16, Value) {
+    let response = http()
+        .post(gateway.url(path))
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// The `data:` payloads of an SSE response, in order.
+async fn sse(gateway: &Gateway, path: &str, body: Value) -> Vec<String> {
+    let response = http()
+        .post(gateway.url(path))
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status().as_u16(), 200);
+    assert_eq!(
+        response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("text/event-stream")
+    );
+    let text = bounded("SSE body", response.text()).await.expect("body");
+    text.split("\n\n")
+        .filter_map(|frame| frame.lines().find_map(|line| line.strip_prefix("data: ")))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn chat_body(messages: &Value, extra: Value) -> Value {
+    let mut body = json!({"model": "model", "messages": messages, "max_tokens": 40});
+    if let (Some(target), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        target.extend(extra.clone());
+    }
+    body
+}
+
+fn hello() -> Value {
+    json!([{"role": "user", "content": "Say hello to the gateway."}])
+}
+
+async fn check_chat_in_mode(gateway: &Gateway) {
+    let messages = hello();
+    let header = expected_header(&chat_ids(&messages), &[]);
+    let (status, body) = post(
+        gateway,
+        "/v1/chat/completions",
+        chat_body(&messages, json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(content.starts_with(&header), "{content:?} vs {header}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "model");
+    let usage = &body["usage"];
+    assert_eq!(
+        usage["prompt_tokens"].as_u64(),
+        Some(chat_ids(&messages).len() as u64)
+    );
+    assert!(usage["completion_tokens"].as_u64().expect("count") > 0);
+
+    // Streaming yields the same text, role first, and ends with [DONE].
+    let frames = sse(
+        gateway,
+        "/v1/chat/completions",
+        chat_body(
+            &messages,
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        ),
+    )
+    .await;
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = frames[..frames.len() - 1]
+        .iter()
+        .map(|f| serde_json::from_str(f).expect("json chunk"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, content);
+    let last = chunks.last().expect("a usage chunk");
+    assert_eq!(
+        last["usage"]["completion_tokens"],
+        usage["completion_tokens"]
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| !c["choices"][0]["finish_reason"].is_null())
+    );
+}
+
+#[tokio::test]
+async fn regular_mode_serves_chat_on_both_protocols() {
+    for protocol in ["tokenspeed", "sglang"] {
+        let worker = SimWorker::start(protocol, "regular", ZERO);
+        let gateway = Gateway::start(&[
+            "--worker-urls",
+            &worker.grpc_url(),
+            "--served-model-name",
+            "model",
+        ]);
+        check_chat_in_mode(&gateway).await;
+    }
+}
+
+#[tokio::test]
+async fn pd_mode_serves_chat_on_both_protocols() {
+    for protocol in ["tokenspeed", "sglang"] {
+        let prefill = SimWorker::start(protocol, "prefill", ZERO);
+        let decode = SimWorker::start(protocol, "decode", ZERO);
+        let port = prefill.bootstrap_port().to_string();
+        let gateway = Gateway::start(&[
+            "--pd-disaggregation",
+            "--prefill",
+            &prefill.grpc_url(),
+            &port,
+            "--decode",
+            &decode.grpc_url(),
+            "--served-model-name",
+            "model",
+        ]);
+        check_chat_in_mode(&gateway).await;
+    }
+}
+
+/// The launch line from the issue, with ports adapted: EPD with bootstrap
+/// ports on the command line, every policy named, inline tensors.
+#[tokio::test]
+async fn the_documented_epd_launch_line_serves_text_as_pd() {
+    let encode = SimWorker::start("tokenspeed", "encode", ZERO);
+    let prefill = SimWorker::start("tokenspeed", "prefill", ZERO);
+    let decode = SimWorker::start("tokenspeed", "decode", ZERO);
+    let (encode_port, prefill_port) = (
+        encode.bootstrap_port().to_string(),
+        prefill.bootstrap_port().to_string(),
+    );
+    let gateway = Gateway::start(&[
+        "--epd-disaggregation",
+        "--encode",
+        &encode.grpc_url(),
+        &encode_port,
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill_port,
+        "--decode",
+        &decode.grpc_url(),
+        "--encode-policy",
+        "consistent_hashing",
+        "--prefill-policy",
+        "round_robin",
+        "--decode-policy",
+        "round_robin",
+        "--policy",
+        "cache_aware",
+        "--multimodal-tensor-transport",
+        "inline",
+        "--disable-health-check",
+        "--served-model-name",
+        "model",
+    ]);
+    check_chat_in_mode(&gateway).await;
+    let (status, body) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "model", "input": "x"}),
+    )
+    .await;
+    assert_eq!(status, 501);
+    assert_eq!(body["error"]["code"], "unsupported_endpoint");
+}
+
+#[tokio::test]
+async fn epd_over_sglang_is_refused_at_start_up() {
+    let prefill = SimWorker::start("sglang", "prefill", ZERO);
+    let decode = SimWorker::start("sglang", "decode", ZERO);
+    let (status, stderr) = Gateway::fail_to_start(&[
+        "--epd-disaggregation",
+        "--encode",
+        &decode.grpc_url(),
+        "1234",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("encoder protocol"), "{stderr}");
+}
+
+#[tokio::test]
+async fn completions_generate_and_messages_speak_their_dialects() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let prompt = "The gateway said";
+    let header = expected_header(&completion_ids(prompt), &[]);
+
+    let (status, body) = post(
+        &gateway,
+        "/v1/completions",
+        json!({"model": "model", "prompt": prompt, "max_tokens": 30}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    let text = body["choices"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with(&header), "{text:?}");
+
+    let (status, body) = post(
+        &gateway,
+        "/generate",
+        json!({"text": prompt, "sampling_params": {"max_new_tokens": 30}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["text"].as_str(), Some(text));
+    assert_eq!(
+        body["meta_info"]["completion_tokens"].as_u64(),
+        body["output_ids"].as_array().map(|a| a.len() as u64)
+    );
+
+    let frames = sse(
+        &gateway,
+        "/generate",
+        json!({"text": prompt, "stream": true, "sampling_params": {"max_new_tokens": 30}}),
+    )
+    .await;
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&frames[frames.len() - 2]).expect("json");
+    assert_eq!(
+        last["text"].as_str(),
+        Some(text),
+        "SGLang streams cumulative text"
+    );
+
+    let messages = json!([{"role": "user", "content": "Say hello to the gateway."}]);
+    let header = expected_header(&chat_ids(&messages), &[]);
+    let (status, body) = post(
+        &gateway,
+        "/v1/messages",
+        json!({"model": "model", "max_tokens": 40, "messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["type"], "message");
+    let text = body["content"][0]["text"].as_str().expect("text");
+    assert!(text.starts_with(&header), "{text:?}");
+    assert!(body["usage"]["output_tokens"].as_u64().expect("count") > 0);
+
+    let response = http()
+        .post(gateway.url("/v1/messages"))
+        .json(&json!({"model": "model", "max_tokens": 40, "stream": true, "messages": messages}))
+        .send()
+        .await
+        .expect("sent");
+    let body = response.text().await.expect("body");
+    let events: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(events.last(), Some(&"message_stop"));
+    assert!(events.contains(&"content_block_delta"));
+    assert!(events.contains(&"message_delta"));
+}
+
+#[tokio::test]
+async fn stop_strings_are_trimmed_by_the_gateway() {
+    let worker = SimWorker::start("sglang", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let prompt = "Tell a story";
+    let (_, full) = post(
+        &gateway,
+        "/v1/completions",
+        json!({"model": "model", "prompt": prompt, "max_tokens": 60, "ignore_eos": true}),
+    )
+    .await;
+    let text = full["choices"][0]["text"]
+        .as_str()
+        .expect("text")
+        .to_owned();
+    // Stop on the second filler word the worker produced.
+    let word = text.split(' ').nth(2).expect("filler words").to_owned();
+    let stop = format!(" {word}");
+    let cut = text.find(&stop).expect("the stop occurs");
+    for stream in [false, true] {
+        let body = json!({"model": "model", "prompt": prompt, "max_tokens": 60, "ignore_eos": true, "stop": [stop], "stream": stream});
+        let got = if stream {
+            let frames = sse(&gateway, "/v1/completions", body).await;
+            frames[..frames.len() - 1]
+                .iter()
+                .filter_map(|f| serde_json::from_str::<Value>(f).ok())
+                .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_owned))
+                .collect::<String>()
+        } else {
+            let (status, body) = post(&gateway, "/v1/completions", body).await;
+            assert_eq!(status, 200);
+            assert_eq!(body["choices"][0]["finish_reason"], "stop");
+            body["choices"][0]["text"]
+                .as_str()
+                .expect("text")
+                .to_owned()
+        };
+        assert_eq!(got, text[..cut], "stream={stream}");
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_stable_codes() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let long_prompt = "word ".repeat(40_000);
+    let cases = [
+        (json!("{not json"), 400, "invalid_json"),
+        (
+            json!({"model": "model", "messages": "hi"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            json!({"model": "other", "messages": hello()}),
+            404,
+            "model_not_found",
+        ),
+        (
+            json!({"model": "model", "messages": []}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"model": "model", "messages": hello(), "temperature": 5}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"model": "model", "messages": hello(), "n": 0}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"model": "model", "messages": hello(), "max_tokens": 10_000_000}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"model": "model", "messages": [{"role": "user", "content": long_prompt}]}),
+            400,
+            "context_length_exceeded",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let request = http().post(gateway.url("/v1/chat/completions"));
+        let request = match body.as_str() {
+            Some(raw) => request
+                .header("content-type", "application/json")
+                .body(raw.to_owned()),
+            None => request.json(&body),
+        };
+        let response = request.send().await.expect("sent");
+        let got_status = response.status().as_u16();
+        let got: Value = response.json().await.expect("json error body");
+        assert_eq!(
+            (got_status, got["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}: {got}"
+        );
+        assert!(
+            got["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--exit-after-tokens", "3"],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let frames = sse(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+    let error: Value = serde_json::from_str(&frames[frames.len() - 2]).expect("error frame");
+    assert!(error["error"]["code"].is_string(), "{error}");
+    let streamed: Vec<Value> = frames[..frames.len() - 2]
+        .iter()
+        .map(|f| serde_json::from_str(f).expect("chunk"))
+        .collect();
+    assert!(!streamed.is_empty(), "tokens arrived before the failure");
+    assert!(
+        streamed
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null())
+    );
+}
+
+#[tokio::test]
+async fn a_dead_decode_worker_fails_pd_fast() {
+    let prefill = SimWorker::start(
+        "tokenspeed",
+        "prefill",
+        &["--zero-delay", "--bootstrap-timeout-ms", "20000"],
+    );
+    let mut decode = SimWorker::start("tokenspeed", "decode", ZERO);
+    let gateway = Gateway::start(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+        "--disable-health-check",
+        "--retry-max-retries",
+        "1",
+        "--served-model-name",
+        "model",
+    ]);
+    decode.kill();
+    let started = std::time::Instant::now();
+    let (status, body) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "worker_unavailable");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "failed fast, not at the rendezvous timeout"
+    );
+}
+
+#[tokio::test]
+async fn retries_route_around_a_dead_worker() {
+    let live = SimWorker::start("tokenspeed", "regular", ZERO);
+    let mut dead = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &live.grpc_url(),
+        &dead.grpc_url(),
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+        "--retry-initial-backoff-ms",
+        "1",
+        "--served-model-name",
+        "model",
+    ]);
+    dead.kill();
+    for _ in 0..6 {
+        let (status, body) = post(
+            &gateway,
+            "/v1/chat/completions",
+            chat_body(&hello(), json!({})),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_aborts_the_worker_request() {
+    let worker = SimWorker::start("tokenspeed", "regular", &["--decode-ms-per-token", "20"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&chat_body(
+            &hello(),
+            json!({"stream": true, "max_tokens": 2000, "ignore_eos": true}),
+        ))
+        .send()
+        .await
+        .expect("sent");
+    let mut body = response.bytes_stream();
+    bounded("first bytes", body.next())
+        .await
+        .expect("a chunk")
+        .expect("bytes");
+    let mut client = TokenSpeedSchedulerClient::connect(worker.url())
+        .await
+        .expect("connect");
+    let running =
+        |loads: ts::GetLoadsResponse| loads.aggregate.map_or(-1, |a| a.total_running_reqs);
+    let request = || ts::GetLoadsRequest {
+        dp_rank: None,
+        include: vec![],
+    };
+    assert_eq!(
+        running(
+            client
+                .get_loads(request())
+                .await
+                .expect("loads")
+                .into_inner()
+        ),
+        1
+    );
+    drop(body);
+    bounded("the worker's request ends", async {
+        while running(
+            client
+                .get_loads(request())
+                .await
+                .expect("loads")
+                .into_inner(),
+        ) != 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn discovery_health_and_metrics_endpoints() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    let models: Value = http()
+        .get(gateway.url("/v1/models"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(models["object"], "list");
+    assert_eq!(
+        models["data"][0]["id"], "model",
+        "the worker's served name (its model dir)"
+    );
+    for path in ["/health", "/liveness", "/readiness"] {
+        let status = http()
+            .get(gateway.url(path))
+            .send()
+            .await
+            .expect("sent")
+            .status();
+        assert_eq!(status.as_u16(), 200, "{path}");
+    }
+    let (status, _) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let metrics = http()
+        .get(format!("http://{}/metrics", gateway.metrics))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains("smg_router_requests_total"), "{metrics}");
+    assert!(metrics.contains("router=\"grpc\""), "{metrics}");
+    assert!(metrics.contains("smg_worker_selection_total"), "{metrics}");
+    let (status, body) = post(&gateway, "/v1/nope", json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+}
