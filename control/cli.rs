@@ -19,6 +19,8 @@ pub struct Cli {
 pub enum Command {
     /// Start the gateway.
     Launch(Box<LaunchArgs>),
+    /// Start a simulated fleet and the gateway in front of it (a demo).
+    Demo(crate::demo::DemoArgs),
 }
 
 /// How image tensors travel to encode/prefill workers.
@@ -199,6 +201,7 @@ mod tests {
         let cli = Cli::try_parse_from(line.split_whitespace()).expect("parses");
         match cli.command {
             Command::Launch(args) => *args,
+            Command::Demo(_) => panic!("not a launch line"),
         }
     }
 

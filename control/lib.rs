@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod demo;
 pub mod engine;
 pub mod error;
 pub mod metrics;

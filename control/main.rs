@@ -26,5 +26,12 @@ fn main() -> anyhow::Result<()> {
                 .build()?;
             runtime.block_on(smg::server::launch(*args))
         }
+        Command::Demo(args) => {
+            init_logging("info", false);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(smg::demo::run(args))
+        }
     }
 }
