@@ -9,19 +9,24 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 
+use crate::api::types::forms::InputItem;
 use crate::api::types::spec::GenerationSpec;
+use crate::engine::Embedding;
 use crate::engine::Runtime;
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::Mode;
 use crate::pipeline::execution::execute;
+use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::stages::{
-    EncodeDispatch, RolePolicies, acquire_clients, build_plan, plan_encodes, select_workers,
+    EncodeDispatch, RolePolicies, acquire_clients, build_plan, pick, plan_encodes, select_workers,
 };
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
+use crate::policies::SelectionRequest;
 use crate::tokenizer::Tokenizer;
+use crate::workers::WorkerRole;
 use crate::workers::WorkerSet;
 
 /// Retries with exponential backoff and jitter (SMG's `--retry-*` flags).
@@ -197,6 +202,93 @@ impl Router {
                     tokio::time::sleep(pause).await;
                 }
                 Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// Embeds each input (SGLang `Embed`, Regular mode): tokenized here, one
+    /// worker per input chosen by the regular policy, retried like
+    /// generation. Returns the request id and one embedding per input.
+    pub async fn embed(
+        &self,
+        endpoint: Endpoint,
+        model: &str,
+        inputs: Vec<InputItem>,
+    ) -> Result<(String, Vec<Embedding>)> {
+        self.pipeline(endpoint)?;
+        if model != self.parts.model.name {
+            return Err(Error::new(
+                ErrorCode::ModelNotFound,
+                format!(
+                    "model {model:?} is not served here (serving {:?})",
+                    self.parts.model.name
+                ),
+            )
+            .with_param("model"));
+        }
+        let request_id = mint_request_id(endpoint);
+        let mut prompts = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let ids = match input {
+                InputItem::Text(text) => self.parts.tokenizer.encode(&text, true)?,
+                InputItem::TokenIds(ids) => ids,
+            };
+            if ids.len() as u64 >= u64::from(self.parts.model.max_context_length) {
+                return Err(Error::new(
+                    ErrorCode::ContextLengthExceeded,
+                    format!(
+                        "an input has {} tokens; the model's context holds {}",
+                        ids.len(),
+                        self.parts.model.max_context_length
+                    ),
+                )
+                .with_param("input"));
+            }
+            prompts.push(ids);
+        }
+        let calls = prompts.iter().enumerate().map(|(index, ids)| {
+            let engine_id = format!("{request_id}-{index}");
+            async move { self.embed_one(&engine_id, ids).await }
+        });
+        let embeddings = futures::future::try_join_all(calls).await?;
+        Ok((request_id, embeddings))
+    }
+
+    async fn embed_one(&self, engine_id: &str, ids: &[u32]) -> Result<Embedding> {
+        let attempts = self.parts.retry.attempts();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let selection = SelectionRequest {
+                input_ids: ids,
+                ..Default::default()
+            };
+            let outcome = async {
+                let guard = pick(
+                    &self.parts.workers,
+                    &self.parts.policies,
+                    WorkerRole::Regular,
+                    &selection,
+                )?;
+                let client = guard.worker().client().clone();
+                tokio::time::timeout(
+                    self.parts.request_timeout,
+                    client.embed(&format!("{engine_id}-{attempt}"), ids.to_vec()),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorCode::RequestTimeout,
+                        "the request exceeded its time limit",
+                    ))
+                })
+            }
+            .await;
+            match outcome {
+                Err(err) if err.retryable() && attempt < attempts => {
+                    tokio::time::sleep(self.parts.retry.backoff(attempt)).await;
+                }
+                other => return other,
             }
         }
     }

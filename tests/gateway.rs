@@ -659,3 +659,106 @@ async fn discovery_health_and_metrics_endpoints() {
         (404, Some("not_found"))
     );
 }
+
+#[tokio::test]
+async fn embeddings_and_classify_on_sglang_regular_workers() {
+    let worker = SimWorker::start("sglang", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let (status, body) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "model", "input": ["first text", "second text"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "list");
+    let data = body["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2);
+    let vector = |i: usize| -> Vec<f64> {
+        data[i]["embedding"]
+            .as_array()
+            .expect("floats")
+            .iter()
+            .map(|v| v.as_f64().expect("float"))
+            .collect()
+    };
+    assert_eq!(vector(0).len(), 64, "the fixture's hidden size");
+    assert_ne!(vector(0), vector(1), "different inputs embed differently");
+    let norm: f64 = vector(1).iter().map(|v| v * v).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-3);
+    assert_eq!(
+        body["usage"]["prompt_tokens"].as_u64(),
+        Some((completion_ids("first text").len() + completion_ids("second text").len()) as u64)
+    );
+    let (status, ids) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "model", "input": [[5, 6, 7], [8]]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{ids}");
+    assert_eq!(ids["usage"]["prompt_tokens"], 4);
+    let (status, again) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "model", "input": "first text"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        again["data"][0]["embedding"], data[0]["embedding"],
+        "deterministic"
+    );
+
+    let (status, body) = post(
+        &gateway,
+        "/v1/classify",
+        json!({"model": "model", "input": ["a", "b"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let probs: f64 = body["data"][0]["probs"]
+        .as_array()
+        .expect("probs")
+        .iter()
+        .filter_map(Value::as_f64)
+        .sum();
+    assert!((probs - 1.0).abs() < 1e-3);
+    assert!(
+        body["data"][1]["label"]
+            .as_str()
+            .is_some_and(|l| l.starts_with("LABEL_"))
+    );
+
+    let (status, body) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "nope", "input": "x"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+}
+
+#[tokio::test]
+async fn embeddings_need_sglang_workers() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    let (status, body) = post(
+        &gateway,
+        "/v1/embeddings",
+        json!({"model": "model", "input": "x"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (501, Some("unsupported_endpoint"))
+    );
+}

@@ -18,9 +18,9 @@ use futures::StreamExt;
 use super::http::{DONE_FRAME, SharedState, data_frame, named_frame, sse_response};
 use super::types::parse::parse_json;
 use super::types::validate::Limits;
-use super::types::{anthropic, openai, sglang};
+use super::types::{anthropic, embeddings, openai, sglang};
 use crate::engine::MatchedStop;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pipeline::Endpoint;
 use crate::pipeline::respond::{CollectedOutput, FinishReason, OutputEvent, Usage, collect};
@@ -806,30 +806,114 @@ pub async fn messages(
 pub async fn embeddings(
     State(state): State<SharedState>,
     _headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
-    match state.router.pipeline(Endpoint::Embeddings) {
-        Err(err) => err.into_response(),
-        Ok(_) => Error::new(
-            ErrorCode::UnsupportedEndpoint,
-            "embeddings are not served by this build yet",
-        )
-        .into_response(),
+    let started = Instant::now();
+    let router_label = state.router.mode().metrics_label();
+    let outcome = async {
+        let request = parse_json::<embeddings::EmbeddingRequest>(&body)?;
+        let inputs = request.to_inputs()?;
+        let format = request.encoding_format.unwrap_or_default();
+        let (_, vectors) = state
+            .router
+            .embed(Endpoint::Embeddings, &request.model, inputs)
+            .await?;
+        let prompt_tokens = vectors.iter().map(|v| v.prompt_tokens).sum();
+        let data = vectors
+            .iter()
+            .enumerate()
+            .map(|(index, vector)| {
+                let values = match request.dimensions {
+                    Some(dims) => &vector.values[..vector.values.len().min(dims as usize)],
+                    None => &vector.values[..],
+                };
+                embeddings::EmbeddingData {
+                    object: embeddings::EmbeddingObject,
+                    index: index as u32,
+                    embedding: embeddings::EmbeddingVector::encode(values, format),
+                }
+            })
+            .collect();
+        Ok::<_, Error>(embeddings::EmbeddingResponse {
+            object: super::types::forms::ListObject,
+            data,
+            model: request.model,
+            usage: embeddings::InputUsage::new(prompt_tokens),
+        })
+    }
+    .await;
+    match outcome {
+        Ok(response) => {
+            metrics::record_request(
+                router_label,
+                Endpoint::Embeddings.label(),
+                &response.model,
+                started.elapsed(),
+            );
+            axum::Json(response).into_response()
+        }
+        Err(err) => {
+            metrics::record_error(
+                router_label,
+                Endpoint::Embeddings.label(),
+                err.code.as_str(),
+            );
+            err.into_response()
+        }
+    }
+}
+
+/// Class probabilities from the worker's output logits (softmax); labels are
+/// `LABEL_<id>`, Hugging Face's names when a model has no `id2label`.
+fn classify_logits(index: u32, logits: &[f32]) -> embeddings::Classification {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|v| (v - max).exp()).collect();
+    let total: f32 = exps.iter().sum::<f32>().max(f32::MIN_POSITIVE);
+    let probs: Vec<f32> = exps.iter().map(|v| v / total).collect();
+    let best = probs
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(id, _)| id);
+    embeddings::Classification {
+        index,
+        label: format!("LABEL_{best}"),
+        probs,
     }
 }
 
 pub async fn classify(
     State(state): State<SharedState>,
     _headers: HeaderMap,
-    _body: Bytes,
+    body: Bytes,
 ) -> Response {
-    match state.router.pipeline(Endpoint::Classify) {
+    let outcome = async {
+        let request = parse_json::<embeddings::ClassifyRequest>(&body)?;
+        let inputs = request.to_inputs()?;
+        let (id, outputs) = state
+            .router
+            .embed(Endpoint::Classify, &request.model, inputs)
+            .await?;
+        let prompt_tokens = outputs.iter().map(|v| v.prompt_tokens).sum();
+        Ok::<_, Error>(embeddings::ClassifyResponse {
+            id,
+            object: super::types::forms::ListObject,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: request.model,
+            data: outputs
+                .iter()
+                .enumerate()
+                .map(|(index, output)| classify_logits(index as u32, &output.values))
+                .collect(),
+            usage: embeddings::InputUsage::new(prompt_tokens),
+        })
+    }
+    .await;
+    match outcome {
+        Ok(response) => axum::Json(response).into_response(),
         Err(err) => err.into_response(),
-        Ok(_) => Error::new(
-            ErrorCode::UnsupportedEndpoint,
-            "classification is not served by this build yet",
-        )
-        .into_response(),
     }
 }
 

@@ -47,7 +47,8 @@ pub struct Selection {
     pub encoders: Vec<LoadGuard>,
 }
 
-fn pick(
+/// Picks one healthy worker of `role` with the role's policy.
+pub fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
