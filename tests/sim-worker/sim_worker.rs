@@ -33,6 +33,7 @@ use smg::proto::tokenspeed_encoder::token_speed_encoder_server::TokenSpeedEncode
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use smg_shared::shm::ShmNamespace;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
@@ -290,8 +291,17 @@ async fn main() -> Result<()> {
         "simulated worker serving"
     );
 
+    // Our own listener: tonic's `tcp_nodelay` covers only sockets it accepts
+    // itself, so set it here (without it, small streamed messages wait out
+    // delayed ACKs).
+    let incoming = TcpListenerStream::new(grpc).map(|accepted| {
+        accepted.and_then(|socket| {
+            socket.set_nodelay(true)?;
+            Ok(socket)
+        })
+    });
     router
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), shutdown_signal())
+        .serve_with_incoming_shutdown(incoming, shutdown_signal())
         .await?;
     Ok(())
 }

@@ -230,6 +230,10 @@ impl Gateway {
         format!("http://{}{path}", self.http)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
@@ -266,6 +270,10 @@ impl SimWorker {
     /// `grpc://host:port`, as `smg launch` takes worker URLs.
     pub fn grpc_url(&self) -> String {
         format!("grpc://{}", self.grpc)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills the worker process now.

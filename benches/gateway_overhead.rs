@@ -1,0 +1,276 @@
+//! End-to-end gateway overhead: `smg` in front of a zero-delay simulated
+//! worker, against calling that worker directly over gRPC, in one run.
+//!
+//! Scenarios: non-streaming 8-token chat throughput (closed loop, 64 in
+//! flight) and streaming 8-token chat time per request on keep-alive
+//! connections at 1 and 32 concurrent clients. The gateway is pinned to one
+//! core with `taskset` when available, the worker to the other. Prints a
+//! table and writes `bench-results/gateway_overhead.json`.
+//!
+//! Run: `cargo bench --bench gateway_overhead` (optionally
+//! `SMG_BENCH_SECS=20`). Not a test: nothing here asserts a speed.
+
+// The e2e harness (process start-up, ports); its digest unit tests are not
+// run here, so their imports look unused in this target.
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::json;
+use smg::proto::tokenspeed_scheduler as ts;
+use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
+
+const OUTPUT_TOKENS: u32 = 8;
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Row {
+    scenario: String,
+    target: String,
+    concurrency: usize,
+    requests: usize,
+    requests_per_sec: f64,
+    mean_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Runs `op` from `concurrency` loops for `duration`; returns latencies (ms)
+/// and the wall time.
+async fn closed_loop<F, Fut>(concurrency: usize, duration: Duration, op: F) -> (Vec<f64>, Duration)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (op, stop) = (Arc::clone(&op), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let begin = Instant::now();
+                    if op().await {
+                        latencies.push(begin.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    (all, started.elapsed())
+}
+
+fn row(
+    scenario: &str,
+    target: &str,
+    concurrency: usize,
+    mut latencies: Vec<f64>,
+    wall: Duration,
+) -> Row {
+    latencies.sort_by(f64::total_cmp);
+    let requests = latencies.len();
+    Row {
+        scenario: scenario.to_owned(),
+        target: target.to_owned(),
+        concurrency,
+        requests,
+        requests_per_sec: requests as f64 / wall.as_secs_f64(),
+        mean_ms: latencies.iter().sum::<f64>() / requests.max(1) as f64,
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+    }
+}
+
+fn pin(pid: u32, core: usize) {
+    let _ = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &core.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
+fn main() {
+    let secs: u64 = std::env::var("SMG_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let duration = Duration::from_secs(secs);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let worker = support::SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = support::Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+        "--policy",
+        "round_robin",
+    ]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores >= 2 {
+        pin(gateway.pid(), 1);
+        pin(worker.pid(), 0);
+    }
+    let messages = json!([{"role": "user", "content": "Benchmark the gateway, please."}]);
+    let tokenizer =
+        smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("tokenizer");
+    let prompt = tokenizer
+        .apply_chat_template(
+            messages.as_array().expect("list"),
+            &smg::tokenizer::ChatTemplateOptions {
+                add_generation_prompt: true,
+                ..Default::default()
+            },
+        )
+        .expect("template");
+    let input_ids = tokenizer.encode(&prompt, false).expect("ids");
+    let chat_url = gateway.url("/v1/chat/completions");
+    let worker_url = worker.url();
+
+    let rows = runtime.block_on(async move {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("http client");
+        let body = |stream: bool| {
+            json!({"model": "model", "messages": messages, "max_tokens": OUTPUT_TOKENS,
+                   "ignore_eos": true, "stream": stream})
+        };
+        let grpc = TokenSpeedSchedulerClient::connect(worker_url)
+            .await
+            .expect("connect worker");
+        let direct_request = move |stream: bool| ts::GenerateRequest {
+            request_id: format!("bench-{:x}", rand::random::<u64>()),
+            tokenized: Some(ts::TokenizedInput {
+                input_ids: input_ids.clone(),
+                original_text: String::new(),
+            }),
+            sampling_params: Some(ts::SamplingParams {
+                max_new_tokens: Some(OUTPUT_TOKENS),
+                ignore_eos: true,
+                ..Default::default()
+            }),
+            stream,
+            ..Default::default()
+        };
+        let mut rows = Vec::new();
+        for (scenario, stream, concurrency) in [
+            ("chat, non-streaming", false, 64usize),
+            ("chat, streaming", true, 1),
+            ("chat, streaming", true, 32),
+        ] {
+            let (http, url, payload) = (http.clone(), chat_url.clone(), body(stream));
+            let (latencies, wall) = closed_loop(concurrency, duration, move || {
+                let (http, url, payload) = (http.clone(), url.clone(), payload.clone());
+                async move {
+                    match http.post(&url).json(&payload).send().await {
+                        Ok(response) if response.status().is_success() => {
+                            let mut body = response.bytes_stream();
+                            while let Some(chunk) = body.next().await {
+                                if chunk.is_err() {
+                                    return false;
+                                }
+                            }
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            })
+            .await;
+            rows.push(row(
+                scenario,
+                "gateway (HTTP)",
+                concurrency,
+                latencies,
+                wall,
+            ));
+
+            let (grpc, make) = (grpc.clone(), direct_request.clone());
+            let (latencies, wall) = closed_loop(concurrency, duration, move || {
+                let (mut grpc, request) = (grpc.clone(), make(stream));
+                async move {
+                    match grpc.generate(request).await {
+                        Ok(response) => {
+                            let mut messages = response.into_inner();
+                            loop {
+                                match messages.message().await {
+                                    Ok(Some(_)) => {}
+                                    Ok(None) => return true,
+                                    Err(_) => return false,
+                                }
+                            }
+                        }
+                        Err(_) => false,
+                    }
+                }
+            })
+            .await;
+            rows.push(row(
+                scenario,
+                "worker direct (gRPC)",
+                concurrency,
+                latencies,
+                wall,
+            ));
+        }
+        rows
+    });
+
+    println!(
+        "\n{:<22} {:<22} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "scenario", "target", "conc", "requests", "req/s", "mean ms", "p50 ms", "p99 ms"
+    );
+    for r in &rows {
+        println!(
+            "{:<22} {:<22} {:>5} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.3}",
+            r.scenario,
+            r.target,
+            r.concurrency,
+            r.requests,
+            r.requests_per_sec,
+            r.mean_ms,
+            r.p50_ms,
+            r.p99_ms
+        );
+    }
+    for pair in rows.chunks(2) {
+        if let [gateway, direct] = pair {
+            println!(
+                "{} at {}: gateway adds {:.3} ms at p50; throughput ratio gateway/direct {:.2}",
+                gateway.scenario,
+                gateway.concurrency,
+                gateway.p50_ms - direct.p50_ms,
+                gateway.requests_per_sec / direct.requests_per_sec
+            );
+        }
+    }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-results");
+    if std::fs::create_dir_all(&out).is_ok() {
+        let json =
+            serde_json::to_string_pretty(&json!({"cores": cores, "seconds": secs, "rows": rows}))
+                .unwrap_or_default();
+        let _ = std::fs::write(out.join("gateway_overhead.json"), json);
+    }
+}
