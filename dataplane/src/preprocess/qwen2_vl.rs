@@ -555,6 +555,20 @@ mod tests {
             "corrupt_image"
         );
 
+        // A WebP cut short, and JPEG magic followed by garbage.
+        let webp = fixture("lossy_320x240.webp");
+        let cut = &webp[..webp.len() * 2 / 3];
+        assert_eq!(
+            code(processor.preprocess(cut, DType::Float32)),
+            "corrupt_image"
+        );
+        let mut fake_jpeg = vec![0xFF, 0xD8, 0xFF, 0xE0];
+        fake_jpeg.extend_from_slice(&random[..512]);
+        assert_eq!(
+            code(processor.preprocess(&fake_jpeg, DType::Float32)),
+            "corrupt_image"
+        );
+
         // A 1x300 image: aspect ratio 300.
         let sliver = png(1, 300, image::ExtendedColorType::L8, &[128; 300]);
         assert_eq!(
