@@ -3,8 +3,10 @@
 //! bytes, `/dev/shm` slots, RDMA slots).
 //!
 //! It depends only on `smg-shared`, never on the control plane: the two sides
-//! meet through the bounded rings whose types live there. The runtime, rings
-//! and kernels arrive with the data-plane issue; until then this crate only
-//! re-exports the boundary types it will speak.
+//! meet through the bounded rings whose types live there. The runtime and
+//! rings arrive with the data-plane issue; the first kernel, image
+//! preprocessing for the Qwen2-VL family, lives in [`preprocess`].
+
+pub mod preprocess;
 
 pub use smg_shared::shm::ShmNamespace;
