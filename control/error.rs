@@ -68,6 +68,12 @@ error_codes! {
     ContextLengthExceeded => ("context_length_exceeded", 400, Client, false),
     /// The endpoint does not exist in the router's mode.
     UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false),
+    /// An image could not be decoded, or its size or shape is unusable.
+    InvalidImage => ("invalid_image", 400, Client, false),
+    /// An image's header declares more pixels than the gateway decodes.
+    ImageTooLarge => ("image_too_large", 400, Client, false),
+    /// An image is not JPEG, PNG or WebP.
+    UnsupportedImageFormat => ("unsupported_image_format", 400, Client, false),
     /// The request carries media this gateway cannot process.
     UnsupportedMedia => ("unsupported_media", 501, Gateway, false),
     /// No healthy worker can take the request for a role the mode needs.

@@ -18,6 +18,7 @@ use crate::metrics;
 use crate::mode::Mode;
 use crate::pipeline::execution::execute;
 use crate::pipeline::prepare::mint_request_id;
+use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::stages::{
@@ -70,6 +71,8 @@ pub struct RouterParts {
     pub model: ServedModel,
     pub retry: RetryConfig,
     pub request_timeout: Duration,
+    /// Image intake and preprocessing; `None` for text-only models.
+    pub media: Option<MediaPlanner>,
 }
 
 /// One router, parameterized by its mode.
@@ -165,8 +168,10 @@ impl Router {
             spec,
             &self.parts.model,
             &self.parts.tokenizer,
+            self.parts.media.as_ref(),
             routing_key,
-        )?;
+        )
+        .await?;
         let deadline = started + self.parts.request_timeout;
         let attempts = self.parts.retry.attempts();
         let mut attempt = 0;

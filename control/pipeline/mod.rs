@@ -7,6 +7,7 @@
 //! are released by `Drop` when the request ends, however it ends.
 
 pub mod execution;
+pub mod media;
 pub mod prepare;
 pub mod respond;
 pub mod stages;

@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::tokenizer::{ChatTemplateOptions, Tokenizer};
 
 use super::Endpoint;
+use super::media::MediaPlanner;
 
 /// The model a router serves, as clients name it.
 #[derive(Debug, Clone)]
@@ -57,11 +58,12 @@ pub fn mint_request_id(endpoint: Endpoint) -> String {
 }
 
 /// Runs Preparation.
-pub fn prepare(
+pub async fn prepare(
     endpoint: Endpoint,
     spec: GenerationSpec,
     model: &ServedModel,
     tokenizer: &Tokenizer,
+    media: Option<&MediaPlanner>,
     routing_key: Option<String>,
 ) -> Result<PreparedRequest> {
     if let Some(asked) = spec.model.as_deref()
@@ -76,13 +78,17 @@ pub fn prepare(
         )
         .with_param("model"));
     }
-    if !spec.images.is_empty() {
-        return Err(Error::new(
-            ErrorCode::UnsupportedMedia,
-            "image inputs need the data plane's preprocessing, which this build does not have yet",
-        )
-        .with_param("messages"));
-    }
+    let planner = match (spec.images.is_empty(), media) {
+        (true, _) => None,
+        (false, Some(planner)) => Some(planner),
+        (false, None) => {
+            return Err(Error::new(
+                ErrorCode::UnsupportedMedia,
+                "this model takes no images (the gateway has no vision preprocessing for it)",
+            )
+            .with_param("messages"));
+        }
+    };
     let (prompt_text, input_ids) = match &spec.prompt {
         Prompt::Text(text) => (text.clone(), tokenizer.encode(text, true)?),
         Prompt::TokenIds(ids) => {
@@ -108,6 +114,10 @@ pub fn prepare(
             let ids = tokenizer.encode(&text, false)?;
             (text, ids)
         }
+    };
+    let (input_ids, media_items) = match planner {
+        Some(planner) => planner.plan(&spec.images, input_ids).await?,
+        None => (input_ids, Vec::new()),
     };
     if input_ids.is_empty() {
         return Err(Error::invalid_request("the prompt is empty").with_param("prompt"));
@@ -142,7 +152,7 @@ pub fn prepare(
         request_id: spec.request_id.unwrap_or_else(|| mint_request_id(endpoint)),
         input_ids,
         prompt_text,
-        media: Vec::new(),
+        media: media_items,
         sampling,
         stop_strings: spec.stop_strings,
         stream: spec.stream,

@@ -1,0 +1,278 @@
+//! End-to-end tests of images through the gateway: fetched (file:// and
+//! data: URLs), preprocessed into Qwen2-VL pixel tensors, placeholders
+//! expanded, and delivered inline (Regular, PD) or through encode workers
+//! (EPD). The sim workers' digests prove the exact tensor bytes, shapes and
+//! grids arrived; the expected values come from running the same kernel here.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use smg_dataplane::preprocess::{ImageLimits, Qwen2VlImageProcessor, VisionPreprocessConfig};
+use smg_shared::tensor::DType;
+use support::{Gateway, SimWorker, digest, expected_header};
+
+const ZERO: &[&str] = &["--zero-delay"];
+const IMAGE_PAD: u32 = 4005;
+
+fn images_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dataplane/tests/fixtures/images")
+}
+
+fn image_url(name: &str) -> String {
+    format!("file://{}", images_dir().join(name).display())
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+/// A user turn with the given images and a question.
+fn messages(images: &[String]) -> Value {
+    let mut content: Vec<Value> = images
+        .iter()
+        .map(|url| json!({"type": "image_url", "image_url": {"url": url}}))
+        .collect();
+    content.push(json!({"type": "text", "text": "What is in the picture?"}));
+    json!([{"role": "user", "content": content}])
+}
+
+/// What the worker must have received for these fixture images: the
+/// prompt's ids with each placeholder expanded, and each item's digest.
+fn expected(images: &[&str], messages: &Value) -> String {
+    let tokenizer = smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("tokenizer");
+    let options = smg::tokenizer::ChatTemplateOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let text = tokenizer
+        .apply_chat_template(messages.as_array().expect("list"), &options)
+        .expect("template");
+    let ids = tokenizer.encode(&text, false).expect("ids");
+    let config = VisionPreprocessConfig::from_model_dir(&support::model_dir()).expect("config");
+    let processor = Qwen2VlImageProcessor::new(config, ImageLimits::default()).expect("processor");
+    let mut items = Vec::new();
+    let mut tokens = Vec::new();
+    for name in images {
+        let bytes = std::fs::read(images_dir().join(name)).expect("fixture image");
+        let image = processor.preprocess(&bytes, DType::BFloat16).expect("preprocess");
+        let grid: Vec<u8> = image
+            .plan
+            .image_grid_thw()
+            .iter()
+            .flat_map(|&v| i64::from(v).to_le_bytes())
+            .collect();
+        items.push(digest::item_digest(
+            &digest::tensor_digest("bfloat16", &image.plan.out_shape, &image.data),
+            &[("image_grid_thw".to_owned(), digest::tensor_digest("int64", &[1, 3], &grid))],
+        ));
+        tokens.push(image.plan.tokens as usize);
+    }
+    let mut expanded = Vec::new();
+    let mut per_image = tokens.into_iter();
+    for id in ids {
+        if id == IMAGE_PAD {
+            expanded.extend(std::iter::repeat_n(IMAGE_PAD, per_image.next().expect("one per image")));
+        } else {
+            expanded.push(id);
+        }
+    }
+    expected_header(&expanded, &items)
+}
+
+async fn chat(gateway: &Gateway, messages: &Value) -> (u16, Value) {
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&json!({"model": "model", "messages": messages, "max_tokens": 40, "ignore_eos": true}))
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The worker processes of one fleet and the gateway flags that name them.
+struct Fleet {
+    _workers: Vec<SimWorker>,
+    flags: Vec<String>,
+}
+
+fn fleet(protocol: &str, mode: &str, encoders: usize, encode_flags: &[&str]) -> Fleet {
+    let mut workers = Vec::new();
+    let mut flags: Vec<String> = Vec::new();
+    match mode {
+        "regular" => {
+            let worker = SimWorker::start(protocol, "regular", ZERO);
+            flags.extend(["--worker-urls".into(), worker.grpc_url()]);
+            workers.push(worker);
+        }
+        _ => {
+            if mode == "epd" {
+                flags.push("--epd-disaggregation".into());
+                for _ in 0..encoders {
+                    let mut extra = vec!["--zero-delay"];
+                    extra.extend_from_slice(encode_flags);
+                    let encoder = SimWorker::start(protocol, "encode", &extra);
+                    flags.extend(["--encode".into(), encoder.grpc_url(), encoder.bootstrap_port().to_string()]);
+                    workers.push(encoder);
+                }
+            } else {
+                flags.push("--pd-disaggregation".into());
+            }
+            let prefill = SimWorker::start(protocol, "prefill", &["--zero-delay", "--bootstrap-timeout-ms", "20000"]);
+            let decode = SimWorker::start(protocol, "decode", &["--zero-delay", "--bootstrap-timeout-ms", "20000"]);
+            flags.extend(["--prefill".into(), prefill.grpc_url(), prefill.bootstrap_port().to_string()]);
+            flags.extend(["--decode".into(), decode.grpc_url()]);
+            workers.extend([prefill, decode]);
+        }
+    }
+    flags.extend([
+        "--served-model-name".into(),
+        "model".into(),
+        "--allowed-local-media-path".into(),
+        images_dir().display().to_string(),
+    ]);
+    Fleet {
+        _workers: workers,
+        flags,
+    }
+}
+
+fn gateway(fleet: &Fleet, extra: &[&str]) -> Gateway {
+    let mut args: Vec<&str> = fleet.flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
+}
+
+#[tokio::test]
+async fn an_image_reaches_the_worker_in_every_mode_and_protocol() {
+    for (protocol, mode) in [
+        ("tokenspeed", "regular"),
+        ("sglang", "regular"),
+        ("tokenspeed", "pd"),
+        ("sglang", "pd"),
+        ("tokenspeed", "epd"),
+    ] {
+        let fleet = fleet(protocol, mode, 1, &[]);
+        let gateway = gateway(&fleet, &[]);
+        let images = [image_url("palette_97x61.png")];
+        let messages = messages(&images);
+        let (status, body) = chat(&gateway, &messages).await;
+        assert_eq!(status, 200, "{protocol} {mode}: {body}");
+        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        let header = expected(&["palette_97x61.png"], &messages);
+        assert!(content.starts_with(&header), "{protocol} {mode}: {content:?} vs {header}");
+    }
+}
+
+#[tokio::test]
+async fn epd_routes_each_image_by_content_to_a_stable_encoder() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let mut workers = Vec::new();
+    let mut flags: Vec<String> = vec!["--epd-disaggregation".into()];
+    for dir in &dirs {
+        let path = dir.path().display().to_string();
+        let encoder = SimWorker::start("tokenspeed", "encode", &["--zero-delay", "--record-dir", &path]);
+        flags.extend(["--encode".into(), encoder.grpc_url(), encoder.bootstrap_port().to_string()]);
+        workers.push(encoder);
+    }
+    let prefill = SimWorker::start("tokenspeed", "prefill", ZERO);
+    let decode = SimWorker::start("tokenspeed", "decode", ZERO);
+    flags.extend(["--prefill".into(), prefill.grpc_url(), prefill.bootstrap_port().to_string()]);
+    flags.extend(["--decode".into(), decode.grpc_url(), "--served-model-name".into(), "model".into()]);
+    flags.extend(["--allowed-local-media-path".into(), images_dir().display().to_string()]);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gateway = Gateway::start(&args);
+
+    let names = ["tiny_20x20.png", "rgba_150x100.png", "tiny_20x20.png"];
+    let urls: Vec<String> = names.iter().map(|n| image_url(n)).collect();
+    let messages = messages(&urls);
+    for _ in 0..2 {
+        let (status, body) = chat(&gateway, &messages).await;
+        assert_eq!(status, 200, "{body}");
+        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        assert!(content.starts_with(&expected(&names, &messages)), "{content:?}");
+    }
+    // Each encode call records its pixels and grid; the same image (by
+    // content) always lands on the same encoder.
+    let recorded = |dir: &tempfile::TempDir| -> Vec<Value> {
+        std::fs::read_dir(dir.path())
+            .expect("record dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .map(|p| serde_json::from_str(&std::fs::read_to_string(p).expect("sidecar")).expect("json"))
+            .collect()
+    };
+    let shapes_by_encoder: Vec<Vec<Value>> = dirs
+        .iter()
+        .map(|d| {
+            recorded(d)
+                .into_iter()
+                .filter(|s| s["name"] == "encoder_input")
+                .map(|s| s["shape"].clone())
+                .collect()
+        })
+        .collect();
+    let total: usize = shapes_by_encoder.iter().map(Vec::len).sum();
+    assert_eq!(total, 6, "three images, twice");
+    let config = VisionPreprocessConfig::from_model_dir(&support::model_dir()).expect("config");
+    let processor = Qwen2VlImageProcessor::new(config, ImageLimits::default()).expect("processor");
+    let tiny = std::fs::read(images_dir().join("tiny_20x20.png")).expect("fixture");
+    let plan = processor.plan(&tiny, DType::BFloat16).expect("plan");
+    let tiny_shape = json!(plan.out_shape);
+    let tiny_homes = shapes_by_encoder
+        .iter()
+        .filter(|shapes| shapes.contains(&tiny_shape))
+        .count();
+    assert_eq!(tiny_homes, 1, "the same image always meets the same encoder: {shapes_by_encoder:?}");
+}
+
+#[tokio::test]
+async fn a_refused_or_dead_encode_fails_the_request_fast() {
+    for fault in [&["--refuse-encodes", "100"][..], &["--exit-on-encode"][..]] {
+        let fleet = fleet("tokenspeed", "epd", 1, fault);
+        let gateway = gateway(&fleet, &["--disable-retries", "--disable-health-check"]);
+        let messages = messages(&[image_url("tiny_20x20.png")]);
+        let started = Instant::now();
+        let (status, body) = chat(&gateway, &messages).await;
+        assert_eq!(status, 502, "{fault:?}: {body}");
+        assert_eq!(body["error"]["code"], "encode_failed", "{fault:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{fault:?}: failed within seconds, not at the 20 s rendezvous timeout"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_images_get_stable_codes() {
+    let fleet = fleet("tokenspeed", "regular", 0, &[]);
+    let gateway = gateway(&fleet, &[]);
+    let cases = [
+        ("data:image/png;base64,@@@not-base64@@@", "invalid_image_url"),
+        ("data:image/png;base64,SGVsbG8gd29ybGQ=", "unsupported_image_format"),
+        ("file:///etc/passwd", "media_url_forbidden"),
+        ("http://169.254.169.254/latest/meta-data", "media_url_forbidden"),
+        ("ftp://example.com/a.png", "invalid_image_url"),
+    ];
+    for (url, code) in cases {
+        let (status, body) = chat(&gateway, &messages(&[url.to_owned()])).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some(code)), "{url}: {body}");
+    }
+    // A truncated PNG: a real header, then nothing.
+    let png = std::fs::read(images_dir().join("odd_333x517.png")).expect("fixture");
+    let dir = tempfile::tempdir_in(images_dir()).expect("tempdir inside the allowed dir");
+    let truncated = dir.path().join("truncated.png");
+    std::fs::write(&truncated, &png[..png.len() / 3]).expect("write");
+    let (status, body) = chat(&gateway, &messages(&[format!("file://{}", truncated.display())])).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_image")), "{body}");
+    // The gateway still serves images afterwards.
+    let (status, _) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
+    assert_eq!(status, 200);
+}
