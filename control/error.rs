@@ -76,6 +76,23 @@ error_codes! {
     UnsupportedImageFormat => ("unsupported_image_format", 400, Client, false),
     /// The request carries media this gateway cannot process.
     UnsupportedMedia => ("unsupported_media", 501, Gateway, false),
+    /// An image reference is malformed: an unknown scheme, a URL that does
+    /// not parse, a `data:` URL that is not base64, invalid base64.
+    InvalidImageUrl => ("invalid_image_url", 400, Client, false),
+    /// An image URL leads where the gateway must not go: a loopback,
+    /// private, link-local (cloud metadata) or otherwise non-public address
+    /// (the SSRF guard), or a file outside the allowed directories.
+    MediaUrlForbidden => ("media_url_forbidden", 400, Client, false),
+    /// An image is larger than the configured byte cap.
+    MediaTooLarge => ("media_too_large", 400, Client, false),
+    /// The request carries more images than the configured limit.
+    TooManyImages => ("too_many_images", 400, Client, false),
+    /// An image could not be obtained from where the client pointed: the
+    /// server was unreachable, answered non-2xx or too slowly, or the file
+    /// is missing. A client error: the client chose the source, no other
+    /// worker can help (fetching precedes worker selection), and a 5xx
+    /// would charge a third party's outage to the gateway.
+    MediaFetchFailed => ("media_fetch_failed", 400, Client, false),
     /// No healthy worker can take the request for a role the mode needs.
     NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
     /// The gateway is at capacity (a full queue or ring).
@@ -238,6 +255,29 @@ mod tests {
         assert_eq!(body["error"]["code"], "invalid_parameter");
         assert_eq!(body["error"]["param"], "temperature");
         assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn media_codes_are_pinned() {
+        // Typed out by hand: these strings and statuses are API.
+        let expected = [
+            (ErrorCode::InvalidImageUrl, "invalid_image_url", 400),
+            (ErrorCode::MediaUrlForbidden, "media_url_forbidden", 400),
+            (ErrorCode::MediaTooLarge, "media_too_large", 400),
+            (ErrorCode::TooManyImages, "too_many_images", 400),
+            (ErrorCode::MediaFetchFailed, "media_fetch_failed", 400),
+        ];
+        for (code, text, status) in expected {
+            assert_eq!(code.as_str(), text);
+            assert_eq!(code.http_status(), status, "{text}");
+            assert_eq!(code.origin(), Origin::Client, "{text}");
+            assert!(!code.retryable(), "{text}");
+            assert_eq!(
+                Error::new(code, "x").openai_type(),
+                "invalid_request_error",
+                "{text}"
+            );
+        }
     }
 
     #[test]

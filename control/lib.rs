@@ -4,14 +4,16 @@
 //! API (`api`), one router type per [`mode::Mode`] (`router`) running the
 //! request pipeline (`pipeline`), routing policies and workers, the engine
 //! clients (`engine`) and the tokenizer (chat templates, detokenization, stop
-//! strings). Per-byte work (images, tensors) belongs to the `smg-dataplane`
-//! crate, reached only through the rings in `smg-shared`.
+//! strings), and media intake (`media`: image references to raw bytes, under
+//! an SSRF guard and byte caps). Per-byte work (images, tensors) belongs to
+//! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
 
 pub mod api;
 pub mod cli;
 pub mod demo;
 pub mod engine;
 pub mod error;
+pub mod media;
 pub mod metrics;
 pub mod mode;
 pub mod pipeline;
