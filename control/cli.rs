@@ -119,6 +119,23 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 64 * 1024)]
     pub multimodal_shm_min_bytes: u64,
 
+    /// Directories `file://` image URLs may read from (repeatable).
+    #[arg(long, value_name = "DIR", action = ArgAction::Append)]
+    pub allowed_local_media_path: Vec<PathBuf>,
+    /// Largest image accepted, in bytes.
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    pub media_max_bytes: usize,
+    /// Most images one request may carry.
+    #[arg(long, default_value_t = 16)]
+    pub max_images_per_request: usize,
+    /// Time allowed to fetch one image.
+    #[arg(long, default_value_t = 10)]
+    pub media_fetch_timeout_secs: u64,
+    /// Hosts or networks (CIDR) image URLs may reach although they are not
+    /// public addresses (repeatable); everything else private is refused.
+    #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append)]
+    pub media_allow_private_host: Vec<String>,
+
     #[arg(long)]
     pub disable_health_check: bool,
     #[arg(long, default_value_t = 10)]

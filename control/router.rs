@@ -17,8 +17,8 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::Mode;
 use crate::pipeline::execution::execute;
-use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::media::MediaPlanner;
+use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::stages::{

@@ -14,7 +14,9 @@ use tokio::net::TcpListener;
 use crate::api::{self, AppState};
 use crate::cli::{LaunchArgs, RuntimeArg, TensorTransport, worker_specs};
 use crate::engine::{EngineClient, ModelInfo, Runtime};
+use crate::media::MediaConfig;
 use crate::mode::Mode;
+use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
 use crate::router::{RetryConfig, Router, RouterParts};
@@ -125,6 +127,25 @@ fn model_dir_context_length(dir: &Path) -> Option<u32> {
         .and_then(|v| u32::try_from(v).ok())
 }
 
+fn media_config(args: &LaunchArgs) -> anyhow::Result<MediaConfig> {
+    let allow_private_hosts = args
+        .media_allow_private_host
+        .iter()
+        .map(|text| {
+            text.parse()
+                .map_err(|err| anyhow::anyhow!("--media-allow-private-host {text}: {err}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(MediaConfig {
+        max_bytes: args.media_max_bytes,
+        max_images_per_request: args.max_images_per_request,
+        fetch_timeout: Duration::from_secs(args.media_fetch_timeout_secs.max(1)),
+        allowed_file_dirs: args.allowed_local_media_path.clone(),
+        allow_private_hosts,
+        ..MediaConfig::default()
+    })
+}
+
 /// Builds the router that `args` describe.
 pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
     let (mode, fleet) = fleet_from_flags(args)?;
@@ -220,6 +241,14 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
             .unwrap_or(tokenizer.vocab_size() as u32),
     };
 
+    let media = match args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
+        Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?)
+            .map_err(|err| anyhow::anyhow!("{err}"))?,
+        None => None,
+    };
+    if media.is_none() {
+        tracing::info!("no vision preprocessing for this model: requests with images answer 501");
+    }
     let policies = RolePolicies {
         regular: args.policy.build(),
         prefill: args.prefill_policy.unwrap_or(args.policy).build(),
@@ -253,6 +282,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
             disabled: args.disable_retries,
         },
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
+        media,
     }))
 }
 

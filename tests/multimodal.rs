@@ -45,7 +45,8 @@ fn messages(images: &[String]) -> Value {
 /// What the worker must have received for these fixture images: the
 /// prompt's ids with each placeholder expanded, and each item's digest.
 fn expected(images: &[&str], messages: &Value) -> String {
-    let tokenizer = smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("tokenizer");
+    let tokenizer =
+        smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("tokenizer");
     let options = smg::tokenizer::ChatTemplateOptions {
         add_generation_prompt: true,
         ..Default::default()
@@ -60,7 +61,9 @@ fn expected(images: &[&str], messages: &Value) -> String {
     let mut tokens = Vec::new();
     for name in images {
         let bytes = std::fs::read(images_dir().join(name)).expect("fixture image");
-        let image = processor.preprocess(&bytes, DType::BFloat16).expect("preprocess");
+        let image = processor
+            .preprocess(&bytes, DType::BFloat16)
+            .expect("preprocess");
         let grid: Vec<u8> = image
             .plan
             .image_grid_thw()
@@ -69,7 +72,10 @@ fn expected(images: &[&str], messages: &Value) -> String {
             .collect();
         items.push(digest::item_digest(
             &digest::tensor_digest("bfloat16", &image.plan.out_shape, &image.data),
-            &[("image_grid_thw".to_owned(), digest::tensor_digest("int64", &[1, 3], &grid))],
+            &[(
+                "image_grid_thw".to_owned(),
+                digest::tensor_digest("int64", &[1, 3], &grid),
+            )],
         ));
         tokens.push(image.plan.tokens as usize);
     }
@@ -77,7 +83,10 @@ fn expected(images: &[&str], messages: &Value) -> String {
     let mut per_image = tokens.into_iter();
     for id in ids {
         if id == IMAGE_PAD {
-            expanded.extend(std::iter::repeat_n(IMAGE_PAD, per_image.next().expect("one per image")));
+            expanded.extend(std::iter::repeat_n(
+                IMAGE_PAD,
+                per_image.next().expect("one per image"),
+            ));
         } else {
             expanded.push(id);
         }
@@ -88,7 +97,9 @@ fn expected(images: &[&str], messages: &Value) -> String {
 async fn chat(gateway: &Gateway, messages: &Value) -> (u16, Value) {
     let response = http()
         .post(gateway.url("/v1/chat/completions"))
-        .json(&json!({"model": "model", "messages": messages, "max_tokens": 40, "ignore_eos": true}))
+        .json(
+            &json!({"model": "model", "messages": messages, "max_tokens": 40, "ignore_eos": true}),
+        )
         .send()
         .await
         .expect("sent");
@@ -118,15 +129,31 @@ fn fleet(protocol: &str, mode: &str, encoders: usize, encode_flags: &[&str]) -> 
                     let mut extra = vec!["--zero-delay"];
                     extra.extend_from_slice(encode_flags);
                     let encoder = SimWorker::start(protocol, "encode", &extra);
-                    flags.extend(["--encode".into(), encoder.grpc_url(), encoder.bootstrap_port().to_string()]);
+                    flags.extend([
+                        "--encode".into(),
+                        encoder.grpc_url(),
+                        encoder.bootstrap_port().to_string(),
+                    ]);
                     workers.push(encoder);
                 }
             } else {
                 flags.push("--pd-disaggregation".into());
             }
-            let prefill = SimWorker::start(protocol, "prefill", &["--zero-delay", "--bootstrap-timeout-ms", "20000"]);
-            let decode = SimWorker::start(protocol, "decode", &["--zero-delay", "--bootstrap-timeout-ms", "20000"]);
-            flags.extend(["--prefill".into(), prefill.grpc_url(), prefill.bootstrap_port().to_string()]);
+            let prefill = SimWorker::start(
+                protocol,
+                "prefill",
+                &["--zero-delay", "--bootstrap-timeout-ms", "20000"],
+            );
+            let decode = SimWorker::start(
+                protocol,
+                "decode",
+                &["--zero-delay", "--bootstrap-timeout-ms", "20000"],
+            );
+            flags.extend([
+                "--prefill".into(),
+                prefill.grpc_url(),
+                prefill.bootstrap_port().to_string(),
+            ]);
             flags.extend(["--decode".into(), decode.grpc_url()]);
             workers.extend([prefill, decode]);
         }
@@ -164,28 +191,55 @@ async fn an_image_reaches_the_worker_in_every_mode_and_protocol() {
         let messages = messages(&images);
         let (status, body) = chat(&gateway, &messages).await;
         assert_eq!(status, 200, "{protocol} {mode}: {body}");
-        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content");
         let header = expected(&["palette_97x61.png"], &messages);
-        assert!(content.starts_with(&header), "{protocol} {mode}: {content:?} vs {header}");
+        assert!(
+            content.starts_with(&header),
+            "{protocol} {mode}: {content:?} vs {header}"
+        );
     }
 }
 
 #[tokio::test]
 async fn epd_routes_each_image_by_content_to_a_stable_encoder() {
-    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let dirs: Vec<tempfile::TempDir> = (0..2)
+        .map(|_| tempfile::tempdir().expect("tempdir"))
+        .collect();
     let mut workers = Vec::new();
     let mut flags: Vec<String> = vec!["--epd-disaggregation".into()];
     for dir in &dirs {
         let path = dir.path().display().to_string();
-        let encoder = SimWorker::start("tokenspeed", "encode", &["--zero-delay", "--record-dir", &path]);
-        flags.extend(["--encode".into(), encoder.grpc_url(), encoder.bootstrap_port().to_string()]);
+        let encoder = SimWorker::start(
+            "tokenspeed",
+            "encode",
+            &["--zero-delay", "--record-dir", &path],
+        );
+        flags.extend([
+            "--encode".into(),
+            encoder.grpc_url(),
+            encoder.bootstrap_port().to_string(),
+        ]);
         workers.push(encoder);
     }
     let prefill = SimWorker::start("tokenspeed", "prefill", ZERO);
     let decode = SimWorker::start("tokenspeed", "decode", ZERO);
-    flags.extend(["--prefill".into(), prefill.grpc_url(), prefill.bootstrap_port().to_string()]);
-    flags.extend(["--decode".into(), decode.grpc_url(), "--served-model-name".into(), "model".into()]);
-    flags.extend(["--allowed-local-media-path".into(), images_dir().display().to_string()]);
+    flags.extend([
+        "--prefill".into(),
+        prefill.grpc_url(),
+        prefill.bootstrap_port().to_string(),
+    ]);
+    flags.extend([
+        "--decode".into(),
+        decode.grpc_url(),
+        "--served-model-name".into(),
+        "model".into(),
+    ]);
+    flags.extend([
+        "--allowed-local-media-path".into(),
+        images_dir().display().to_string(),
+    ]);
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let gateway = Gateway::start(&args);
 
@@ -195,8 +249,13 @@ async fn epd_routes_each_image_by_content_to_a_stable_encoder() {
     for _ in 0..2 {
         let (status, body) = chat(&gateway, &messages).await;
         assert_eq!(status, 200, "{body}");
-        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
-        assert!(content.starts_with(&expected(&names, &messages)), "{content:?}");
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content");
+        assert!(
+            content.starts_with(&expected(&names, &messages)),
+            "{content:?}"
+        );
     }
     // Each encode call records its pixels and grid; the same image (by
     // content) always lands on the same encoder.
@@ -206,7 +265,9 @@ async fn epd_routes_each_image_by_content_to_a_stable_encoder() {
             .filter_map(Result::ok)
             .map(|e| e.path())
             .filter(|p| p.extension().is_some_and(|x| x == "json"))
-            .map(|p| serde_json::from_str(&std::fs::read_to_string(p).expect("sidecar")).expect("json"))
+            .map(|p| {
+                serde_json::from_str(&std::fs::read_to_string(p).expect("sidecar")).expect("json")
+            })
             .collect()
     };
     let shapes_by_encoder: Vec<Vec<Value>> = dirs
@@ -230,7 +291,10 @@ async fn epd_routes_each_image_by_content_to_a_stable_encoder() {
         .iter()
         .filter(|shapes| shapes.contains(&tiny_shape))
         .count();
-    assert_eq!(tiny_homes, 1, "the same image always meets the same encoder: {shapes_by_encoder:?}");
+    assert_eq!(
+        tiny_homes, 1,
+        "the same image always meets the same encoder: {shapes_by_encoder:?}"
+    );
 }
 
 #[tokio::test]
@@ -255,23 +319,44 @@ async fn bad_images_get_stable_codes() {
     let fleet = fleet("tokenspeed", "regular", 0, &[]);
     let gateway = gateway(&fleet, &[]);
     let cases = [
-        ("data:image/png;base64,@@@not-base64@@@", "invalid_image_url"),
-        ("data:image/png;base64,SGVsbG8gd29ybGQ=", "unsupported_image_format"),
+        (
+            "data:image/png;base64,@@@not-base64@@@",
+            "invalid_image_url",
+        ),
+        (
+            "data:image/png;base64,SGVsbG8gd29ybGQ=",
+            "unsupported_image_format",
+        ),
         ("file:///etc/passwd", "media_url_forbidden"),
-        ("http://169.254.169.254/latest/meta-data", "media_url_forbidden"),
+        (
+            "http://169.254.169.254/latest/meta-data",
+            "media_url_forbidden",
+        ),
         ("ftp://example.com/a.png", "invalid_image_url"),
     ];
     for (url, code) in cases {
         let (status, body) = chat(&gateway, &messages(&[url.to_owned()])).await;
-        assert_eq!((status, body["error"]["code"].as_str()), (400, Some(code)), "{url}: {body}");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{url}: {body}"
+        );
     }
     // A truncated PNG: a real header, then nothing.
     let png = std::fs::read(images_dir().join("odd_333x517.png")).expect("fixture");
     let dir = tempfile::tempdir_in(images_dir()).expect("tempdir inside the allowed dir");
     let truncated = dir.path().join("truncated.png");
     std::fs::write(&truncated, &png[..png.len() / 3]).expect("write");
-    let (status, body) = chat(&gateway, &messages(&[format!("file://{}", truncated.display())])).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_image")), "{body}");
+    let (status, body) = chat(
+        &gateway,
+        &messages(&[format!("file://{}", truncated.display())]),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_image")),
+        "{body}"
+    );
     // The gateway still serves images afterwards.
     let (status, _) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
     assert_eq!(status, 200);

@@ -37,19 +37,29 @@ pub struct MediaPlanner {
 impl MediaPlanner {
     /// A planner for the model in `model_dir`, or `None` when the model has
     /// no vision preprocessing (no `preprocessor_config.json`).
-    pub fn for_model(model_dir: &Path, tokenizer: &Tokenizer, config: MediaConfig) -> Result<Option<Self>> {
+    pub fn for_model(
+        model_dir: &Path,
+        tokenizer: &Tokenizer,
+        config: MediaConfig,
+    ) -> Result<Option<Self>> {
         if !model_dir.join("preprocessor_config.json").is_file() {
             return Ok(None);
         }
-        let vision = VisionPreprocessConfig::from_model_dir(model_dir)
-            .map_err(|err| Error::internal(format!("cannot read the model's preprocessing config: {err}")))?;
+        let vision = VisionPreprocessConfig::from_model_dir(model_dir).map_err(|err| {
+            Error::internal(format!(
+                "cannot read the model's preprocessing config: {err}"
+            ))
+        })?;
         let processor = Qwen2VlImageProcessor::new(vision, ImageLimits::default())
             .map_err(|err| Error::internal(format!("unusable preprocessing config: {err}")))?;
         let image_pad_id = tokenizer
             .token_id(IMAGE_PAD)
             .ok_or_else(|| Error::internal(format!("the tokenizer has no {IMAGE_PAD} token")))?;
         Ok(Some(Self {
-            fetcher: Arc::new(MediaFetcher::new(config)?),
+            fetcher: Arc::new(
+                MediaFetcher::new(config)
+                    .map_err(|err| Error::internal(format!("bad media settings: {err}")))?,
+            ),
             processor: Arc::new(processor),
             image_pad_id,
         }))
@@ -57,8 +67,15 @@ impl MediaPlanner {
 
     /// Fetches and preprocesses `images` and expands their placeholders in
     /// `input_ids`; returns the new ids and one media item per image.
-    pub async fn plan(&self, images: &[String], input_ids: Vec<u32>) -> Result<(Vec<u32>, Vec<MediaItem>)> {
-        let pads = input_ids.iter().filter(|&&id| id == self.image_pad_id).count();
+    pub async fn plan(
+        &self,
+        images: &[String],
+        input_ids: Vec<u32>,
+    ) -> Result<(Vec<u32>, Vec<MediaItem>)> {
+        let pads = input_ids
+            .iter()
+            .filter(|&&id| id == self.image_pad_id)
+            .count();
         if pads != images.len() {
             return Err(Error::invalid_request(format!(
                 "the prompt has {pads} image placeholders but the request carries {} images",
@@ -71,17 +88,25 @@ impl MediaPlanner {
         for (index, media) in fetched.into_iter().enumerate() {
             let processor = Arc::clone(&self.processor);
             let bytes = media.bytes.clone();
-            let image = tokio::task::spawn_blocking(move || processor.preprocess(&bytes, DType::BFloat16))
-                .await
-                .map_err(|err| Error::internal(format!("image preprocessing failed: {err}")))?
-                .map_err(|err| image_error(index, &err))?;
+            let image =
+                tokio::task::spawn_blocking(move || processor.preprocess(&bytes, DType::BFloat16))
+                    .await
+                    .map_err(|err| Error::internal(format!("image preprocessing failed: {err}")))?
+                    .map_err(|err| image_error(index, &err))?;
             processed.push((media, image));
         }
         Ok(self.expand(input_ids, processed))
     }
 
-    fn expand(&self, input_ids: Vec<u32>, processed: Vec<(FetchedMedia, PreprocessedImage)>) -> (Vec<u32>, Vec<MediaItem>) {
-        let extra: usize = processed.iter().map(|(_, image)| image.plan.tokens as usize).sum();
+    fn expand(
+        &self,
+        input_ids: Vec<u32>,
+        processed: Vec<(FetchedMedia, PreprocessedImage)>,
+    ) -> (Vec<u32>, Vec<MediaItem>) {
+        let extra: usize = processed
+            .iter()
+            .map(|(_, image)| image.plan.tokens as usize)
+            .sum();
         let mut expanded = Vec::with_capacity(input_ids.len() + extra);
         let mut images = processed.into_iter();
         let mut items = Vec::new();
