@@ -64,7 +64,11 @@ async fn sse(gateway: &Gateway, path: &str, body: Value) -> Vec<String> {
         .send()
         .await
         .expect("request sent");
-    assert_eq!(response.status().as_u16(), 200);
+    let status = response.status().as_u16();
+    if status != 200 {
+        let text = response.text().await.unwrap_or_default();
+        panic!("{path} answered {status}: {text}");
+    }
     assert_eq!(
         response
             .headers()
@@ -447,10 +451,11 @@ async fn bad_requests_get_stable_codes() {
 
 #[tokio::test]
 async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    // Paced decoding, so the first tokens are on the wire before the exit.
     let worker = SimWorker::start(
         "tokenspeed",
         "regular",
-        &["--zero-delay", "--exit-after-tokens", "3"],
+        &["--decode-ms-per-token", "20", "--exit-after-tokens", "12"],
     );
     let gateway = Gateway::start(&[
         "--worker-urls",

@@ -124,13 +124,21 @@ pub(crate) fn least_loaded(candidates: &[Arc<Worker>]) -> usize {
 }
 
 #[cfg(test)]
-pub(crate) mod test_support {
+pub mod test_support {
     use super::*;
     use crate::engine::{EngineClient, Runtime};
     use crate::workers::WorkerRole;
 
+    /// A runtime for the engine clients' lazy channels (they need one to
+    /// exist; these tests never connect).
+    fn runtime() -> &'static tokio::runtime::Runtime {
+        static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+        RUNTIME.get_or_init(|| tokio::runtime::Runtime::new().expect("tokio runtime"))
+    }
+
     /// `n` workers on distinct (unreachable) URLs.
     pub fn workers(n: usize) -> Vec<Arc<Worker>> {
+        let _entered = runtime().enter();
         (0..n)
             .map(|i| {
                 let client = EngineClient::new(

@@ -302,7 +302,7 @@ mod tests {
              You can call the functions described below. To call one, answer with a JSON \
              object holding \"name\" and \"arguments\", wrapped in <tool_call></tool_call> tags.\n\n\
              <tools>\n\
-             {\"function\": {\"description\": \"Météo du jour\", \"name\": \"get_weather\"}, \"type\": \"function\"}\n\
+             {\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Météo du jour\"}}\n\
              </tools><|im_end|>\n\
              <|im_start|>user\nWeather?<|im_end|>\n"
         );
@@ -362,8 +362,8 @@ mod tests {
             .render(&messages, &ChatTemplateOptions::default())
             .expect("renders");
         let expected = [
-            r#"{"empty": [], "list": [1, 2.5, null, true], "text": "<b>&'"}"#,
-            "{\n  \"empty\": [],\n  \"list\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"text\": \"<b>&'\"\n}",
+            r#"{"list": [1, 2.5, null, true], "empty": [], "text": "<b>&'"}"#,
+            "{\n  \"list\": [\n    1,\n    2.5,\n    null,\n    true\n  ],\n  \"empty\": [],\n  \"text\": \"<b>&'\"\n}",
             r#""é\"\n""#,
             r#""\u00e9""#,
             r#"{"a": 2, "b": 1}"#,

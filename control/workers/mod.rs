@@ -199,11 +199,6 @@ mod tests {
     use super::*;
     use crate::engine::Runtime;
 
-    fn worker(url: &str) -> Arc<Worker> {
-        let client = EngineClient::new(url, Runtime::TokenSpeed).expect("client");
-        Arc::new(Worker::new(client, WorkerRole::Regular, None).expect("worker"))
-    }
-
     #[test]
     fn hosts_are_parsed_from_worker_urls() {
         for (url, host) in [
@@ -219,7 +214,7 @@ mod tests {
 
     #[test]
     fn load_guards_count_exactly_once() {
-        let worker = worker("grpc://127.0.0.1:1");
+        let worker = crate::policies::test_support::workers(1).remove(0);
         let a = worker.acquire();
         let b = worker.acquire();
         assert_eq!(worker.in_flight(), 2);
@@ -232,6 +227,8 @@ mod tests {
     #[test]
     fn unhealthy_workers_are_not_offered() {
         let mut set = WorkerSet::default();
+        let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+        let _entered = runtime.enter();
         let client = EngineClient::new("grpc://127.0.0.1:1", Runtime::TokenSpeed).expect("client");
         set.add(Worker::new(client, WorkerRole::Decode, None).expect("worker"));
         assert_eq!(set.healthy(WorkerRole::Decode).len(), 1);
