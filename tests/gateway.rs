@@ -767,3 +767,119 @@ async fn embeddings_need_sglang_workers() {
         (501, Some("unsupported_endpoint"))
     );
 }
+
+#[tokio::test]
+async fn a_failing_prefill_leg_aborts_decode_at_once() {
+    let prefill = SimWorker::start(
+        "tokenspeed",
+        "prefill",
+        &["--zero-delay", "--fail-after-tokens", "0"],
+    );
+    let decode = SimWorker::start(
+        "tokenspeed",
+        "decode",
+        &["--zero-delay", "--bootstrap-timeout-ms", "20000"],
+    );
+    let gateway = Gateway::start(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+        "--disable-retries",
+        "--served-model-name",
+        "model",
+    ]);
+    let started = std::time::Instant::now();
+    let (status, body) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (502, Some("worker_error")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not the 20 s rendezvous timeout"
+    );
+    // Decode was told to stop waiting for the KV cache.
+    let mut client = TokenSpeedSchedulerClient::connect(decode.url())
+        .await
+        .expect("connect");
+    bounded("decode frees the request", async {
+        loop {
+            let loads = client
+                .get_loads(ts::GetLoadsRequest {
+                    dp_rank: None,
+                    include: vec![],
+                })
+                .await
+                .expect("loads")
+                .into_inner();
+            if loads.aggregate.map_or(-1, |a| a.total_running_reqs) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pd_client_that_disconnects_aborts_both_legs() {
+    let prefill = SimWorker::start("sglang", "prefill", ZERO);
+    let decode = SimWorker::start("sglang", "decode", &["--decode-ms-per-token", "20"]);
+    let gateway = Gateway::start(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&chat_body(
+            &hello(),
+            json!({"stream": true, "max_tokens": 2000, "ignore_eos": true}),
+        ))
+        .send()
+        .await
+        .expect("sent");
+    let mut body = response.bytes_stream();
+    bounded("first bytes", body.next())
+        .await
+        .expect("a chunk")
+        .expect("bytes");
+    drop(body);
+    let mut client =
+        smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient::connect(
+            decode.url(),
+        )
+        .await
+        .expect("connect");
+    bounded("decode's request ends", async {
+        loop {
+            let loads = client
+                .get_loads(smg::proto::sglang_scheduler::GetLoadsRequest {
+                    dp_rank: None,
+                    include: vec![],
+                })
+                .await
+                .expect("loads")
+                .into_inner();
+            if loads.aggregate.map_or(-1, |a| a.total_running_reqs) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
