@@ -91,6 +91,30 @@ fn chat_body(messages: &Value, extra: Value) -> Value {
     body
 }
 
+/// Waits until the TokenSpeed worker at `url` runs no request.
+async fn tokenspeed_idle(url: String) {
+    let mut client = TokenSpeedSchedulerClient::connect(url)
+        .await
+        .expect("connect");
+    bounded("the worker's requests end", async {
+        loop {
+            let loads = client
+                .get_loads(ts::GetLoadsRequest {
+                    dp_rank: None,
+                    include: vec![],
+                })
+                .await
+                .expect("loads")
+                .into_inner();
+            if loads.aggregate.map_or(-1, |a| a.total_running_reqs) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 fn hello() -> Value {
     json!([{"role": "user", "content": "Say hello to the gateway."}])
 }
@@ -582,36 +606,17 @@ async fn a_client_that_disconnects_aborts_the_worker_request() {
     let mut client = TokenSpeedSchedulerClient::connect(worker.url())
         .await
         .expect("connect");
-    let running =
-        |loads: ts::GetLoadsResponse| loads.aggregate.map_or(-1, |a| a.total_running_reqs);
-    let request = || ts::GetLoadsRequest {
-        dp_rank: None,
-        include: vec![],
-    };
-    assert_eq!(
-        running(
-            client
-                .get_loads(request())
-                .await
-                .expect("loads")
-                .into_inner()
-        ),
-        1
-    );
+    let loads = client
+        .get_loads(ts::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .expect("loads")
+        .into_inner();
+    assert_eq!(loads.aggregate.map(|a| a.total_running_reqs), Some(1));
     drop(body);
-    bounded("the worker's request ends", async {
-        while running(
-            client
-                .get_loads(request())
-                .await
-                .expect("loads")
-                .into_inner(),
-        ) != 0
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    tokenspeed_idle(worker.url()).await;
 }
 
 #[tokio::test]
@@ -808,26 +813,7 @@ async fn a_failing_prefill_leg_aborts_decode_at_once() {
         "not the 20 s rendezvous timeout"
     );
     // Decode was told to stop waiting for the KV cache.
-    let mut client = TokenSpeedSchedulerClient::connect(decode.url())
-        .await
-        .expect("connect");
-    bounded("decode frees the request", async {
-        loop {
-            let loads = client
-                .get_loads(ts::GetLoadsRequest {
-                    dp_rank: None,
-                    include: vec![],
-                })
-                .await
-                .expect("loads")
-                .into_inner();
-            if loads.aggregate.map_or(-1, |a| a.total_running_reqs) == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    tokenspeed_idle(decode.url()).await;
 }
 
 #[tokio::test]

@@ -39,6 +39,33 @@ pub fn encode(text: &str) -> Vec<u32> {
         .to_vec()
 }
 
+/// Waits for a process's first stdout line (its ready line), then keeps
+/// draining stdout so the process never blocks on a full pipe.
+fn wait_ready(mut child: Child, what: &str) -> (Child, String) {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = sender.send(lines.next());
+        for _ in lines {}
+    });
+    match receiver.recv_timeout(STARTUP_TIMEOUT) {
+        Ok(Some(Ok(line))) => (child, line),
+        other => {
+            let _ = child.kill();
+            panic!("{what} did not become ready: {other:?}");
+        }
+    }
+}
+
+/// The value of `key` (e.g. `grpc=`) in a ready line.
+fn ready_field(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(key))
+        .unwrap_or_else(|| panic!("ready line {line:?} lacks {key}"))
+        .to_owned()
+}
+
 /// A running simulated worker process.
 #[derive(Debug)]
 pub struct SimWorker {
@@ -50,7 +77,7 @@ pub struct SimWorker {
 impl SimWorker {
     /// Starts `smg-sim-worker --protocol P --role R` plus `extra` flags.
     pub fn start(protocol: &str, role: &str, extra: &[&str]) -> SimWorker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_smg-sim-worker"))
+        let child = Command::new(env!("CARGO_BIN_EXE_smg-sim-worker"))
             .args([
                 "--protocol",
                 protocol,
@@ -67,28 +94,8 @@ impl SimWorker {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn smg-sim-worker");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next();
-            let _ = sender.send(first);
-            // Keep draining so the worker never blocks on a full pipe.
-            for _ in lines {}
-        });
-        let line = match receiver.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(Some(Ok(line))) => line,
-            other => {
-                let _ = child.kill();
-                panic!("sim worker did not become ready: {other:?}");
-            }
-        };
-        let field = |key: &str| {
-            line.split_whitespace()
-                .find_map(|word| word.strip_prefix(key))
-                .unwrap_or_else(|| panic!("ready line {line:?} lacks {key}"))
-                .to_owned()
-        };
+        let (child, line) = wait_ready(child, "smg-sim-worker");
+        let field = |key: &str| ready_field(&line, key);
         let grpc = field("grpc=").parse().expect("grpc address");
         let bootstrap = match field("bootstrap=").as_str() {
             "none" => None,
@@ -180,7 +187,7 @@ impl Gateway {
     /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
     /// --model-path <fixture>` plus `args`.
     pub fn start(args: &[&str]) -> Gateway {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_smg"))
+        let child = Command::new(env!("CARGO_BIN_EXE_smg"))
             .args([
                 "launch",
                 "--host",
@@ -198,27 +205,9 @@ impl Gateway {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn smg");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = sender.send(lines.next());
-            for _ in lines {}
-        });
-        let line = match receiver.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(Some(Ok(line))) => line,
-            other => {
-                let _ = child.kill();
-                panic!("smg did not become ready: {other:?}");
-            }
-        };
-        let field = |key: &str| -> SocketAddr {
-            line.split_whitespace()
-                .find_map(|word| word.strip_prefix(key))
-                .unwrap_or_else(|| panic!("ready line {line:?} lacks {key}"))
-                .parse()
-                .expect("an address")
-        };
+        let (child, line) = wait_ready(child, "smg");
+        let field =
+            |key: &str| -> SocketAddr { ready_field(&line, key).parse().expect("an address") };
         Gateway {
             http: field("http="),
             metrics: field("metrics="),
