@@ -34,6 +34,8 @@ struct Row {
     concurrency: usize,
     requests: usize,
     requests_per_sec: f64,
+    /// CPU the serving process used per wall second (1.0 = one full core).
+    server_cpu_cores: f64,
     mean_ms: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -81,12 +83,25 @@ where
     (all, started.elapsed())
 }
 
+/// CPU seconds (user + system) a process has used so far, from
+/// `/proc/<pid>/stat`; `None` where procfs is unavailable.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) follow ")".
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let user: f64 = fields.get(11)?.parse().ok()?;
+    let system: f64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on the Linux builds this runs on (x86_64, arm64).
+    Some((user + system) / 100.0)
+}
+
 fn row(
     scenario: &str,
     target: &str,
     concurrency: usize,
     mut latencies: Vec<f64>,
     wall: Duration,
+    server_cpu: Option<f64>,
 ) -> Row {
     latencies.sort_by(f64::total_cmp);
     let requests = latencies.len();
@@ -96,6 +111,7 @@ fn row(
         concurrency,
         requests,
         requests_per_sec: requests as f64 / wall.as_secs_f64(),
+        server_cpu_cores: server_cpu.map_or(f64::NAN, |cpu| cpu / wall.as_secs_f64()),
         mean_ms: latencies.iter().sum::<f64>() / requests.max(1) as f64,
         p50_ms: percentile(&latencies, 0.5),
         p99_ms: percentile(&latencies, 0.99),
@@ -147,6 +163,7 @@ fn main() {
     let input_ids = tokenizer.encode(&prompt, false).expect("ids");
     let chat_url = gateway.url("/v1/chat/completions");
     let worker_url = worker.url();
+    let (gateway_pid, worker_pid) = (gateway.pid(), worker.pid());
 
     let rows = runtime.block_on(async move {
         let http = reqwest::Client::builder()
@@ -181,6 +198,7 @@ fn main() {
             ("chat, streaming", true, 32),
         ] {
             let (http, url, payload) = (http.clone(), chat_url.clone(), body(stream));
+            let cpu_before = cpu_seconds(gateway_pid);
             let (latencies, wall) = closed_loop(concurrency, duration, move || {
                 let (http, url, payload) = (http.clone(), url.clone(), payload.clone());
                 async move {
@@ -199,15 +217,20 @@ fn main() {
                 }
             })
             .await;
+            let cpu = cpu_seconds(gateway_pid)
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             rows.push(row(
                 scenario,
                 "gateway (HTTP)",
                 concurrency,
                 latencies,
                 wall,
+                cpu,
             ));
 
             let (grpc, make) = (grpc.clone(), direct_request.clone());
+            let cpu_before = cpu_seconds(worker_pid);
             let (latencies, wall) = closed_loop(concurrency, duration, move || {
                 let (mut grpc, request) = (grpc.clone(), make(stream));
                 async move {
@@ -227,29 +250,44 @@ fn main() {
                 }
             })
             .await;
+            let cpu = cpu_seconds(worker_pid)
+                .zip(cpu_before)
+                .map(|(after, before)| after - before);
             rows.push(row(
                 scenario,
                 "worker direct (gRPC)",
                 concurrency,
                 latencies,
                 wall,
+                cpu,
             ));
         }
         rows
     });
 
     println!(
-        "\n{:<22} {:<22} {:>5} {:>9} {:>10} {:>9} {:>9} {:>9}",
-        "scenario", "target", "conc", "requests", "req/s", "mean ms", "p50 ms", "p99 ms"
+        "\n{:<22} {:<22} {:>5} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "scenario",
+        "target",
+        "conc",
+        "requests",
+        "req/s",
+        "srv cpu",
+        "req/s/core",
+        "mean ms",
+        "p50 ms",
+        "p99 ms"
     );
     for r in &rows {
         println!(
-            "{:<22} {:<22} {:>5} {:>9} {:>10.0} {:>9.3} {:>9.3} {:>9.3}",
+            "{:<22} {:<22} {:>5} {:>9} {:>9.0} {:>9.2} {:>10.0} {:>9.3} {:>9.3} {:>9.3}",
             r.scenario,
             r.target,
             r.concurrency,
             r.requests,
             r.requests_per_sec,
+            r.server_cpu_cores,
+            r.requests_per_sec / r.server_cpu_cores,
             r.mean_ms,
             r.p50_ms,
             r.p99_ms
