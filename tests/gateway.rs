@@ -869,3 +869,77 @@ async fn a_pd_client_that_disconnects_aborts_both_legs() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn unhealthy_workers_make_the_gateway_unready_and_answer_no_healthy_worker() {
+    let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--unhealthy"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+    ]);
+    bounded("readiness turns false", async {
+        loop {
+            let response = http()
+                .get(gateway.url("/readiness"))
+                .send()
+                .await
+                .expect("sent");
+            if response.status().as_u16() == 503 {
+                let body: Value = response.json().await.expect("json");
+                assert_eq!(body["workers"]["regular"]["healthy"], 0);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let (status, body) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("no_healthy_worker")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_worker_hits_the_request_timeout() {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--stall-after-tokens", "0"],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--request-timeout-secs",
+        "1",
+    ]);
+    let started = std::time::Instant::now();
+    let (status, body) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (504, Some("request_timeout")),
+        "{body}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The timed-out request was aborted on the worker.
+    tokenspeed_idle(worker.url()).await;
+}

@@ -84,17 +84,22 @@ impl MediaPlanner {
             .with_param("messages"));
         }
         let fetched = self.fetcher.fetch_all(images).await?;
-        let mut processed = Vec::with_capacity(fetched.len());
-        for (index, media) in fetched.into_iter().enumerate() {
+        // One blocking job per image, all at once: a request's images are
+        // preprocessed in parallel, not one after another.
+        let jobs = fetched.into_iter().enumerate().map(|(index, media)| {
             let processor = Arc::clone(&self.processor);
-            let bytes = media.bytes.clone();
-            let image =
-                tokio::task::spawn_blocking(move || processor.preprocess(&bytes, DType::BFloat16))
-                    .await
-                    .map_err(|err| Error::internal(format!("image preprocessing failed: {err}")))?
-                    .map_err(|err| image_error(index, &err))?;
-            processed.push((media, image));
-        }
+            async move {
+                let bytes = media.bytes.clone();
+                let image = tokio::task::spawn_blocking(move || {
+                    processor.preprocess(&bytes, DType::BFloat16)
+                })
+                .await
+                .map_err(|err| Error::internal(format!("image preprocessing failed: {err}")))?
+                .map_err(|err| image_error(index, &err))?;
+                Ok::<_, Error>((media, image))
+            }
+        });
+        let processed = futures::future::try_join_all(jobs).await?;
         Ok(self.expand(input_ids, processed))
     }
 
