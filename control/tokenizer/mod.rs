@@ -12,12 +12,15 @@
 //! - `chat_template.rs` renders prompts the way `transformers` does.
 //! - `python_compat.rs` supplies the Python behaviours templates rely on.
 //! - `detokenizer.rs` streams ids back to text without splitting characters.
+//! - `segments.rs` tokenizes prompts piece by piece between added tokens,
+//!   caching the pieces (system prompts, role headers) that recur.
 //! - `stop.rs` finds and trims stop strings in the streamed text.
 
 mod chat_template;
 mod detokenizer;
 mod files;
 mod python_compat;
+mod segments;
 mod stop;
 
 pub use chat_template::ChatTemplateOptions;
@@ -30,10 +33,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
+use tokenizers::PostProcessor;
 
 use crate::error::{Error, Result};
 use chat_template::ChatTemplate;
 use files::ModelFiles;
+use segments::SegmentEncoder;
 
 /// The special tokens `transformers` exposes to chat templates by name.
 const SPECIAL_TOKEN_NAMES: [&str; 7] = [
@@ -56,6 +61,11 @@ pub struct Tokenizer {
 
 struct Loaded {
     tokenizer: tokenizers::Tokenizer,
+    /// The cached piece-by-piece path, when it reproduces `tokenizer`.
+    segments: Option<SegmentEncoder>,
+    /// Whether `add_special_tokens` adds nothing (no post-processor that
+    /// inserts tokens), so both settings may use `segments`.
+    adds_no_special_tokens: bool,
     chat_template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
     /// Ids of added tokens flagged `special` (what `skip_special_tokens` drops).
@@ -99,9 +109,18 @@ impl Tokenizer {
             .filter(|(_, token)| token.special)
             .map(|(id, _)| id)
             .collect();
+        let segments = SegmentEncoder::for_tokenizer(&tokenizer);
+        if segments.is_none() {
+            tracing::debug!("this tokenizer's added tokens are not cut verbatim: no piece cache");
+        }
+        let adds_no_special_tokens = tokenizer
+            .get_post_processor()
+            .is_none_or(|processor| processor.added_tokens(false) == 0);
         Ok(Self {
             loaded: Arc::new(Loaded {
                 tokenizer,
+                segments,
+                adds_no_special_tokens,
                 chat_template,
                 eos_token_ids,
                 special_ids,
@@ -112,12 +131,18 @@ impl Tokenizer {
     /// The ids of `text`; `add_special_tokens` applies the tokenizer's
     /// post-processor (e.g. a BOS token).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .loaded
-            .tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map_err(|err| Error::internal(format!("cannot tokenize the text: {err}")))?;
-        Ok(encoding.get_ids().to_vec())
+        let loaded = &*self.loaded;
+        let failed = |err| Error::internal(format!("cannot tokenize the text: {err}"));
+        match &loaded.segments {
+            Some(segments) if !add_special_tokens || loaded.adds_no_special_tokens => {
+                segments.encode(&loaded.tokenizer, text).map_err(failed)
+            }
+            _ => loaded
+                .tokenizer
+                .encode_fast(text, add_special_tokens)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(failed),
+        }
     }
 
     /// The text of `ids`. Ids outside the vocabulary are ignored; bytes that
