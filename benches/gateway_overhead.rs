@@ -148,7 +148,12 @@ fn main() {
         pin(gateway.pid(), 1);
         pin(worker.pid(), 0);
     }
-    let messages = json!([{"role": "user", "content": "Benchmark the gateway, please."}]);
+    // A fixed system prompt and a user message that differs in every request
+    // (a counter), as in real traffic: the gateway renders and tokenizes each
+    // prompt, and only the recurring pieces may come from its cache.
+    let system = "You are a helpful assistant. Answer briefly and precisely.";
+    let messages = json!([{"role": "system", "content": system},
+                          {"role": "user", "content": "Benchmark the gateway, please. Request 0"}]);
     let tokenizer =
         smg::tokenizer::Tokenizer::from_model_dir(&support::model_dir()).expect("tokenizer");
     let prompt = tokenizer
@@ -170,7 +175,11 @@ fn main() {
             .pool_max_idle_per_host(256)
             .build()
             .expect("http client");
-        let body = |stream: bool| {
+        let sequence = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let body = move |stream: bool| {
+            let n = sequence.fetch_add(1, Ordering::Relaxed);
+            let messages = json!([{"role": "system", "content": system},
+                                  {"role": "user", "content": format!("Benchmark the gateway, please. Request {n}")}]);
             json!({"model": "model", "messages": messages, "max_tokens": OUTPUT_TOKENS,
                    "ignore_eos": true, "stream": stream})
         };
@@ -197,10 +206,10 @@ fn main() {
             ("chat, streaming", true, 1),
             ("chat, streaming", true, 32),
         ] {
-            let (http, url, payload) = (http.clone(), chat_url.clone(), body(stream));
+            let (http, url, body) = (http.clone(), chat_url.clone(), body.clone());
             let cpu_before = cpu_seconds(gateway_pid);
             let (latencies, wall) = closed_loop(concurrency, duration, move || {
-                let (http, url, payload) = (http.clone(), url.clone(), payload.clone());
+                let (http, url, payload) = (http.clone(), url.clone(), body(stream));
                 async move {
                     match http.post(&url).json(&payload).send().await {
                         Ok(response) if response.status().is_success() => {

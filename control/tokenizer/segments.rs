@@ -280,8 +280,16 @@ mod tests {
         ];
         for text in texts {
             // Twice: once filling the cache, once from it.
-            assert_eq!(encoder.encode(&tokenizer, text).unwrap(), whole(&tokenizer, text), "{text:?}");
-            assert_eq!(encoder.encode(&tokenizer, text).unwrap(), whole(&tokenizer, text), "{text:?}");
+            assert_eq!(
+                encoder.encode(&tokenizer, text).unwrap(),
+                whole(&tokenizer, text),
+                "{text:?}"
+            );
+            assert_eq!(
+                encoder.encode(&tokenizer, text).unwrap(),
+                whole(&tokenizer, text),
+                "{text:?}"
+            );
         }
     }
 
@@ -291,15 +299,32 @@ mod tests {
         let tokenizer = fixture();
         let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
         let parts = [
-            "<|im_start|>", "<|im_end|>", "<|image_pad|>", "hello", " world", "\n", "  ", "é",
-            "日本", "🙂", "<|", "|>", "im_start", "123", ".",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|image_pad|>",
+            "hello",
+            " world",
+            "\n",
+            "  ",
+            "é",
+            "日本",
+            "🙂",
+            "<|",
+            "|>",
+            "im_start",
+            "123",
+            ".",
         ];
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         for _ in 0..500 {
             let text: String = (0..rng.random_range(0..12))
                 .map(|_| parts[rng.random_range(0..parts.len())])
                 .collect();
-            assert_eq!(encoder.encode(&tokenizer, &text).unwrap(), whole(&tokenizer, &text), "{text:?}");
+            assert_eq!(
+                encoder.encode(&tokenizer, &text).unwrap(),
+                whole(&tokenizer, &text),
+                "{text:?}"
+            );
         }
     }
 
@@ -307,7 +332,11 @@ mod tests {
     fn repeated_pieces_are_served_from_the_cache_and_probes_are_not_kept() {
         let tokenizer = fixture();
         let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
-        assert_eq!(encoder.cached_pieces(), 0, "the load-time probes are dropped");
+        assert_eq!(
+            encoder.cached_pieces(),
+            0,
+            "the load-time probes are dropped"
+        );
         let text = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>";
         encoder.encode(&tokenizer, text).unwrap();
         // Pieces: "system\nBe brief.", "\n", "user\nHi".
@@ -322,10 +351,17 @@ mod tests {
         let encoder = SegmentEncoder::with_cache_bytes(&tokenizer, 64 * 1024).unwrap();
         for n in 0..5_000 {
             let text = format!("<|im_start|>user\nmessage number {n}<|im_end|>");
-            assert_eq!(encoder.encode(&tokenizer, &text).unwrap(), whole(&tokenizer, &text));
+            assert_eq!(
+                encoder.encode(&tokenizer, &text).unwrap(),
+                whole(&tokenizer, &text)
+            );
         }
         // 16 shards x 2 generations x 2 KiB, at >= 64 bytes per entry.
-        assert!(encoder.cached_pieces() <= 16 * 2 * 2048 / 64, "{}", encoder.cached_pieces());
+        assert!(
+            encoder.cached_pieces() <= 16 * 2 * 2048 / 64,
+            "{}",
+            encoder.cached_pieces()
+        );
         assert!(encoder.cached_pieces() > 0);
     }
 
@@ -346,14 +382,19 @@ mod tests {
                       "unk_token": "<unk>"}
         });
         let tokenizer = tokenizers::Tokenizer::from_bytes(json.to_string()).unwrap();
-        assert_ne!(whole(&tokenizer, "hi<s>hi"), [1, 3, 1], "the scheme really is position dependent");
+        assert_ne!(
+            whole(&tokenizer, "hi<s>hi"),
+            [1, 3, 1],
+            "the scheme really is position dependent"
+        );
         assert!(SegmentEncoder::for_tokenizer(&tokenizer).is_none());
     }
 
     #[test]
     fn stripping_added_tokens_are_declined() {
         let mut tokenizer = fixture();
-        tokenizer.add_special_tokens(&[tokenizers::AddedToken::from("<|strip|>", true).lstrip(true)]);
+        tokenizer
+            .add_special_tokens(&[tokenizers::AddedToken::from("<|strip|>", true).lstrip(true)]);
         assert!(SegmentEncoder::for_tokenizer(&tokenizer).is_none());
     }
 }
