@@ -53,11 +53,11 @@ impl SegmentEncoder {
         let has_normalizer = tokenizer.get_normalizer().is_some();
         let mut tokens: Vec<(u32, String)> = Vec::new();
         for (id, token) in tokenizer.get_added_tokens_decoder() {
-            let verbatim = !token.lstrip
-                && !token.rstrip
-                && !token.single_word
-                && !(token.normalized && has_normalizer);
-            if !verbatim || token.content.is_empty() {
+            let rewritten = token.lstrip
+                || token.rstrip
+                || token.single_word
+                || (token.normalized && has_normalizer);
+            if rewritten || token.content.is_empty() {
                 return None;
             }
             tokens.push((id, token.content));
