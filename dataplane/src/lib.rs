@@ -7,6 +7,7 @@
 //! rings arrive with the data-plane issue; the first kernel, image
 //! preprocessing for the Qwen2-VL family, lives in [`preprocess`].
 
+pub mod lanes;
 pub mod preprocess;
 
 pub use smg_shared::shm::ShmNamespace;
