@@ -169,7 +169,7 @@ fn returned_rpc_whose_name_remains_waits_for_the_deadline_then_is_reclaimed() {
         0,
         "name still there, deadline not reached"
     );
-    assert_eq!(extra(dir.path(), &slots), [name.clone()]);
+    assert_eq!(extra(dir.path(), &slots), std::slice::from_ref(&name));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(pool.occupancy().free, 1, "reclaimed after the deadline");
     assert!(
