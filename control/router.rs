@@ -88,6 +88,8 @@ pub struct Generation {
     pub model: String,
     pub created: u64,
     pub n: u32,
+    /// The model's tokenizer (responses render token ids with it).
+    pub tokenizer: crate::tokenizer::Tokenizer,
     pub output: OutputStream,
 }
 
@@ -197,6 +199,7 @@ impl Router {
                             .duration_since(SystemTime::UNIX_EPOCH)
                             .map_or(0, |d| d.as_secs()),
                         n: request.sampling.n,
+                        tokenizer: self.parts.tokenizer.clone(),
                         output,
                     });
                 }

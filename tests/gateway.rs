@@ -943,3 +943,141 @@ async fn a_stalled_worker_hits_the_request_timeout() {
     // The timed-out request was aborted on the worker.
     tokenspeed_idle(worker.url()).await;
 }
+
+/// The sim worker's logprob for output position `p`: `-(p + 1) / 8`, and
+/// `k` less for its `k`-th alternative.
+fn sim_logprob(position: usize) -> f64 {
+    -((position + 1) as f64) / 8.0
+}
+
+#[tokio::test]
+async fn logprobs_are_rendered_in_chat_and_completion_shapes_on_both_protocols() {
+    for protocol in ["tokenspeed", "sglang"] {
+        let worker = SimWorker::start(protocol, "regular", ZERO);
+        let gateway = Gateway::start(&[
+            "--worker-urls",
+            &worker.grpc_url(),
+            "--served-model-name",
+            "model",
+        ]);
+        let tokens = 6;
+        let extra =
+            json!({"max_tokens": tokens, "ignore_eos": true, "logprobs": true, "top_logprobs": 2});
+
+        // Chat, whole answer: one entry per token, in order, whose texts
+        // join into the answer.
+        let (status, body) = post(
+            &gateway,
+            "/v1/chat/completions",
+            chat_body(&hello(), extra.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let content = body["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .expect("content");
+        assert_eq!(content.len(), tokens, "{protocol}");
+        let joined: String = content
+            .iter()
+            .map(|t| t["token"].as_str().expect("token"))
+            .collect();
+        assert_eq!(
+            joined,
+            body["choices"][0]["message"]["content"]
+                .as_str()
+                .expect("text")
+        );
+        for (position, entry) in content.iter().enumerate() {
+            assert_eq!(
+                entry["logprob"].as_f64(),
+                Some(sim_logprob(position)),
+                "{protocol} {entry}"
+            );
+            let top = entry["top_logprobs"].as_array().expect("alternatives");
+            assert_eq!(top.len(), 2);
+            assert_eq!(top[0]["token"], entry["token"]);
+            assert_eq!(
+                top[1]["logprob"].as_f64(),
+                Some(sim_logprob(position) - 1.0)
+            );
+            let bytes: Vec<u8> = entry["bytes"]
+                .as_array()
+                .expect("bytes")
+                .iter()
+                .map(|b| b.as_u64().expect("byte") as u8)
+                .collect();
+            assert_eq!(
+                String::from_utf8_lossy(&bytes),
+                entry["token"].as_str().expect("token")
+            );
+        }
+
+        // Chat, streamed: the same entries spread over the chunks.
+        let mut streamed = Vec::new();
+        for frame in sse(&gateway, "/v1/chat/completions", chat_body(&hello(), json!({
+            "max_tokens": tokens, "ignore_eos": true, "logprobs": true, "top_logprobs": 2, "stream": true
+        }))).await {
+            if frame == "[DONE]" {
+                break;
+            }
+            let chunk: Value = serde_json::from_str(&frame).expect("json chunk");
+            if let Some(entries) = chunk["choices"][0]["logprobs"]["content"].as_array() {
+                streamed.extend(entries.iter().map(|e| e["logprob"].as_f64().expect("logprob")));
+            }
+        }
+        let expected: Vec<f64> = (0..tokens).map(sim_logprob).collect();
+        assert_eq!(streamed, expected, "{protocol}");
+
+        // Without the flag there are none.
+        let (_, body) = post(
+            &gateway,
+            "/v1/chat/completions",
+            chat_body(&hello(), json!({"max_tokens": 2})),
+        )
+        .await;
+        assert!(body["choices"][0]["logprobs"].is_null(), "{body}");
+
+        // Completions: legacy columns, offsets in characters of the text.
+        let (status, body) = post(
+            &gateway,
+            "/v1/completions",
+            json!({
+                "model": "model", "prompt": "The gateway said", "max_tokens": tokens,
+                "ignore_eos": true, "logprobs": 2
+            }),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let columns = &body["choices"][0]["logprobs"];
+        let texts: Vec<&str> = columns["tokens"]
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|t| t.as_str().expect("token"))
+            .collect();
+        assert_eq!(
+            texts.concat(),
+            body["choices"][0]["text"].as_str().expect("text")
+        );
+        let offsets: Vec<u64> = columns["text_offset"]
+            .as_array()
+            .expect("offsets")
+            .iter()
+            .map(|o| o.as_u64().expect("offset"))
+            .collect();
+        let mut expected_offsets = Vec::new();
+        let mut at = 0u64;
+        for text in &texts {
+            expected_offsets.push(at);
+            at += text.chars().count() as u64;
+        }
+        assert_eq!(offsets, expected_offsets);
+        assert_eq!(columns["token_logprobs"][3].as_f64(), Some(sim_logprob(3)));
+        let ranked = columns["top_logprobs"][0].as_object().expect("ranked");
+        assert_eq!(ranked.len(), 2);
+        assert_eq!(
+            ranked.values().next().and_then(Value::as_f64),
+            Some(sim_logprob(0))
+        );
+    }
+}

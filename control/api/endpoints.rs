@@ -16,15 +16,17 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 
 use super::http::{DONE_FRAME, SharedState, data_frame, named_frame, sse_response};
+use super::logprobs;
 use super::types::parse::parse_json;
 use super::types::validate::Limits;
 use super::types::{anthropic, embeddings, openai, sglang};
-use crate::engine::MatchedStop;
+use crate::engine::{LogProbs, MatchedStop};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pipeline::Endpoint;
 use crate::pipeline::respond::{CollectedOutput, FinishReason, OutputEvent, Usage, collect};
 use crate::router::Generation;
+use crate::tokenizer::Tokenizer;
 
 /// The header that pins a conversation to a worker under sticky policies.
 const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
@@ -63,7 +65,15 @@ trait Dialect: Send + 'static {
     fn start(&mut self, _generation: &GenerationInfo) -> Vec<Bytes> {
         Vec::new()
     }
-    fn delta(&mut self, index: u32, text: String, token_ids: &[u32]) -> Vec<Bytes>;
+    /// New text of sequence `index`, the tokens it came from and their
+    /// logprobs when the client asked for them.
+    fn delta(
+        &mut self,
+        index: u32,
+        text: String,
+        token_ids: &[u32],
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes>;
     fn finish(
         &mut self,
         index: u32,
@@ -88,6 +98,7 @@ struct GenerationInfo {
     model: String,
     created: u64,
     started: Instant,
+    tokenizer: Tokenizer,
 }
 
 /// Runs a parsed request and answers in `dialect`.
@@ -123,6 +134,7 @@ async fn run<D: Dialect>(
         model,
         created,
         n,
+        tokenizer,
         output,
     } = generation;
     let info = GenerationInfo {
@@ -130,6 +142,7 @@ async fn run<D: Dialect>(
         model,
         created,
         started,
+        tokenizer,
     };
     if stream {
         return stream_response(state, endpoint, info, output, dialect);
@@ -194,13 +207,13 @@ fn stream_response<D: Dialect>(
                     index,
                     text,
                     token_ids,
-                    ..
+                    logprobs,
                 }) => {
                     if first_token.is_none() {
                         first_token = Some(Instant::now());
                         metrics::record_ttft(router_label, info.started.elapsed());
                     }
-                    dialect.delta(index, text, &token_ids)
+                    dialect.delta(index, text, &token_ids, logprobs.as_ref())
                 }
                 Ok(OutputEvent::Finish {
                     index,
@@ -294,8 +307,17 @@ impl Dialect for ChatDialect {
         Vec::new()
     }
 
-    fn delta(&mut self, index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+    fn delta(
+        &mut self,
+        index: u32,
+        text: String,
+        _token_ids: &[u32],
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
         let role = self.role_pending(index).then_some(openai::AssistantRole);
+        let logprobs = logprobs
+            .zip(self.info.as_ref())
+            .map(|(report, info)| logprobs::chat(&info.tokenizer, [report]));
         vec![self.chunk(
             vec![openai::ChunkChoice {
                 index,
@@ -304,7 +326,7 @@ impl Dialect for ChatDialect {
                     content: Some(text),
                     tool_calls: None,
                 },
-                logprobs: None,
+                logprobs,
                 finish_reason: None,
             }],
             None,
@@ -347,12 +369,13 @@ impl Dialect for ChatDialect {
             .into_iter()
             .map(|choice| openai::ChatChoice {
                 index: choice.index,
+                logprobs: (!choice.logprobs.is_empty())
+                    .then(|| logprobs::chat(&generation.tokenizer, &choice.logprobs)),
                 message: openai::AssistantMessage {
                     role: openai::AssistantRole,
                     content: Some(choice.text),
                     tool_calls: None,
                 },
-                logprobs: None,
                 finish_reason: choice.finish_reason.map(openai_finish),
             })
             .collect();
@@ -392,6 +415,8 @@ pub async fn chat_completions(
 struct CompletionDialect {
     info: Option<GenerationInfo>,
     include_usage: bool,
+    /// Per sequence: characters of logprob tokens reported so far.
+    text_offsets: Vec<u32>,
 }
 
 impl CompletionDialect {
@@ -418,12 +443,30 @@ impl Dialect for CompletionDialect {
         Vec::new()
     }
 
-    fn delta(&mut self, index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+    fn delta(
+        &mut self,
+        index: u32,
+        text: String,
+        _token_ids: &[u32],
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
+        let slot = index as usize;
+        if self.text_offsets.len() <= slot {
+            self.text_offsets.resize(slot + 1, 0);
+        }
+        let logprobs = match (logprobs, self.info.as_ref()) {
+            (Some(report), Some(info)) => Some(logprobs::completion(
+                &info.tokenizer,
+                [report],
+                &mut self.text_offsets[slot],
+            )),
+            _ => None,
+        };
         vec![self.chunk(
             vec![openai::CompletionChoice {
                 index,
                 text,
-                logprobs: None,
+                logprobs,
                 finish_reason: None,
             }],
             None,
@@ -461,8 +504,9 @@ impl Dialect for CompletionDialect {
             .into_iter()
             .map(|choice| openai::CompletionChoice {
                 index: choice.index,
+                logprobs: (!choice.logprobs.is_empty())
+                    .then(|| logprobs::completion(&generation.tokenizer, &choice.logprobs, &mut 0)),
                 text: choice.text,
-                logprobs: None,
                 finish_reason: choice.finish_reason.map(openai_finish),
             })
             .collect();
@@ -489,6 +533,7 @@ pub async fn completions(
         CompletionDialect {
             info: None,
             include_usage: spec.include_usage,
+            text_offsets: Vec::new(),
         }
     })
     .await
@@ -573,7 +618,13 @@ impl Dialect for GenerateDialect {
         Vec::new()
     }
 
-    fn delta(&mut self, index: u32, text: String, token_ids: &[u32]) -> Vec<Bytes> {
+    fn delta(
+        &mut self,
+        index: u32,
+        text: String,
+        token_ids: &[u32],
+        _logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
         let sequence = self.sequence(index);
         sequence.text.push_str(&text);
         sequence.output_ids.extend_from_slice(token_ids);
@@ -709,7 +760,13 @@ impl Dialect for MessagesDialect {
         .collect()
     }
 
-    fn delta(&mut self, _index: u32, text: String, _token_ids: &[u32]) -> Vec<Bytes> {
+    fn delta(
+        &mut self,
+        _index: u32,
+        text: String,
+        _token_ids: &[u32],
+        _logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
         vec![event_frame(&anthropic::StreamEvent::ContentBlockDelta {
             index: 0,
             delta: anthropic::BlockDelta::TextDelta { text },

@@ -4,6 +4,7 @@
 
 mod endpoints;
 mod http;
+mod logprobs;
 pub mod types;
 
 pub use http::{AppState, SharedState, app, serve, serve_metrics};

@@ -183,6 +183,7 @@ impl Processor {
                 if let Some(unseen) = output_ids.get(seen..)
                     && !unseen.is_empty()
                 {
+                    let logprobs = logprobs.map(|report| tail_of(report, unseen.len()));
                     self.push_tokens(index, unseen, logprobs)?;
                 }
                 let sequence = self.sequence(index)?;
@@ -283,6 +284,18 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
         processor,
         |mut processor| async move { processor.next().await.map(|event| (event, processor)) },
     ))
+}
+
+/// The last `count` positions of a logprob report: a final message may
+/// report every token of the sequence while only the tail is new.
+fn tail_of(mut report: LogProbs, count: usize) -> LogProbs {
+    let from = |len: usize| len.saturating_sub(count);
+    report
+        .token_logprobs
+        .drain(..from(report.token_logprobs.len()));
+    report.token_ids.drain(..from(report.token_ids.len()));
+    report.top.drain(..from(report.top.len()));
+    report
 }
 
 /// One sequence's whole output, for JSON answers.

@@ -16,6 +16,7 @@
 //!   caching the pieces (system prompts, role headers) that recur.
 //! - `stop.rs` finds and trims stop strings in the streamed text.
 
+mod byte_level;
 mod chat_template;
 mod detokenizer;
 mod files;
@@ -70,6 +71,10 @@ struct Loaded {
     eos_token_ids: Vec<u32>,
     /// Ids of added tokens flagged `special` (what `skip_special_tokens` drops).
     special_ids: HashSet<u32>,
+    /// Ids of every added token (their content is plain text).
+    added_ids: HashSet<u32>,
+    /// Whether vocabulary entries spell bytes in the byte-level alphabet.
+    byte_level: bool,
 }
 
 impl Tokenizer {
@@ -103,12 +108,17 @@ impl Tokenizer {
             (None, None) => None,
         };
         let eos_token_ids = eos_token_ids(&files, &tokenizer, &special_tokens);
-        let special_ids = tokenizer
-            .get_added_tokens_decoder()
-            .into_iter()
+        let added_tokens = tokenizer.get_added_tokens_decoder();
+        let special_ids = added_tokens
+            .iter()
             .filter(|(_, token)| token.special)
-            .map(|(id, _)| id)
+            .map(|(id, _)| *id)
             .collect();
+        let added_ids = added_tokens.into_keys().collect();
+        let byte_level = matches!(
+            tokenizer.get_decoder(),
+            Some(tokenizers::DecoderWrapper::ByteLevel(_))
+        );
         let segments = SegmentEncoder::for_tokenizer(&tokenizer);
         if segments.is_none() {
             tracing::debug!("this tokenizer's added tokens are not cut verbatim: no piece cache");
@@ -124,6 +134,8 @@ impl Tokenizer {
                 chat_template,
                 eos_token_ids,
                 special_ids,
+                added_ids,
+                byte_level,
             }),
         })
     }
@@ -152,6 +164,26 @@ impl Tokenizer {
             .tokenizer
             .decode(ids, skip_special_tokens)
             .map_err(|err| Error::internal(format!("cannot decode token ids: {err}")))
+    }
+
+    /// The exact bytes token `id` stands for (what logprobs report): with a
+    /// byte-level vocabulary these may be part of a UTF-8 character. Empty
+    /// for ids outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let loaded = &*self.loaded;
+        if let Some(entry) = loaded.tokenizer.id_to_token(id) {
+            if loaded.added_ids.contains(&id) {
+                return entry.into_bytes();
+            }
+            if loaded.byte_level
+                && let Some(bytes) = byte_level::token_bytes(&entry)
+            {
+                return bytes;
+            }
+        }
+        self.decode(&[id], false)
+            .map(String::into_bytes)
+            .unwrap_or_default()
     }
 
     /// The id of a vocabulary entry or added token, e.g. `"<|im_end|>"`.
@@ -378,6 +410,27 @@ mod tests {
             tokenizer.encode("Hello world", false).expect("encodes"),
             [39, 415, 78, 1009]
         );
+    }
+
+    #[test]
+    fn token_bytes_are_exact_even_inside_a_character() {
+        let tokenizer = fixture();
+        for text in ["Hello world", "naïve 日本語 🙂", "\n\t  x"] {
+            let ids = tokenizer.encode(text, false).expect("encodes");
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| tokenizer.token_bytes(id))
+                .collect();
+            assert_eq!(bytes, text.as_bytes(), "{text:?}");
+        }
+        // Characters the fixture never saw split into single-byte tokens.
+        let ids = tokenizer.encode("ꙮ𝔘", false).expect("encodes");
+        assert!(
+            ids.iter()
+                .any(|&id| std::str::from_utf8(&tokenizer.token_bytes(id)).is_err())
+        );
+        assert_eq!(tokenizer.token_bytes(4002), b"<|im_end|>");
+        assert!(tokenizer.token_bytes(999_999).is_empty());
     }
 
     #[test]

@@ -126,6 +126,35 @@ pub struct Sampling {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub n: u32,
+    /// Output logprobs requested, with this many alternatives per token.
+    pub logprobs: Option<u32>,
+}
+
+/// Simulated output logprobs: the token at output position `p` (0-based)
+/// has logprob `-(p + 1) / 8`; alternative `k` (0 = the token itself) has
+/// id `token + k` (wrapping within `vocab`) and logprob `-(p + 1) / 8 - k`.
+/// Exact in f32, so tests can check what the gateway renders.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimLogprobs {
+    pub token_logprobs: Vec<f32>,
+    pub token_ids: Vec<u32>,
+    /// Per position: (logprobs, ids) of the alternatives, best first.
+    pub top: Vec<(Vec<f32>, Vec<u32>)>,
+}
+
+impl SimLogprobs {
+    pub fn for_tokens(tokens: &[u32], first_position: usize, top_k: u32, vocab: u32) -> Self {
+        let mut out = Self::default();
+        for (offset, &token) in tokens.iter().enumerate() {
+            let logprob = -((first_position + offset + 1) as f32) / 8.0;
+            out.token_logprobs.push(logprob);
+            out.token_ids.push(token);
+            let alternatives = (0..top_k).map(|k| ((token + k) % vocab.max(1), logprob - k as f32));
+            let (ids, values): (Vec<u32>, Vec<f32>) = alternatives.unzip();
+            out.top.push((values, ids));
+        }
+        out
+    }
 }
 
 /// One generate call, protocol-neutral.
@@ -147,6 +176,7 @@ pub struct Chunk {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub cached_tokens: u32,
+    pub logprobs: Option<SimLogprobs>,
 }
 
 /// The end of one sequence.
@@ -159,6 +189,8 @@ pub struct Complete {
     pub completion_tokens: u32,
     pub cached_tokens: u32,
     pub matched_token_id: Option<u32>,
+    /// For unary calls: logprobs of every output token.
+    pub logprobs: Option<SimLogprobs>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -524,6 +556,7 @@ impl Engine {
         let mut script = Script::new(self, &context.prompt_digest, index);
         let mut output_ids: Vec<u32> = Vec::new();
         let mut generated = Gauge::add(&self.counters.used_tokens, 0);
+        let vocab = self.model.vocab_size;
         let complete = |output_ids: &[u32], finish_reason, matched_token_id| Complete {
             index,
             output_ids: output_ids.to_vec(),
@@ -532,6 +565,10 @@ impl Engine {
             completion_tokens: output_ids.len() as u32,
             cached_tokens: context.cached_tokens,
             matched_token_id,
+            logprobs: sampling
+                .logprobs
+                .filter(|_| !context.stream)
+                .map(|top_k| SimLogprobs::for_tokens(output_ids, 0, top_k, vocab)),
         };
         let finish = loop {
             let produced = output_ids.len() as u32;
@@ -581,6 +618,9 @@ impl Engine {
                     prompt_tokens: context.prompt_tokens,
                     completion_tokens: output_ids.len() as u32,
                     cached_tokens: context.cached_tokens,
+                    logprobs: sampling.logprobs.map(|top_k| {
+                        SimLogprobs::for_tokens(&[token], output_ids.len() - 1, top_k, vocab)
+                    }),
                 };
                 if context.sender.send(Ok(Event::Chunk(chunk))).await.is_err() {
                     return Err(Stop::ClientGone);

@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Event, GenerateJob, ItemSource, Role, Sampling};
+use crate::engine::{Event, GenerateJob, ItemSource, Role, Sampling, SimLogprobs};
 use crate::proto::common;
 use crate::proto::sglang_scheduler as sg;
 use crate::service::{self, ResponseStream, Worker};
@@ -61,6 +61,18 @@ fn item_sources(
     ))])
 }
 
+fn output_logprobs(logprobs: SimLogprobs) -> sg::OutputLogProbs {
+    sg::OutputLogProbs {
+        token_logprobs: logprobs.token_logprobs,
+        token_ids: logprobs.token_ids,
+        top_logprobs: logprobs
+            .top
+            .into_iter()
+            .map(|(values, token_ids)| sg::TopLogProbs { values, token_ids })
+            .collect(),
+    }
+}
+
 fn response(request_id: &str, event: Event) -> sg::GenerateResponse {
     let response = match event {
         Event::Chunk(chunk) => sg::generate_response::Response::Chunk(sg::GenerateStreamChunk {
@@ -68,6 +80,7 @@ fn response(request_id: &str, event: Event) -> sg::GenerateResponse {
             prompt_tokens: chunk.prompt_tokens,
             completion_tokens: chunk.completion_tokens,
             cached_tokens: chunk.cached_tokens,
+            output_logprobs: chunk.logprobs.map(output_logprobs),
             index: chunk.index,
             ..Default::default()
         }),
@@ -80,6 +93,7 @@ fn response(request_id: &str, event: Event) -> sg::GenerateResponse {
             matched_stop: done
                 .matched_token_id
                 .map(sg::generate_complete::MatchedStop::MatchedTokenId),
+            output_logprobs: done.logprobs.map(output_logprobs),
             index: done.index,
             ..Default::default()
         }),
@@ -130,6 +144,9 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
                 stop_token_ids: sampling.stop_token_ids,
                 ignore_eos: sampling.ignore_eos,
                 n: sampling.n.max(1),
+                logprobs: request
+                    .return_logprob
+                    .then(|| request.top_logprobs_num.max(0) as u32),
             },
             stream: request.stream,
             kv,

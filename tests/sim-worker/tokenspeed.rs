@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Event, GenerateJob, ItemSource, Rendezvous, Role, Sampling};
+use crate::engine::{Event, GenerateJob, ItemSource, Rendezvous, Role, Sampling, SimLogprobs};
 use crate::proto::common;
 use crate::proto::tokenspeed_encoder as enc;
 use crate::proto::tokenspeed_scheduler as ts;
@@ -45,6 +45,9 @@ impl TokenSpeed {
                 stop_token_ids: sampling.stop_token_ids,
                 ignore_eos: sampling.ignore_eos,
                 n: sampling.n.max(1),
+                logprobs: request
+                    .return_logprob
+                    .then(|| request.top_logprobs_num.max(0) as u32),
             },
             stream: request.stream,
             kv,
@@ -150,6 +153,18 @@ fn item_sources(
         .collect()
 }
 
+fn output_logprobs(logprobs: SimLogprobs) -> ts::OutputLogProbs {
+    ts::OutputLogProbs {
+        token_logprobs: logprobs.token_logprobs,
+        token_ids: logprobs.token_ids,
+        top_logprobs: logprobs
+            .top
+            .into_iter()
+            .map(|(values, token_ids)| ts::TopLogProbs { values, token_ids })
+            .collect(),
+    }
+}
+
 fn response(request_id: &str, event: Event) -> ts::GenerateResponse {
     let response = match event {
         Event::Chunk(chunk) => ts::generate_response::Response::Chunk(ts::GenerateStreamChunk {
@@ -157,7 +172,7 @@ fn response(request_id: &str, event: Event) -> ts::GenerateResponse {
             prompt_tokens: chunk.prompt_tokens,
             completion_tokens: chunk.completion_tokens,
             cached_tokens: chunk.cached_tokens,
-            output_logprobs: None,
+            output_logprobs: chunk.logprobs.map(output_logprobs),
             index: chunk.index,
         }),
         Event::Complete(done) => ts::generate_response::Response::Complete(ts::GenerateComplete {
@@ -166,7 +181,7 @@ fn response(request_id: &str, event: Event) -> ts::GenerateResponse {
             prompt_tokens: done.prompt_tokens,
             completion_tokens: done.completion_tokens,
             cached_tokens: done.cached_tokens,
-            output_logprobs: None,
+            output_logprobs: done.logprobs.map(output_logprobs),
             matched_stop: done
                 .matched_token_id
                 .map(ts::generate_complete::MatchedStop::MatchedTokenId),
