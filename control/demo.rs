@@ -67,13 +67,39 @@ fn bundled_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model")
 }
 
+/// Makes the child get SIGTERM when the demo dies, even by SIGKILL (where
+/// no destructor runs). The signal follows the thread that forked, and the
+/// demo starts its fleet from the main thread, which lives as long as it.
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (prctl, getppid); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl took effect.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::other(
+                    "the demo exited while starting its fleet",
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn start_worker(
     binary: &Path,
     protocol: &str,
     role: &str,
     model: &Path,
 ) -> anyhow::Result<FleetProcess> {
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    die_with_parent(&mut command);
+    let mut child = command
         .args([
             "--protocol",
             protocol,
