@@ -267,7 +267,7 @@ fn check_case(case: &Case) -> Report {
 #[test]
 fn matches_hugging_face_qwen2_vl_processor() {
     let goldens = load_goldens();
-    assert!(goldens.cases.len() >= 10, "goldens hold every fixture");
+    assert!(goldens.cases.len() >= 21, "goldens hold every fixture");
     println!("goldens from {}", goldens.versions);
     println!(
         "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9}  decode  resize",
@@ -342,9 +342,38 @@ fn goldens_cover_the_promised_shapes() {
         Some(([10764, 1176], [1, 78, 138]))
     );
     let modes: Vec<&str> = goldens.cases.iter().map(|c| c.pil_mode.as_str()).collect();
-    for mode in ["RGB", "RGBA", "L", "P", "I;16"] {
+    for mode in ["RGB", "RGBA", "L", "P", "I;16", "CMYK"] {
         assert!(modes.contains(&mode), "a {mode} fixture");
     }
+    // The list: odd sizes, tiny images, grayscale, RGBA/transparent,
+    // EXIF rotation, a tall panorama; and JPEG's variants (progressive,
+    // chroma subsampling 4:2:2 and 4:4:4, gray, CMYK).
+    for name in [
+        "odd_333x517",
+        "tiny_20x20",
+        "tiny_jpeg_9x7",
+        "gray_257x193",
+        "gray_jpeg_211x157",
+        "rgba_150x100",
+        "transparent_64x48",
+        "exif_rot90_200x120",
+        "panorama_300x2400",
+        "progressive_333x517",
+        "subsampled_422_301x203",
+        "full_chroma_444_161x97",
+        "cmyk_jpeg_120x90",
+    ] {
+        assert!(shape_of(name).is_some(), "a {name} case");
+    }
+    // HF does not apply EXIF orientation to a PIL image it is handed: the
+    // stored 200x120 (wide) is what gets resized, not the 120x200 view.
+    let rotated = goldens
+        .cases
+        .iter()
+        .find(|case| case.name == "exif_rot90_200x120")
+        .expect("exif case");
+    assert_eq!(rotated.source_size, [200, 120]);
+    assert_eq!(rotated.image_grid_thw, [1, 8, 14]);
 }
 
 #[test]
