@@ -143,7 +143,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         let mut dst = vec![0u8; plan.out_bytes];
         processor.write_into(&plan, bytes, &mut dst)?; // touch the pages once
-        let totals = time(options.rounds, || processor.write_into(&plan, bytes, &mut dst));
+        let totals = time(options.rounds, || {
+            processor.write_into(&plan, bytes, &mut dst)
+        });
         let min_total = totals.iter().min().copied().unwrap_or_default();
         let total_median = median(totals);
         let rest = total_median.saturating_sub(decode_median + resize_median);

@@ -94,9 +94,7 @@ pub fn decode(
             }
         };
         let mut started = decompress.to_colorspace(out_space).map_err(io_error)?;
-        if (started.width(), started.height())
-            != (header.width as usize, header.height as usize)
-        {
+        if (started.width(), started.height()) != (header.width as usize, header.height as usize) {
             return Err(PreprocessError::CorruptImage(
                 "jpeg output size differs from its header".into(),
             ));
@@ -138,9 +136,7 @@ fn header_of<R>(decompress: &Decompress<R>) -> JpegHeader {
 }
 
 /// Runs `work`, turning libjpeg's fatal errors (which unwind) into errors.
-fn guarded<T>(
-    work: impl FnOnce() -> Result<T, PreprocessError>,
-) -> Result<T, PreprocessError> {
+fn guarded<T>(work: impl FnOnce() -> Result<T, PreprocessError>) -> Result<T, PreprocessError> {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| Err(libjpeg_error(payload)))
 }
 
@@ -243,7 +239,9 @@ mod tests {
         let outcome = catch_unwind(|| guarded::<()>(|| resume_unwind(Box::new("a bug"))));
         assert!(outcome.is_err(), "a non-libjpeg panic must propagate");
         let outcome = guarded::<()>(|| {
-            resume_unwind(Box::new(format!("{LIBJPEG_FATAL_PREFIX}Bogus marker length")))
+            resume_unwind(Box::new(format!(
+                "{LIBJPEG_FATAL_PREFIX}Bogus marker length"
+            )))
         });
         assert_eq!(outcome.expect_err("libjpeg error").code(), "corrupt_image");
     }
