@@ -13,7 +13,9 @@
 //! image, a band of `merge * patch` rows at a time as `write_into` pulls it;
 //! and the whole `write_into` into a reused (warm) destination. "rest" is the
 //! whole minus decode and resize medians. Machines are shared and noisy: the
-//! table shows medians, and the minimum of the whole for reference.
+//! table shows medians, the minimum of the whole, and images per second of
+//! this thread's CPU time during the whole-kernel rounds (what one core does
+//! when it gets the core to itself, short of cache and memory contention).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -74,6 +76,24 @@ fn time<T>(rounds: usize, mut work: impl FnMut() -> T) -> Vec<Duration> {
         .collect()
 }
 
+/// CPU time this thread has used (user + system), from
+/// `/proc/thread-self/stat` in clock ticks (100 Hz on Linux). Over many
+/// rounds it tells how much of a core the kernel needed, whatever share of
+/// the core other processes took meanwhile on a busy machine.
+fn thread_cpu_time() -> Option<Duration> {
+    const TICKS_PER_SECOND: u64 = 100;
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the parenthesized command name; utime and stime are the
+    // 14th and 15th fields overall, the 12th and 13th after it.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis(
+        (user + system) * 1000 / TICKS_PER_SECOND,
+    ))
+}
+
 fn fixture_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/images")
@@ -122,9 +142,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         options.rounds, options.dtype
     );
     println!(
-        "| image | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s |"
+        "| image | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, bytes) in &inputs {
         let plan = processor.plan(bytes, options.dtype)?;
         let decode_median = median(time(options.rounds, || decode::decode(bytes, &limits)));
@@ -143,15 +163,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         let mut dst = vec![0u8; plan.out_bytes];
         processor.write_into(&plan, bytes, &mut dst)?; // touch the pages once
+        let cpu_before = thread_cpu_time();
         let totals = time(options.rounds, || {
             processor.write_into(&plan, bytes, &mut dst)
         });
+        let cpu_per_image = cpu_before
+            .zip(thread_cpu_time())
+            .map(|(before, after)| (after - before) / options.rounds as u32);
         let min_total = totals.iter().min().copied().unwrap_or_default();
         let total_median = median(totals);
         let rest = total_median.saturating_sub(decode_median + resize_median);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let per_cpu_second = cpu_per_image
+            .filter(|cpu| !cpu.is_zero())
+            .map_or("-".to_string(), |cpu| {
+                format!("{:.1}", 1.0 / cpu.as_secs_f64())
+            });
         println!(
-            "| {name} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} |",
+            "| {name} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} |",
             out_width,
             out_height,
             plan.out_shape,
