@@ -10,19 +10,20 @@ rather than as a quietly worse model.
 Setup (no torch needed; HF falls back to its numpy processor):
 
     python3 -m venv /tmp/hfvenv
-    /tmp/hfvenv/bin/pip install "transformers<5" pillow numpy   # transformers 4.57.x
+    /tmp/hfvenv/bin/pip install transformers==4.57.6 pillow==13.0.0 numpy==2.4.6
 
 Run from the repository root:
 
-    /tmp/hfvenv/bin/python benches/parity/make_qwen2vl_goldens.py              # images + goldens
+    /tmp/hfvenv/bin/python benches/parity/make_qwen2vl_goldens.py    # missing images + goldens
     /tmp/hfvenv/bin/python benches/parity/make_qwen2vl_goldens.py --goldens-only
+    /tmp/hfvenv/bin/python benches/parity/make_qwen2vl_goldens.py --rewrite-images
 
 The fixture images are drawn deterministically (numpy's legacy RandomState) and
-written to `dataplane/tests/fixtures/images/`; the goldens are always computed
-from the committed image files, so a different libjpeg or libwebp build can
-change the images' bytes on a full re-run but never makes goldens disagree with
-the images beside them. Use `--goldens-only` to refresh goldens for the
-committed images.
+written to `dataplane/tests/fixtures/images/` when missing (all of them with
+`--rewrite-images`); the goldens are always computed from the committed image
+files, so a different libjpeg or libwebp build can change the images' bytes on
+a rewrite but never makes goldens disagree with the images beside them. Use
+`--goldens-only` to refresh goldens for the committed images.
 
 What a golden holds, per (image, processor settings) case:
 - `shape`, `image_grid_thw`: exact.
@@ -99,9 +100,20 @@ def photo_like(width: int, height: int, seed: int, noise: float) -> np.ndarray:
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def write_fixtures() -> None:
+def write_fixtures(rewrite: bool) -> None:
+    """Writes the fixture images that are missing (all of them with `rewrite`)."""
     IMAGE_DIR.mkdir(parents=True, exist_ok=True)
+    drawn = set()
+    for name, draw in FIXTURES.items():
+        path = IMAGE_DIR / name
+        if (rewrite or not path.exists()) and draw not in drawn:
+            draw(path)
+            drawn.add(draw)
+            print(f"drew {path.relative_to(ROOT)} (with {draw.__name__})")
 
+
+def draw_original_fixtures() -> None:
+    """The first fixture set, drawn in one go (kept for byte-identical re-runs)."""
     Image.fromarray(photo_like(333, 517, seed=1, noise=2.0)).save(IMAGE_DIR / "odd_333x517.png")
 
     rng = np.random.RandomState(2)
@@ -141,6 +153,89 @@ def write_fixtures() -> None:
     pal.save(IMAGE_DIR / "palette_97x61.png")
 
 
+def exif_orientation(value: int) -> Image.Exif:
+    exif = Image.Exif()
+    exif[0x0112] = value  # Orientation
+    return exif
+
+
+def draw_exif_rotated(path: Path) -> None:
+    # Orientation 6 ("rotate 90 CW to view"): HF's processor, given the PIL
+    # image, does not apply it, so the tensor follows the stored 200x120.
+    Image.fromarray(photo_like(200, 120, seed=10, noise=2.0)).save(
+        path, quality=90, exif=exif_orientation(6)
+    )
+
+
+def draw_gray_jpeg(path: Path) -> None:
+    gray = photo_like(211, 157, seed=11, noise=2.0).mean(axis=-1).astype(np.uint8)
+    Image.fromarray(gray, mode="L").save(path, quality=88)
+
+
+def draw_cmyk_jpeg(path: Path) -> None:
+    # Pillow writes CMYK JPEGs with an Adobe marker, inverted, and reads every
+    # 4-component JPEG back as inverted CMYK.
+    Image.fromarray(photo_like(120, 90, seed=12, noise=2.0)).convert("CMYK").save(path, quality=90)
+
+
+def draw_progressive_odd_jpeg(path: Path) -> None:
+    # Odd sides with 4:2:0 chroma exercise the upsampler's edge handling.
+    Image.fromarray(photo_like(333, 517, seed=13, noise=3.0)).save(
+        path, quality=85, progressive=True
+    )
+
+
+def draw_422_jpeg(path: Path) -> None:
+    Image.fromarray(photo_like(301, 203, seed=14, noise=3.0)).save(path, quality=92, subsampling=1)
+
+
+def draw_444_jpeg(path: Path) -> None:
+    Image.fromarray(photo_like(161, 97, seed=15, noise=3.0)).save(path, quality=95, subsampling=0)
+
+
+def draw_tiny_jpeg(path: Path) -> None:
+    rng = np.random.RandomState(16)
+    Image.fromarray(rng.randint(0, 256, size=(7, 9, 3)).astype(np.uint8)).save(path, quality=75)
+
+
+def draw_transparent_png(path: Path) -> None:
+    # Fully transparent everywhere, colours still there: PIL's convert("RGB")
+    # keeps them, so the tensor is of the colours, not of white or black.
+    rgb = photo_like(64, 48, seed=17, noise=1.0)
+    Image.fromarray(np.dstack([rgb, np.zeros((48, 64), np.uint8)]), mode="RGBA").save(path)
+
+
+def drawn_once(path: Path) -> None:
+    draw_original_fixtures()
+
+
+FIXTURES = {
+    **{
+        name: drawn_once
+        for name in [
+            "odd_333x517.png",
+            "tiny_20x20.png",
+            "gray_257x193.png",
+            "rgba_150x100.png",
+            "panorama_300x2400.jpg",
+            "photo_640x480.jpg",
+            "photo_1920x1080.jpg",
+            "lossy_320x240.webp",
+            "gray16_48x40.png",
+            "palette_97x61.png",
+        ]
+    },
+    "exif_rot90_200x120.jpg": draw_exif_rotated,
+    "gray_211x157.jpg": draw_gray_jpeg,
+    "cmyk_120x90.jpg": draw_cmyk_jpeg,
+    "progressive_333x517.jpg": draw_progressive_odd_jpeg,
+    "subsampled_422_301x203.jpg": draw_422_jpeg,
+    "full_chroma_444_161x97.jpg": draw_444_jpeg,
+    "tiny_9x7.jpg": draw_tiny_jpeg,
+    "transparent_64x48.png": draw_transparent_png,
+}
+
+
 # ----------------------------------------------------------------- goldens --
 
 
@@ -159,6 +254,14 @@ CASES = [
     ("photo_1920x1080", "photo_1920x1080.jpg", {}),
     ("photo_1920x1080_max_pixels_200704", "photo_1920x1080.jpg", DEPLOYMENT_MAX_PIXELS),
     ("odd_333x517_max_pixels_50176", "odd_333x517.png", {"max_pixels": 64 * 28 * 28}),
+    ("exif_rot90_200x120", "exif_rot90_200x120.jpg", {}),
+    ("gray_jpeg_211x157", "gray_211x157.jpg", {}),
+    ("cmyk_jpeg_120x90", "cmyk_120x90.jpg", {}),
+    ("progressive_333x517", "progressive_333x517.jpg", {}),
+    ("subsampled_422_301x203", "subsampled_422_301x203.jpg", {}),
+    ("full_chroma_444_161x97", "full_chroma_444_161x97.jpg", {}),
+    ("tiny_jpeg_9x7", "tiny_9x7.jpg", {}),
+    ("transparent_64x48", "transparent_64x48.png", {}),
 ]
 
 
@@ -243,10 +346,13 @@ def write_goldens() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--goldens-only", action="store_true", help="keep the committed images")
+    parser.add_argument("--goldens-only", action="store_true", help="write no image")
+    parser.add_argument(
+        "--rewrite-images", action="store_true", help="redraw every image, not only missing ones"
+    )
     args = parser.parse_args()
     if not args.goldens_only:
-        write_fixtures()
+        write_fixtures(args.rewrite_images)
     write_goldens()
 
 

@@ -85,17 +85,18 @@ fn png_claiming(width: u32, height: u32) -> Vec<u8> {
     png
 }
 
-/// The committed 640x480 JPEG with its frame header rewritten to 65000x65000.
-fn jpeg_claiming_65000_square() -> Vec<u8> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/images/photo_640x480.jpg"
+/// A committed JPEG with its frame header (`FF frame_marker`: C0 baseline,
+/// C2 progressive) rewritten to 65000x65000.
+fn jpeg_claiming_65000_square(fixture: &str, frame_marker: u8) -> Vec<u8> {
+    let path = format!(
+        "{}/tests/fixtures/images/{fixture}",
+        env!("CARGO_MANIFEST_DIR")
     );
     let mut jpeg = std::fs::read(path).expect("fixture jpeg");
     let sof = jpeg
         .windows(2)
-        .position(|pair| pair == [0xFF, 0xC0])
-        .expect("baseline frame header");
+        .position(|pair| pair == [0xFF, frame_marker])
+        .expect("frame header");
     // Marker (2), length (2), precision (1), then height and width.
     jpeg[sof + 5..sof + 7].copy_from_slice(&65000u16.to_be_bytes());
     jpeg[sof + 7..sof + 9].copy_from_slice(&65000u16.to_be_bytes());
@@ -134,7 +135,12 @@ fn oversized_headers_are_refused_without_allocating_the_image() {
         ),
         (
             "jpeg 65000x65000",
-            jpeg_claiming_65000_square(),
+            jpeg_claiming_65000_square("photo_640x480.jpg", 0xC0),
+            (65_000, 65_000),
+        ),
+        (
+            "progressive jpeg 65000x65000",
+            jpeg_claiming_65000_square("progressive_333x517.jpg", 0xC2),
             (65_000, 65_000),
         ),
         (

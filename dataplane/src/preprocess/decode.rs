@@ -21,18 +21,21 @@
 //! - ICC profiles and PNG gamma are ignored, as PIL does.
 //! - Animated WebP: the first frame.
 //!
-//! A JPEG must end in an end-of-image marker after its scan data: PIL refuses
-//! truncated JPEGs ("image file is truncated"), while the pure-Rust decoder
-//! would fill the missing part with gray.
+//! JPEG goes to libjpeg-turbo's decoder ([`super::jpeg`]), so its pixels
+//! round exactly as Pillow's; PNG and WebP to the `image` crate's decoders,
+//! which are lossless (PNG) or bit-exact with libwebp here (the parity test
+//! checks both). A JPEG must end in an end-of-image marker after its scan
+//! data: PIL refuses truncated JPEGs ("image file is truncated"), while
+//! libjpeg would only warn and fill the missing part with gray.
 
 use std::io::Cursor;
 
-use image::codecs::jpeg::JpegDecoder;
 use image::codecs::png::PngDecoder;
 use image::codecs::webp::WebPDecoder;
 use image::{ColorType, ImageDecoder, ImageError, Limits};
 
 use super::error::PreprocessError;
+use super::jpeg;
 use super::resize::{PixelLayout, SourcePixels};
 
 /// Extra decoder working memory allowed on top of the decoded pixels.
@@ -121,17 +124,68 @@ type BoxedDecoder<'a> = Box<dyn ImageDecoder + 'a>;
 
 /// Reads and checks the header only: no pixel buffer is allocated.
 pub fn read_header(bytes: &[u8], limits: &ImageLimits) -> Result<SourceHeader, PreprocessError> {
-    open(bytes, limits).map(|(header, _)| header)
+    let format = sniff_supported(bytes)?;
+    let header = match format {
+        SourceFormat::Jpeg => {
+            let jpeg = jpeg::read_header(bytes)?;
+            SourceHeader {
+                format,
+                width: jpeg.width,
+                height: jpeg.height,
+            }
+        }
+        SourceFormat::Png | SourceFormat::WebP => open_lossless(format, bytes, limits)?.0,
+    };
+    check_dimensions(&header, limits)?;
+    Ok(header)
 }
 
 /// Decodes the whole image after the same checks as [`read_header`].
 pub fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<DecodedImage, PreprocessError> {
-    let (header, mut decoder) = open(bytes, limits)?;
-    if header.format == SourceFormat::Jpeg && !jpeg_has_end_marker(bytes) {
+    match sniff_supported(bytes)? {
+        SourceFormat::Jpeg => decode_jpeg(bytes, limits),
+        format @ (SourceFormat::Png | SourceFormat::WebP) => {
+            decode_with_image_crate(format, bytes, limits)
+        }
+    }
+}
+
+fn sniff_supported(bytes: &[u8]) -> Result<SourceFormat, PreprocessError> {
+    SourceFormat::sniff(bytes)
+        .ok_or_else(|| PreprocessError::UnsupportedFormat(describe_unsupported(bytes)))
+}
+
+fn decode_jpeg(bytes: &[u8], limits: &ImageLimits) -> Result<DecodedImage, PreprocessError> {
+    if !jpeg_has_end_marker(bytes) {
         return Err(PreprocessError::CorruptImage(
             "jpeg ends before its end-of-image marker (truncated)".into(),
         ));
     }
+    let pixels = jpeg::decode(bytes, |header| {
+        check_dimensions(
+            &SourceHeader {
+                format: SourceFormat::Jpeg,
+                width: header.width,
+                height: header.height,
+            },
+            limits,
+        )
+    })?;
+    Ok(DecodedImage {
+        width: pixels.header.width as usize,
+        height: pixels.header.height as usize,
+        layout: pixels.layout,
+        data: pixels.data,
+    })
+}
+
+fn decode_with_image_crate(
+    format: SourceFormat,
+    bytes: &[u8],
+    limits: &ImageLimits,
+) -> Result<DecodedImage, PreprocessError> {
+    let (header, mut decoder) = open_lossless(format, bytes, limits)?;
+    check_dimensions(&header, limits)?;
     let to_error = |error| decoder_error(error, Some(&header), limits);
     let mut decoder_limits = Limits::default();
     decoder_limits.max_alloc = Some(
@@ -184,27 +238,32 @@ fn narrow_u16(data: &[u8], narrow: impl Fn(u16) -> u8) -> Vec<u8> {
         .collect()
 }
 
-fn open<'a>(
+/// Opens a PNG or WebP decoder and reads its header (not yet checked).
+fn open_lossless<'a>(
+    format: SourceFormat,
     bytes: &'a [u8],
     limits: &ImageLimits,
 ) -> Result<(SourceHeader, BoxedDecoder<'a>), PreprocessError> {
-    let format = SourceFormat::sniff(bytes)
-        .ok_or_else(|| PreprocessError::UnsupportedFormat(describe_unsupported(bytes)))?;
     let to_error = |error| decoder_error(error, None, limits);
     let cursor = Cursor::new(bytes);
     let decoder: BoxedDecoder<'a> = match format {
-        SourceFormat::Jpeg => Box::new(JpegDecoder::new(cursor).map_err(to_error)?),
         SourceFormat::Png => Box::new(PngDecoder::new(cursor).map_err(to_error)?),
         SourceFormat::WebP => Box::new(WebPDecoder::new(cursor).map_err(to_error)?),
+        SourceFormat::Jpeg => {
+            return Err(PreprocessError::UnsupportedFormat(
+                "jpeg is decoded by libjpeg".into(),
+            ));
+        }
     };
     let (width, height) = decoder.dimensions();
-    let header = SourceHeader {
-        format,
-        width,
-        height,
-    };
-    check_dimensions(&header, limits)?;
-    Ok((header, decoder))
+    Ok((
+        SourceHeader {
+            format,
+            width,
+            height,
+        },
+        decoder,
+    ))
 }
 
 fn check_dimensions(header: &SourceHeader, limits: &ImageLimits) -> Result<(), PreprocessError> {
@@ -268,40 +327,43 @@ fn describe_unsupported(bytes: &[u8]) -> String {
     }
 }
 
-/// Whether an end-of-image marker (FF D9) follows the first start-of-scan.
-/// Marker segments before the scan are skipped by their lengths (EXIF
-/// thumbnails carry their own markers); bytes between segments are skipped
-/// as libjpeg does. Inside scan data FF is always followed by 00 or a restart
-/// marker, so the first FF D9 after the scan starts is the real end.
-fn jpeg_has_end_marker(bytes: &[u8]) -> bool {
+/// Offset of the first start-of-scan marker (FF DA), found by walking the
+/// marker segments before it by their lengths (EXIF thumbnails carry their
+/// own markers); bytes between segments are skipped as libjpeg does. `None`
+/// if the file ends, or reaches its end-of-image marker, first.
+pub(super) fn jpeg_first_scan(bytes: &[u8]) -> Option<usize> {
     const START_OF_SCAN: u8 = 0xDA;
     const END_OF_IMAGE: u8 = 0xD9;
     let mut pos = 2;
-    let scan_start = loop {
-        let (Some(&lead), Some(&marker)) = (bytes.get(pos), bytes.get(pos + 1)) else {
-            return false;
-        };
+    loop {
+        let (&lead, &marker) = (bytes.get(pos)?, bytes.get(pos + 1)?);
         if lead != 0xFF || marker == 0xFF {
             pos += 1;
             continue;
         }
         match marker {
-            START_OF_SCAN => break pos,
-            END_OF_IMAGE => return false,
+            START_OF_SCAN => return Some(pos),
+            END_OF_IMAGE => return None,
             // Markers without a length field.
             0x01 | 0xD0..=0xD7 | 0x00 => pos += 2,
             _ => {
-                let Some(length) = bytes.get(pos + 2..pos + 4) else {
-                    return false;
-                };
+                let length = bytes.get(pos + 2..pos + 4)?;
                 pos += 2 + usize::from(u16::from_be_bytes([length[0], length[1]]));
             }
         }
-    };
-    bytes[scan_start..]
-        .windows(2)
-        .rev()
-        .any(|pair| pair == [0xFF, END_OF_IMAGE])
+    }
+}
+
+/// Whether an end-of-image marker (FF D9) follows the first start-of-scan.
+/// Inside scan data FF is always followed by 00 or a restart marker, so any
+/// FF D9 after the scan starts is the real end.
+fn jpeg_has_end_marker(bytes: &[u8]) -> bool {
+    jpeg_first_scan(bytes).is_some_and(|scan_start| {
+        bytes[scan_start..]
+            .windows(2)
+            .rev()
+            .any(|pair| pair == [0xFF, 0xD9])
+    })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //!   `preprocessor_config.json` (and `config.json`).
 //! - [`decode`]: format sniffing, header-only size checks, decoding to 8-bit
 //!   pixels the way PIL's `convert("RGB")` sees them.
+//! - [`jpeg`]: JPEG through libjpeg-turbo's decoder, set up as Pillow sets it.
 //! - [`resize`]: `smart_resize` (the target size rule) and a bicubic
 //!   resampler that reproduces PIL's `Image.resize(..., BICUBIC)` bit for bit.
 //! - [`output`]: how a normalized value becomes destination bytes (f32 or
@@ -22,6 +23,7 @@
 pub mod config;
 pub mod decode;
 pub mod error;
+pub mod jpeg;
 pub mod output;
 pub mod qwen2_vl;
 pub mod resize;

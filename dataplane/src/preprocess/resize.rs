@@ -470,6 +470,34 @@ fn horizontal_pass(
     taps: Option<&AxisTaps>,
     out: &mut [u8],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the function only requires AVX2, which this CPU has.
+        return unsafe { horizontal_pass_avx2(layout, source_row, taps, out) };
+    }
+    horizontal_pass_portable(layout, source_row, taps, out);
+}
+
+/// [`horizontal_pass_portable`] compiled for AVX2 (the kernels are inlined
+/// into it, so LLVM vectorizes them with 256-bit integer operations).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn horizontal_pass_avx2(
+    layout: PixelLayout,
+    source_row: &[u8],
+    taps: Option<&AxisTaps>,
+    out: &mut [u8],
+) {
+    horizontal_pass_portable(layout, source_row, taps, out);
+}
+
+#[inline(always)]
+fn horizontal_pass_portable(
+    layout: PixelLayout,
+    source_row: &[u8],
+    taps: Option<&AxisTaps>,
+    out: &mut [u8],
+) {
     match (taps, layout) {
         (Some(taps), PixelLayout::Gray) => resample_row::<1, true>(source_row, taps, out),
         (Some(taps), PixelLayout::GrayAlpha) => resample_row::<2, true>(source_row, taps, out),
@@ -484,6 +512,7 @@ fn horizontal_pass(
 
 /// Picks a fixed-tap-count loop for the common kernel widths (4 when
 /// enlarging, 5-7 when shrinking a little).
+#[inline(always)]
 fn resample_row<const STRIDE: usize, const GRAY: bool>(
     source_row: &[u8],
     taps: &AxisTaps,
@@ -503,6 +532,7 @@ fn resample_row<const STRIDE: usize, const GRAY: bool>(
 // constructor is not inlined and costs more than the arithmetic.
 
 #[allow(clippy::needless_range_loop)]
+#[inline(always)]
 fn resample_row_fixed<const STRIDE: usize, const GRAY: bool, const TAPS: usize>(
     source_row: &[u8],
     taps: &AxisTaps,
@@ -531,6 +561,7 @@ fn resample_row_fixed<const STRIDE: usize, const GRAY: bool, const TAPS: usize>(
 }
 
 #[allow(clippy::needless_range_loop)]
+#[inline(always)]
 fn resample_row_any<const STRIDE: usize, const GRAY: bool>(
     source_row: &[u8],
     taps: &AxisTaps,
@@ -563,6 +594,7 @@ fn store_rgb<const GRAY: bool>(sums: [i32; 3], out: &mut [u8]) {
     }
 }
 
+#[inline(always)]
 fn copy_row<const STRIDE: usize, const GRAY: bool>(source_row: &[u8], out: &mut [u8]) {
     for (x, pixel) in out.chunks_exact_mut(3).enumerate() {
         let source = &source_row[x * STRIDE..x * STRIDE + STRIDE];
@@ -575,9 +607,26 @@ fn copy_row<const STRIDE: usize, const GRAY: bool>(source_row: &[u8], out: &mut 
 }
 
 /// One output row (`out.len()` bytes) as the weighted sum of the rows of
-/// `data` starting at `row_offsets`, with a fixed-count loop for the common
-/// kernel widths.
+/// `data` starting at `row_offsets`.
 fn vertical_pass(data: &[u8], row_offsets: &[usize], weights: &[i32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the function only requires AVX2, which this CPU has.
+        return unsafe { vertical_pass_avx2(data, row_offsets, weights, out) };
+    }
+    vertical_pass_portable(data, row_offsets, weights, out);
+}
+
+/// [`vertical_pass_portable`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn vertical_pass_avx2(data: &[u8], row_offsets: &[usize], weights: &[i32], out: &mut [u8]) {
+    vertical_pass_portable(data, row_offsets, weights, out);
+}
+
+/// With a fixed-count loop for the common kernel widths.
+#[inline(always)]
+fn vertical_pass_portable(data: &[u8], row_offsets: &[usize], weights: &[i32], out: &mut [u8]) {
     match weights.len() {
         4 => vertical_pass_fixed::<4>(data, row_offsets, weights, out),
         5 => vertical_pass_fixed::<5>(data, row_offsets, weights, out),
@@ -588,6 +637,7 @@ fn vertical_pass(data: &[u8], row_offsets: &[usize], weights: &[i32], out: &mut 
 }
 
 #[allow(clippy::needless_range_loop)]
+#[inline(always)]
 fn vertical_pass_fixed<const TAPS: usize>(
     data: &[u8],
     row_offsets: &[usize],
@@ -609,6 +659,7 @@ fn vertical_pass_fixed<const TAPS: usize>(
 /// Any kernel width: works on chunks so the sums stay in registers (or at
 /// least in L1) across taps.
 #[allow(clippy::needless_range_loop)]
+#[inline(always)]
 fn vertical_pass_any(data: &[u8], row_offsets: &[usize], weights: &[i32], out: &mut [u8]) {
     let len = out.len();
     let mut start = 0;
