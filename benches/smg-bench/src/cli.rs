@@ -15,7 +15,7 @@ use serde::Serialize;
 /// `smg-bench`: drive an OpenAI-compatible endpoint with an open-loop
 /// arrival process and report TTFT, ITL, TPOT, E2E, throughput and goodput.
 #[derive(Debug, Clone, Parser, Serialize)]
-#[command(name = "smg-bench", version, about, long_about = None)]
+#[command(name = "smg-bench", version, about, long_about = None, args_override_self = true)]
 pub struct Args {
     /// Server root, `http://host:port` (paths are added per endpoint).
     #[arg(long, default_value = "http://127.0.0.1:30000")]
