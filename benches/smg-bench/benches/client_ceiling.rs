@@ -25,7 +25,9 @@ fn pin_current_thread(cpu: usize) -> bool {
 }
 
 fn main() {
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let requests: usize = std::env::var("SMG_BENCH_REQUESTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -54,7 +56,9 @@ fn main() {
         "client ceiling: {requests} requests per row; server pinned to cpu 1: {pinned}; client pinned to cpu 0: {taskset}"
     );
     println!();
-    println!("| mode | conc | req/s | client cpu | req/s per client core | e2e p50 ms | e2e p99 ms |");
+    println!(
+        "| mode | conc | req/s | client cpu | req/s per client core | e2e p50 ms | e2e p99 ms |"
+    );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let out = std::env::temp_dir().join(format!("smg-bench-ceiling-{}.json", std::process::id()));
     for (stream, conc, n) in [
@@ -72,16 +76,39 @@ fn main() {
         } else {
             Command::new(bin)
         };
-        cmd.args(["--base-url", &url, "--model", "fixture-model", "--request-rate", "inf"])
-            .args(["--max-concurrency", &conc.to_string(), "--num-prompts", &n.to_string()])
-            .args(["--input-len", "16", "--output-len", "8", "--warmup", &conc.to_string()])
-            .args(["--no-progress", "--output-json"])
-            .arg(&out);
+        cmd.args([
+            "--base-url",
+            &url,
+            "--model",
+            "fixture-model",
+            "--request-rate",
+            "inf",
+        ])
+        .args([
+            "--max-concurrency",
+            &conc.to_string(),
+            "--num-prompts",
+            &n.to_string(),
+        ])
+        .args([
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--warmup",
+            &conc.to_string(),
+        ])
+        .args(["--no-progress", "--output-json"])
+        .arg(&out);
         if stream {
             cmd.arg("--stream");
         }
         let status = cmd.output().expect("run smg-bench");
-        assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&out).expect("read json")).expect("json");
         let s = &json["points"][0]["summary"];
@@ -92,7 +119,11 @@ fn main() {
         let cpu_share = s["client_cpu_utilization"].as_f64().unwrap_or(f64::NAN);
         println!(
             "| {} | {conc} | {rate:.0} | {cpu_share:.2} | {:.0} | {:.3} | {:.3} |",
-            if stream { "stream, 8 tokens" } else { "non-streaming" },
+            if stream {
+                "stream, 8 tokens"
+            } else {
+                "non-streaming"
+            },
             rate / cpu_share.max(0.01),
             s["e2e_ms"]["p50"].as_f64().unwrap_or(f64::NAN),
             s["e2e_ms"]["p99"].as_f64().unwrap_or(f64::NAN),

@@ -278,9 +278,8 @@ impl LengthDist {
 impl FromStr for LengthDist {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || {
-            format!("length `{s}`: expected N, uniform:MIN:MAX, normal:MEAN:STD or exp:MEAN")
-        };
+        let bad =
+            || format!("length `{s}`: expected N, uniform:MIN:MAX, normal:MEAN:STD or exp:MEAN");
         let parts: Vec<&str> = s.split(':').collect();
         let count = |p: &str| p.trim().parse::<usize>().map_err(|_| bad());
         let real = |p: &str| match p.trim().parse::<f64>() {
@@ -351,7 +350,8 @@ impl FromStr for Resolution {
             "1080p" => preset(1920, 1080),
             "4k" | "2160p" => preset(3840, 2160),
             other => {
-                let bad = || format!("image resolution `{s}`: expected 360p, 720p, 1080p, 4k or WxH");
+                let bad =
+                    || format!("image resolution `{s}`: expected 360p, 720p, 1080p, 4k or WxH");
                 let (w, h) = other.split_once('x').ok_or_else(bad)?;
                 let width: u32 = w.parse().map_err(|_| bad())?;
                 let height: u32 = h.parse().map_err(|_| bad())?;
@@ -461,17 +461,16 @@ impl FromStr for Sweep {
         }
         match key.trim() {
             "request-rate" | "rate" => Ok(Sweep::RequestRate(
-                values
-                    .iter()
-                    .map(|v| v.parse())
-                    .collect::<Result<_, _>>()?,
+                values.iter().map(|v| v.parse()).collect::<Result<_, _>>()?,
             )),
             "max-concurrency" | "concurrency" => Ok(Sweep::MaxConcurrency(
                 values
                     .iter()
                     .map(|v| match v.parse::<usize>() {
                         Ok(n) if n > 0 => Ok(n),
-                        _ => Err(format!("sweep: concurrency `{v}` must be a positive integer")),
+                        _ => Err(format!(
+                            "sweep: concurrency `{v}` must be a positive integer"
+                        )),
                     })
                     .collect::<Result<_, _>>()?,
             )),
@@ -489,16 +488,25 @@ mod tests {
 
     #[test]
     fn lengths_parse_in_every_form() {
-        assert_eq!("128".parse::<LengthDist>().unwrap(), LengthDist::Fixed { tokens: 128 });
+        assert_eq!(
+            "128".parse::<LengthDist>().unwrap(),
+            LengthDist::Fixed { tokens: 128 }
+        );
         assert_eq!(
             "uniform:10:20".parse::<LengthDist>().unwrap(),
             LengthDist::Uniform { min: 10, max: 20 }
         );
         assert_eq!(
             "normal:100:10".parse::<LengthDist>().unwrap(),
-            LengthDist::Normal { mean: 100.0, std: 10.0 }
+            LengthDist::Normal {
+                mean: 100.0,
+                std: 10.0
+            }
         );
-        assert_eq!("exp:50".parse::<LengthDist>().unwrap(), LengthDist::Exp { mean: 50.0 });
+        assert_eq!(
+            "exp:50".parse::<LengthDist>().unwrap(),
+            LengthDist::Exp { mean: 50.0 }
+        );
         assert!("uniform:20:10".parse::<LengthDist>().is_err());
         assert!("0".parse::<LengthDist>().is_err());
         assert!("gauss:1".parse::<LengthDist>().is_err());
@@ -512,15 +520,24 @@ mod tests {
         assert!("-1".parse::<Rate>().is_err());
         assert_eq!(
             "4K".parse::<Resolution>().unwrap(),
-            Resolution { width: 3840, height: 2160 }
+            Resolution {
+                width: 3840,
+                height: 2160
+            }
         );
         assert_eq!(
             "100x50".parse::<Resolution>().unwrap(),
-            Resolution { width: 100, height: 50 }
+            Resolution {
+                width: 100,
+                height: 50
+            }
         );
         assert!("0x50".parse::<Resolution>().is_err());
         let slo: Slo = "ttft:500,e2e:2000".parse().unwrap();
-        assert_eq!((slo.ttft_ms, slo.tpot_ms, slo.e2e_ms), (Some(500.0), None, Some(2000.0)));
+        assert_eq!(
+            (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms),
+            (Some(500.0), None, Some(2000.0))
+        );
         assert!("ttft:abc".parse::<Slo>().is_err());
         assert!("itl:5".parse::<Slo>().is_err());
         assert_eq!(

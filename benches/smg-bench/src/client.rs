@@ -180,7 +180,8 @@ impl Client {
     /// recorded with their class.
     pub async fn execute(&self, prepared: &PreparedRequest, epoch: Instant, outcome: &mut Outcome) {
         outcome.sent_ns = since(epoch);
-        let result = tokio::time::timeout(self.timeout, self.attempt(prepared, epoch, outcome)).await;
+        let result =
+            tokio::time::timeout(self.timeout, self.attempt(prepared, epoch, outcome)).await;
         outcome.end_ns = since(epoch);
         if result.is_err() {
             outcome.error = Some(ErrorClass::Timeout);
@@ -310,7 +311,9 @@ impl Client {
                     return Ending::Broken;
                 }
                 Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else { continue };
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
                     let now = since(epoch);
                     parser.feed(&data, &mut |event| state.event(event, now, outcome));
                 }
@@ -352,7 +355,9 @@ impl StreamState {
         };
         if let Some(error) = &payload.error {
             outcome.error.get_or_insert(ErrorClass::StreamError);
-            outcome.error_detail.get_or_insert_with(|| error.to_string());
+            outcome
+                .error_detail
+                .get_or_insert_with(|| error.to_string());
             return;
         }
         let mut new_bytes = 0usize;

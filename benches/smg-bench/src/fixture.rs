@@ -163,7 +163,9 @@ async fn handle(
         "/v1/completions" => Kind::Completions,
         "/generate" => Kind::Generate,
         "/v1/models" => {
-            let body = format!(r#"{{"object":"list","data":[{{"id":"{FIXTURE_MODEL}","object":"model"}}]}}"#);
+            let body = format!(
+                r#"{{"object":"list","data":[{{"id":"{FIXTURE_MODEL}","object":"model"}}]}}"#
+            );
             return Ok(respond(StatusCode::OK, "application/json", body.into()));
         }
         "/metrics" => {
@@ -185,9 +187,14 @@ async fn handle(
     let config = &shared.config;
     let every = |k: u64| k > 0 && n.is_multiple_of(k);
     if every(config.error_every) {
-        let status = StatusCode::from_u16(config.error_status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let status =
+            StatusCode::from_u16(config.error_status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
         let body = r#"{"error":{"message":"injected failure","type":"server_error","param":null,"code":"overloaded"}}"#;
-        return Ok(respond(status, "application/json", Bytes::from_static(body.as_bytes())));
+        return Ok(respond(
+            status,
+            "application/json",
+            Bytes::from_static(body.as_bytes()),
+        ));
     }
     let start = if n == config.stall_request && !config.stall.is_zero() {
         tokio::time::sleep(config.stall).await;

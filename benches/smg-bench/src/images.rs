@@ -21,7 +21,11 @@ use crate::cli::{ImageFormat, ImageTransport, Resolution};
 use crate::error::{SetupError, SetupResult};
 
 /// Encodes one seeded image.
-pub fn encode_image(resolution: Resolution, format: ImageFormat, seed: u64) -> SetupResult<Vec<u8>> {
+pub fn encode_image(
+    resolution: Resolution,
+    format: ImageFormat,
+    seed: u64,
+) -> SetupResult<Vec<u8>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (w, h) = (resolution.width, resolution.height);
     let base: [f32; 3] = [rng.random(), rng.random(), rng.random()];
@@ -165,7 +169,10 @@ mod tests {
 
     #[test]
     fn images_decode_at_the_requested_size_and_seeds_differ() {
-        let res = Resolution { width: 64, height: 40 };
+        let res = Resolution {
+            width: 64,
+            height: 40,
+        };
         for format in [ImageFormat::Jpeg, ImageFormat::Png] {
             let imgs = encode_images(3, res, format, 9).unwrap();
             assert_eq!(imgs.len(), 3);
@@ -178,10 +185,26 @@ mod tests {
 
     #[test]
     fn file_urls_point_at_written_files_and_the_temp_dir_is_removed() {
-        let imgs = encode_images(2, Resolution { width: 8, height: 8 }, ImageFormat::Png, 1).unwrap();
+        let imgs = encode_images(
+            2,
+            Resolution {
+                width: 8,
+                height: 8,
+            },
+            ImageFormat::Png,
+            1,
+        )
+        .unwrap();
         let dir = ImageDir::open(None).unwrap();
         let root = dir.path().to_path_buf();
-        let urls = image_urls(&imgs, ImageFormat::Png, ImageTransport::FileUrl, Some(&dir), 1).unwrap();
+        let urls = image_urls(
+            &imgs,
+            ImageFormat::Png,
+            ImageTransport::FileUrl,
+            Some(&dir),
+            1,
+        )
+        .unwrap();
         let path = urls[1].strip_prefix("file://").unwrap();
         assert_eq!(std::fs::read(path).unwrap(), imgs[1]);
         drop(dir);

@@ -24,7 +24,9 @@ fn main() -> ExitCode {
 
 fn run_cli(args: Args) -> SetupResult<()> {
     let runtime = if args.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(args.threads)

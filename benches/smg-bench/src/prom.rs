@@ -113,9 +113,17 @@ mod tests {
         );
         assert_eq!(before.get("smg_requests_total{route=\"/a b\"}"), Some(&5.0));
         assert_eq!(before.get("h_bucket{le=\"+Inf\"}"), Some(&3.0));
-        let after = parse("smg_requests_total{route=\"/a b\"} 12\nup 1\nh_bucket{le=\"+Inf\"} 3\nnew_total 2\nbad x\n");
+        let after = parse(
+            "smg_requests_total{route=\"/a b\"} 12\nup 1\nh_bucket{le=\"+Inf\"} 3\nnew_total 2\nbad x\n",
+        );
         let d = deltas(&before, &after);
         let names: Vec<(&str, f64)> = d.iter().map(|d| (d.series.as_str(), d.delta)).collect();
-        assert_eq!(names, vec![("new_total", 2.0), ("smg_requests_total{route=\"/a b\"}", 7.0)]);
+        assert_eq!(
+            names,
+            vec![
+                ("new_total", 2.0),
+                ("smg_requests_total{route=\"/a b\"}", 7.0)
+            ]
+        );
     }
 }

@@ -141,22 +141,21 @@ impl RequestRecord {
             None if counter.is_exact() => (prepared.prompt_tokens, TokenSource::Tokenizer),
             None => (prepared.prompt_tokens, TokenSource::Approximate),
         };
-        let (output_tokens, output_token_source) = match (
-            outcome.server_completion_tokens,
-            &outcome.output_text,
-        ) {
-            (Some(n), _) => (n, TokenSource::Server),
-            (None, Some(text)) if counter.is_exact() => {
-                (counter.count(text) as u32, TokenSource::Tokenizer)
-            }
-            (None, _) if streaming => (outcome.token_events, TokenSource::Approximate),
-            (None, _) => (
-                outcome
-                    .output_bytes
-                    .div_ceil(crate::text::APPROX_BYTES_PER_TOKEN as u64) as u32,
-                TokenSource::Approximate,
-            ),
-        };
+        let (output_tokens, output_token_source) =
+            match (outcome.server_completion_tokens, &outcome.output_text) {
+                (Some(n), _) => (n, TokenSource::Server),
+                (None, Some(text)) if counter.is_exact() => {
+                    (counter.count(text) as u32, TokenSource::Tokenizer)
+                }
+                (None, _) if streaming => (outcome.token_events, TokenSource::Approximate),
+                (None, _) => (
+                    outcome
+                        .output_bytes
+                        .div_ceil(crate::text::APPROX_BYTES_PER_TOKEN as u64)
+                        as u32,
+                    TokenSource::Approximate,
+                ),
+            };
         let e2e_ns = outcome.end_ns.saturating_sub(outcome.scheduled_ns);
         let ttft_ns = outcome
             .first_token_ns

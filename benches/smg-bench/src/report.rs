@@ -87,9 +87,17 @@ pub fn summary_text(report: &Report, point: &PointResult) -> String {
         "{:<28}{} ({:.1} tok/s)",
         "Output tokens:", s.output_tokens, s.output_tokens_per_s
     );
-    let _ = writeln!(out, "{:<28}{:.1} tok/s", "Total tokens:", s.total_tokens_per_s);
+    let _ = writeln!(
+        out,
+        "{:<28}{:.1} tok/s",
+        "Total tokens:", s.total_tokens_per_s
+    );
     if s.images > 0 {
-        let _ = writeln!(out, "{:<28}{} ({:.2} /s)", "Images:", s.images, s.images_per_s);
+        let _ = writeln!(
+            out,
+            "{:<28}{} ({:.2} /s)",
+            "Images:", s.images, s.images_per_s
+        );
     }
     let _ = writeln!(out, "{:<28}{:.2}", "Mean in flight:", s.mean_concurrency);
     let threads = cfg.threads.max(1) as f64;
@@ -168,11 +176,23 @@ pub fn sweep_text(report: &Report) -> String {
     let _ = writeln!(
         out,
         "{:>8} {:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "rate", "conc", "req/s", "in/s", "out tok/s", "ttft p50", "ttft p99", "tpot p50",
-        "e2e p50", "e2e p99", "lag p99", "goodput", "errors"
+        "rate",
+        "conc",
+        "req/s",
+        "in/s",
+        "out tok/s",
+        "ttft p50",
+        "ttft p99",
+        "tpot p50",
+        "e2e p50",
+        "e2e p99",
+        "lag p99",
+        "goodput",
+        "errors"
     );
     let p = |d: &Option<Distribution>, f: fn(&Distribution) -> f64| {
-        d.as_ref().map_or_else(|| "-".to_string(), |d| format!("{:.2}", f(d)))
+        d.as_ref()
+            .map_or_else(|| "-".to_string(), |d| format!("{:.2}", f(d)))
     };
     for point in &report.points {
         let s = &point.summary;
@@ -230,7 +250,12 @@ pub fn write_jsonl(report: &Report, path: &Path) -> SetupResult<()> {
 }
 
 /// A line chart as inline SVG. Each series is (name, colour, points).
-fn svg_chart(title: &str, x_label: &str, y_label: &str, series: &[(&str, &str, Vec<(f64, f64)>)]) -> String {
+fn svg_chart(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(&str, &str, Vec<(f64, f64)>)],
+) -> String {
     const W: f64 = 560.0;
     const H: f64 = 300.0;
     const L: f64 = 60.0;
@@ -256,7 +281,12 @@ fn svg_chart(title: &str, x_label: &str, y_label: &str, series: &[(&str, &str, V
         svg,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">"#
     );
-    let _ = write!(svg, r#"<text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#, L, html_escape(title));
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#,
+        L,
+        html_escape(title)
+    );
     let _ = write!(
         svg,
         r##"<rect x="{L}" y="{T}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
@@ -339,7 +369,10 @@ fn short(v: f64) -> String {
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// Empirical CDF points (value, fraction), at most ~400 of them.
@@ -378,20 +411,42 @@ fn point_html(report: &Report, index: usize, point: &PointResult) -> String {
     );
     let mut latency = vec![("E2E", COLOURS[0], cdf(ok().map(|r| r.e2e_ms).collect()))];
     if report.config.stream {
-        latency.push(("TTFT", COLOURS[1], cdf(ok().filter_map(|r| r.ttft_ms).collect())));
+        latency.push((
+            "TTFT",
+            COLOURS[1],
+            cdf(ok().filter_map(|r| r.ttft_ms).collect()),
+        ));
     }
     latency.push((
         "sched lag",
         COLOURS[4],
         cdf(records.iter().map(|r| r.schedule_lag_ms).collect()),
     ));
-    html.push_str(&svg_chart("Latency CDF", "ms", "fraction of requests", &latency));
+    html.push_str(&svg_chart(
+        "Latency CDF",
+        "ms",
+        "fraction of requests",
+        &latency,
+    ));
     if report.config.stream {
         let tokens = vec![
-            ("ITL", COLOURS[2], cdf(ok().flat_map(|r| r.itl_ms.iter().copied()).collect())),
-            ("TPOT", COLOURS[3], cdf(ok().filter_map(|r| r.tpot_ms).collect())),
+            (
+                "ITL",
+                COLOURS[2],
+                cdf(ok().flat_map(|r| r.itl_ms.iter().copied()).collect()),
+            ),
+            (
+                "TPOT",
+                COLOURS[3],
+                cdf(ok().filter_map(|r| r.tpot_ms).collect()),
+            ),
         ];
-        html.push_str(&svg_chart("Per-token latency CDF", "ms", "fraction", &tokens));
+        html.push_str(&svg_chart(
+            "Per-token latency CDF",
+            "ms",
+            "fraction",
+            &tokens,
+        ));
     }
     // Time series in one-second buckets by completion time.
     let end = records.iter().map(|r| r.end_s).fold(0.0, f64::max);
@@ -414,12 +469,16 @@ fn point_html(report: &Report, index: usize, point: &PointResult) -> String {
         (
             "completed/s",
             COLOURS[0],
-            (0..buckets).map(|b| (x(b), done[b] as f64 / width)).collect(),
+            (0..buckets)
+                .map(|b| (x(b), done[b] as f64 / width))
+                .collect(),
         ),
         (
             "failed/s",
             COLOURS[1],
-            (0..buckets).map(|b| (x(b), failed[b] as f64 / width)).collect(),
+            (0..buckets)
+                .map(|b| (x(b), failed[b] as f64 / width))
+                .collect(),
         ),
     ];
     html.push_str(&svg_chart("Throughput over time", "s", "requests/s", &rate));
@@ -447,7 +506,11 @@ pub fn write_html(report: &Report, path: &Path) -> SetupResult<()> {
          </head><body><h1>smg-bench report</h1>",
     );
     if report.points.len() > 1 {
-        let _ = write!(html, "<h2>Sweep</h2><pre>{}</pre>", html_escape(&sweep_text(report)));
+        let _ = write!(
+            html,
+            "<h2>Sweep</h2><pre>{}</pre>",
+            html_escape(&sweep_text(report))
+        );
         let by_rate: Vec<(f64, f64)> = report
             .points
             .iter()
@@ -462,14 +525,21 @@ pub fn write_html(report: &Report, path: &Path) -> SetupResult<()> {
             "E2E latency vs achieved rate",
             "achieved req/s",
             "ms",
-            &[("p50", COLOURS[0], by_rate_p50), ("p99", COLOURS[1], by_rate)],
+            &[
+                ("p50", COLOURS[0], by_rate_p50),
+                ("p99", COLOURS[1], by_rate),
+            ],
         ));
     }
     for (i, point) in report.points.iter().enumerate() {
         html.push_str(&point_html(report, i, point));
     }
     let config = serde_json::to_string_pretty(&report.config).unwrap_or_default();
-    let _ = write!(html, "<h2>Configuration</h2><pre>{}</pre></body></html>", html_escape(&config));
+    let _ = write!(
+        html,
+        "<h2>Configuration</h2><pre>{}</pre></body></html>",
+        html_escape(&config)
+    );
     std::fs::write(path, html).map_err(|e| io_err(path, e))
 }
 
@@ -488,7 +558,12 @@ mod tests {
 
     #[test]
     fn charts_are_well_formed_svg() {
-        let svg = svg_chart("t<1>", "x", "y", &[("a&b", "#000", vec![(0.0, 1.0), (2.0, 3.0)])]);
+        let svg = svg_chart(
+            "t<1>",
+            "x",
+            "y",
+            &[("a&b", "#000", vec![(0.0, 1.0), (2.0, 3.0)])],
+        );
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
         assert!(svg.contains("t&lt;1&gt;") && svg.contains("a&amp;b"));
         assert!(svg.contains("<polyline"));

@@ -108,15 +108,26 @@ mod tests {
 
     #[test]
     fn every_endpoint_shape_is_read() {
-        assert_eq!(texts(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#), Vec::<String>::new());
-        assert_eq!(texts(r#"{"choices":[{"delta":{"content":"a\nb"}}]}"#), vec!["a\nb"]);
+        assert_eq!(
+            texts(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            texts(r#"{"choices":[{"delta":{"content":"a\nb"}}]}"#),
+            vec!["a\nb"]
+        );
         assert_eq!(
             texts(r#"{"choices":[{"message":{"content":"x","reasoning_content":"r"}}]}"#),
             vec!["r", "x"]
         );
-        assert_eq!(texts(r#"{"choices":[{"text":"t","logprobs":null}]}"#), vec!["t"]);
-        let g = Payload::parse(br#"{"text":"abc","meta_info":{"prompt_tokens":3,"completion_tokens":2}}"#)
-            .unwrap();
+        assert_eq!(
+            texts(r#"{"choices":[{"text":"t","logprobs":null}]}"#),
+            vec!["t"]
+        );
+        let g = Payload::parse(
+            br#"{"text":"abc","meta_info":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        )
+        .unwrap();
         assert_eq!(g.text.as_deref(), Some("abc"));
         assert_eq!(g.usage().unwrap().completion_tokens, Some(2));
         let u = Payload::parse(br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#)
@@ -131,7 +142,10 @@ mod tests {
             error_code(br#"{"error":{"message":"m","type":"t","code":"overloaded"}}"#).as_deref(),
             Some("overloaded")
         );
-        assert_eq!(error_code(br#"{"error":{"type":"server_error","code":null}}"#).as_deref(), Some("server_error"));
+        assert_eq!(
+            error_code(br#"{"error":{"type":"server_error","code":null}}"#).as_deref(),
+            Some("server_error")
+        );
         assert_eq!(error_code(br#"{"code":503}"#).as_deref(), Some("503"));
         assert_eq!(error_code(b"<html>"), None);
     }

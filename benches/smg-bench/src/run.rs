@@ -258,12 +258,19 @@ pub async fn run_point(setup: &Arc<Setup>, point: Point) -> SetupResult<PointRes
     };
     if let Some(cap) = point.max_concurrency {
         let idle_target = cap.min(MAX_PRECONNECT);
-        setup.client.preconnect(idle_target.saturating_sub(setup.client.idle_count())).await?;
+        setup
+            .client
+            .preconnect(idle_target.saturating_sub(setup.client.idle_count()))
+            .await?;
     }
     let mut arrivals = Arrivals::new(point.request_rate, args.burstiness, args.seed)?;
     let units = setup.workload.units();
     let turns = setup.workload.turns;
-    let expected = if args.duration.is_some() { 1024 } else { units * turns };
+    let expected = if args.duration.is_some() {
+        1024
+    } else {
+        units * turns
+    };
     let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::new(Mutex::new(Vec::with_capacity(expected)));
     let completed = Arc::new(AtomicU64::new(0));
     let slots = point.max_concurrency.map(|c| Arc::new(Semaphore::new(c)));
@@ -320,7 +327,10 @@ pub async fn run_point(setup: &Arc<Setup>, point: Point) -> SetupResult<PointRes
                 // The next turn is due as soon as this one has its answer.
                 turn_scheduled = outcome.end_ns;
                 let failed = outcome.error.is_some();
-                outcomes.lock().unwrap_or_else(|p| p.into_inner()).push(outcome);
+                outcomes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(outcome);
                 completed.fetch_add(1, Ordering::Relaxed);
                 if failed {
                     break;
@@ -347,7 +357,11 @@ pub async fn run_point(setup: &Arc<Setup>, point: Point) -> SetupResult<PointRes
             RequestRecord::from_outcome(o, prepared, &setup.counter, args.stream)
         })
         .collect();
-    records.sort_by(|a, b| a.scheduled_s.total_cmp(&b.scheduled_s).then(a.request.cmp(&b.request)));
+    records.sort_by(|a, b| {
+        a.scheduled_s
+            .total_cmp(&b.scheduled_s)
+            .then(a.request.cmp(&b.request))
+    });
     let mut summary = summarize(
         &records,
         point.request_rate,
@@ -355,7 +369,11 @@ pub async fn run_point(setup: &Arc<Setup>, point: Point) -> SetupResult<PointRes
         args.slo.as_ref(),
     );
     summary.client_cpu_s = client_cpu_s;
-    summary.client_cpu_utilization = if wall_s > 0.0 { client_cpu_s / wall_s } else { 0.0 };
+    summary.client_cpu_utilization = if wall_s > 0.0 {
+        client_cpu_s / wall_s
+    } else {
+        0.0
+    };
     let metrics_deltas = match (&setup.scraper, before) {
         (Some(s), Some(before)) => Some(deltas(&before, &s.scrape().await?)),
         _ => None,

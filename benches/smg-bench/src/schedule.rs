@@ -75,7 +75,10 @@ mod tests {
         for (k, cv_expected) in [(1.0, 1.0), (0.25, 2.0), (4.0, 0.5)] {
             let (mean, cv) = mean_and_cv(&gaps(50.0, k, 1, 40_000));
             assert!((mean - 0.02).abs() < 0.02 * 0.05, "k={k} mean={mean}");
-            assert!((cv - cv_expected).abs() < cv_expected * 0.08, "k={k} cv={cv}");
+            assert!(
+                (cv - cv_expected).abs() < cv_expected * 0.08,
+                "k={k} cv={cv}"
+            );
         }
     }
 

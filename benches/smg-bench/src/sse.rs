@@ -99,11 +99,16 @@ mod tests {
 
     #[test]
     fn events_split_anywhere_come_out_whole() {
-        let stream = b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: {\"b\":2}\r\n\r\ndata: [DONE]\n\n";
+        let stream =
+            b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: {\"b\":2}\r\n\r\ndata: [DONE]\n\n";
         let expected = vec!["{\"a\":1}", "{\"b\":2}", "[DONE]"];
         assert_eq!(events_of(&[stream]), expected);
         for cut in 1..stream.len() {
-            assert_eq!(events_of(&[&stream[..cut], &stream[cut..]]), expected, "cut {cut}");
+            assert_eq!(
+                events_of(&[&stream[..cut], &stream[cut..]]),
+                expected,
+                "cut {cut}"
+            );
         }
         let bytes: Vec<&[u8]> = stream.chunks(1).collect();
         assert_eq!(events_of(&bytes), expected);
@@ -113,6 +118,9 @@ mod tests {
     fn multi_line_data_joins_and_a_missing_final_blank_line_still_dispatches() {
         assert_eq!(events_of(&[b"data: a\ndata:b\n\n"]), vec!["a\nb"]);
         assert_eq!(events_of(&[b"data: [DONE]"]), vec!["[DONE]"]);
-        assert_eq!(events_of(&[b"\n\n: only comments\n\n"]), Vec::<String>::new());
+        assert_eq!(
+            events_of(&[b"\n\n: only comments\n\n"]),
+            Vec::<String>::new()
+        );
     }
 }

@@ -150,7 +150,13 @@ pub fn summarize(
         (end - start).max(1e-9)
     };
     let last_sent = records.iter().map(|r| r.sent_s).fold(0.0, f64::max);
-    let per_s = |x: f64| if duration_s > 0.0 { x / duration_s } else { 0.0 };
+    let per_s = |x: f64| {
+        if duration_s > 0.0 {
+            x / duration_s
+        } else {
+            0.0
+        }
+    };
     let input_tokens: u64 = ok.iter().map(|r| u64::from(r.prompt_tokens)).sum();
     let output_tokens: u64 = ok.iter().map(|r| u64::from(r.output_tokens)).sum();
     let images: u64 = ok.iter().map(|r| u64::from(r.images)).sum();
@@ -285,7 +291,10 @@ mod tests {
         assert_eq!(s.errors.get("http_503"), Some(&1));
         assert_eq!(s.input_tokens, 30);
         assert_eq!(s.images, 3);
-        assert!((s.duration_s - 1.0).abs() < 1e-9, "span to the failed one's end");
+        assert!(
+            (s.duration_s - 1.0).abs() < 1e-9,
+            "span to the failed one's end"
+        );
         assert!((s.achieved_rate - 3.0).abs() < 1e-9);
     }
 }

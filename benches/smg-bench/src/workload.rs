@@ -116,9 +116,8 @@ struct ShareGptTurn {
 /// (prompt, reply) pairs from a ShareGPT file: each conversation's first
 /// human turn and the reply after it.
 pub fn load_sharegpt(path: &Path) -> SetupResult<Vec<(String, String)>> {
-    let text = std::fs::read(path).map_err(|e| {
-        SetupError::InvalidDataset(format!("cannot read {}: {e}", path.display()))
-    })?;
+    let text = std::fs::read(path)
+        .map_err(|e| SetupError::InvalidDataset(format!("cannot read {}: {e}", path.display())))?;
     let entries: Vec<ShareGptEntry> = serde_json::from_slice(&text).map_err(|e| {
         SetupError::InvalidDataset(format!(
             "{} is not a ShareGPT JSON array of {{\"conversations\": [{{\"from\", \"value\"}}]}}: {e}",
@@ -246,7 +245,12 @@ pub fn build(args: &Args, model: &str, counter: &TokenCounter) -> SetupResult<Wo
     };
     let image_seed = args.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let encoded = if args.image_count > 0 {
-        encode_images(distinct, args.image_resolution, args.image_format, image_seed)?
+        encode_images(
+            distinct,
+            args.image_resolution,
+            args.image_format,
+            image_seed,
+        )?
     } else {
         Vec::new()
     };
@@ -279,14 +283,7 @@ pub fn build(args: &Args, model: &str, counter: &TokenCounter) -> SetupResult<Wo
             let history = &conversation.messages[..turn * 2 + 1];
             let max_tokens = conversation.output_lens[turn];
             let prompt_text: usize = history.iter().map(|(_, text)| counter.count(text)).sum();
-            let body = request_body(
-                args,
-                model,
-                history,
-                &unit_images,
-                max_tokens,
-                &extra,
-            );
+            let body = request_body(args, model, history, &unit_images, max_tokens, &extra);
             requests.push(PreparedRequest {
                 body: Bytes::from(body),
                 prompt_tokens: u32::try_from(prompt_text).unwrap_or(u32::MAX),
@@ -320,7 +317,11 @@ fn request_body(
         }
         let mut prompt = String::new();
         for (role, text) in history {
-            let who = if *role == Role::User { "User" } else { "Assistant" };
+            let who = if *role == Role::User {
+                "User"
+            } else {
+                "Assistant"
+            };
             prompt.push_str(&format!("{who}: {text}\n\n"));
         }
         prompt.push_str("Assistant:");
@@ -328,22 +329,27 @@ fn request_body(
     };
     let mut body = match args.endpoint {
         Endpoint::Chat => {
-            let messages: Vec<Value> = history
-                .iter()
-                .enumerate()
-                .map(|(i, (role, text))| {
-                    let role = if *role == Role::User { "user" } else { "assistant" };
-                    if i == 0 && !images.is_empty() {
-                        let mut parts = vec![json!({"type": "text", "text": text})];
-                        parts.extend(images.iter().map(
-                            |url| json!({"type": "image_url", "image_url": {"url": url}}),
-                        ));
-                        json!({"role": role, "content": parts})
-                    } else {
-                        json!({"role": role, "content": text})
-                    }
-                })
-                .collect();
+            let messages: Vec<Value> =
+                history
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (role, text))| {
+                        let role = if *role == Role::User {
+                            "user"
+                        } else {
+                            "assistant"
+                        };
+                        if i == 0 && !images.is_empty() {
+                            let mut parts = vec![json!({"type": "text", "text": text})];
+                            parts.extend(images.iter().map(
+                                |url| json!({"type": "image_url", "image_url": {"url": url}}),
+                            ));
+                            json!({"role": role, "content": parts})
+                        } else {
+                            json!({"role": role, "content": text})
+                        }
+                    })
+                    .collect();
             json!({"model": model, "messages": messages, "max_tokens": max_tokens})
         }
         Endpoint::Completions => {
@@ -402,7 +408,12 @@ mod tests {
         let a = build(&args(&["--seed", "3"]), "m", &counter).unwrap();
         let b = build(&args(&["--seed", "3"]), "m", &counter).unwrap();
         let c = build(&args(&["--seed", "4"]), "m", &counter).unwrap();
-        let bodies = |w: &Workload| w.requests.iter().map(|r| r.body.clone()).collect::<Vec<_>>();
+        let bodies = |w: &Workload| {
+            w.requests
+                .iter()
+                .map(|r| r.body.clone())
+                .collect::<Vec<_>>()
+        };
         assert_eq!(bodies(&a), bodies(&b));
         assert_ne!(bodies(&a), bodies(&c));
         assert_eq!(a.units(), 4);
@@ -416,15 +427,25 @@ mod tests {
     #[test]
     fn endpoints_get_their_own_body_shapes() {
         let counter = TokenCounter::Approximate;
-        let chat = build(&args(&["--stream", "--ignore-eos", "--output-len", "8"]), "m", &counter)
-            .unwrap();
+        let chat = build(
+            &args(&["--stream", "--ignore-eos", "--output-len", "8"]),
+            "m",
+            &counter,
+        )
+        .unwrap();
         let body = json_of(&chat.requests[0]);
         assert_eq!(body["messages"][0]["role"], "user");
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert_eq!(body["ignore_eos"], true);
         assert_eq!(body["max_tokens"], 8);
         let generate = build(
-            &args(&["--endpoint", "generate", "--output-len", "5", "--ignore-eos"]),
+            &args(&[
+                "--endpoint",
+                "generate",
+                "--output-len",
+                "5",
+                "--ignore-eos",
+            ]),
             "m",
             &counter,
         )
@@ -434,7 +455,12 @@ mod tests {
         assert_eq!(body["sampling_params"]["max_new_tokens"], 5);
         assert_eq!(body["sampling_params"]["ignore_eos"], true);
         let completions = build(
-            &args(&["--endpoint", "completions", "--extra-body", r#"{"temperature":0}"#]),
+            &args(&[
+                "--endpoint",
+                "completions",
+                "--extra-body",
+                r#"{"temperature":0}"#,
+            ]),
             "m",
             &counter,
         )
@@ -442,8 +468,12 @@ mod tests {
         let body = json_of(&completions.requests[0]);
         assert!(body["prompt"].is_string());
         assert_eq!(body["temperature"], 0);
-        let err = build(&args(&["--endpoint", "completions", "--image-count", "1"]), "m", &counter)
-            .unwrap_err();
+        let err = build(
+            &args(&["--endpoint", "completions", "--image-count", "1"]),
+            "m",
+            &counter,
+        )
+        .unwrap_err();
         assert_eq!(err.code(), "unsupported_workload");
         let err = build(&args(&["--extra-body", "[1]"]), "m", &counter).unwrap_err();
         assert_eq!(err.code(), "invalid_argument");
@@ -453,7 +483,14 @@ mod tests {
     fn shared_prefix_groups_share_their_prefix() {
         let counter = TokenCounter::Approximate;
         let w = build(
-            &args(&["--dataset", "shared-prefix", "--prefix-groups", "2", "--prefix-len", "32"]),
+            &args(&[
+                "--dataset",
+                "shared-prefix",
+                "--prefix-groups",
+                "2",
+                "--prefix-len",
+                "32",
+            ]),
             "m",
             &counter,
         )
@@ -474,7 +511,12 @@ mod tests {
     #[test]
     fn multi_turn_sessions_resend_their_history() {
         let counter = TokenCounter::Approximate;
-        let w = build(&args(&["--dataset", "multi-turn", "--turns", "3"]), "m", &counter).unwrap();
+        let w = build(
+            &args(&["--dataset", "multi-turn", "--turns", "3"]),
+            "m",
+            &counter,
+        )
+        .unwrap();
         assert_eq!(w.turns, 3);
         assert_eq!(w.units(), 4);
         let session = w.unit(1);
@@ -499,7 +541,14 @@ mod tests {
                 .unwrap()
                 .to_string()
         };
-        let common = ["--image-count", "2", "--image-resolution", "32x16", "--num-prompts", "2"];
+        let common = [
+            "--image-count",
+            "2",
+            "--image-resolution",
+            "32x16",
+            "--num-prompts",
+            "2",
+        ];
         let unique = build(&args(&common), "m", &counter).unwrap();
         assert!(url(&unique, 0, 0).starts_with("data:image/jpeg;base64,"));
         assert_ne!(url(&unique, 0, 0), url(&unique, 1, 0));
@@ -514,7 +563,12 @@ mod tests {
         let generate = build(&args(&generate_args), "m", &counter).unwrap();
         let body = json_of(&generate.requests[0]);
         assert_eq!(body["image_data"].as_array().unwrap().len(), 2);
-        assert!(body["text"].as_str().unwrap().starts_with(GENERATE_IMAGE_PLACEHOLDER));
+        assert!(
+            body["text"]
+                .as_str()
+                .unwrap()
+                .starts_with(GENERATE_IMAGE_PLACEHOLDER)
+        );
     }
 
     #[test]
@@ -529,13 +583,22 @@ mod tests {
         .unwrap();
         let counter = TokenCounter::Approximate;
         let p = path.to_str().unwrap();
-        let w = build(&args(&["--dataset", "sharegpt", "--dataset-path", p]), "m", &counter).unwrap();
+        let w = build(
+            &args(&["--dataset", "sharegpt", "--dataset-path", p]),
+            "m",
+            &counter,
+        )
+        .unwrap();
         let body = json_of(&w.requests[3]);
         assert_eq!(body["messages"][0]["content"], "hello there");
         assert_eq!(body["max_tokens"], 4, "16 bytes of reply -> 4 tokens");
         std::fs::write(&path, "{}").unwrap();
-        let err = build(&args(&["--dataset", "sharegpt", "--dataset-path", p]), "m", &counter)
-            .unwrap_err();
+        let err = build(
+            &args(&["--dataset", "sharegpt", "--dataset-path", p]),
+            "m",
+            &counter,
+        )
+        .unwrap_err();
         assert_eq!(err.code(), "invalid_dataset");
     }
 }

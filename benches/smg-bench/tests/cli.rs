@@ -46,25 +46,55 @@ fn a_sweep_writes_every_output_and_echoes_its_config() {
     let jsonl = dir.path().join("out.jsonl");
     let html = dir.path().join("out.html");
     let out = smg_bench(&[
-        "--base-url", &url, "--stream", "--num-prompts", "10", "--warmup", "2",
-        "--sweep", "max-concurrency=1,4", "--slo", "ttft:1000,e2e:5000",
-        "--image-count", "1", "--image-resolution", "64x48",
-        "--metrics-url", &format!("{url}/metrics"), "--seed", "9",
-        "--output-json", json.to_str().unwrap(),
-        "--output-jsonl", jsonl.to_str().unwrap(),
-        "--output-html", html.to_str().unwrap(),
+        "--base-url",
+        &url,
+        "--stream",
+        "--num-prompts",
+        "10",
+        "--warmup",
+        "2",
+        "--sweep",
+        "max-concurrency=1,4",
+        "--slo",
+        "ttft:1000,e2e:5000",
+        "--image-count",
+        "1",
+        "--image-resolution",
+        "64x48",
+        "--metrics-url",
+        &format!("{url}/metrics"),
+        "--seed",
+        "9",
+        "--output-json",
+        json.to_str().unwrap(),
+        "--output-jsonl",
+        jsonl.to_str().unwrap(),
+        "--output-html",
+        html.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.is_empty(), "no progress bar when not on a terminal: {stderr}");
-    assert!(stdout.contains("TTFT") && stdout.contains("Goodput:") && stdout.contains("Sweep:"), "{stdout}");
-    assert!(stdout.contains("fixture_requests_total"), "metrics deltas printed: {stdout}");
+    assert!(
+        stderr.is_empty(),
+        "no progress bar when not on a terminal: {stderr}"
+    );
+    assert!(
+        stdout.contains("TTFT") && stdout.contains("Goodput:") && stdout.contains("Sweep:"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fixture_requests_total"),
+        "metrics deltas printed: {stdout}"
+    );
 
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(report["config"]["seed"], 9);
     assert_eq!(report["config"]["stream"], true);
-    assert!(report["config"].get("api_key").is_none(), "secrets are not echoed");
+    assert!(
+        report["config"].get("api_key").is_none(),
+        "secrets are not echoed"
+    );
     let points = report["points"].as_array().unwrap();
     assert_eq!(points.len(), 2);
     for (point, conc) in points.iter().zip([1, 4]) {
@@ -80,7 +110,10 @@ fn a_sweep_writes_every_output_and_echoes_its_config() {
             .iter()
             .find(|d| d["series"] == "fixture_requests_total")
             .unwrap();
-        assert_eq!(delta["delta"], 10.0, "the server saw exactly the measured requests");
+        assert_eq!(
+            delta["delta"], 10.0,
+            "the server saw exactly the measured requests"
+        );
     }
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl)
         .unwrap()
@@ -93,17 +126,37 @@ fn a_sweep_writes_every_output_and_echoes_its_config() {
     assert_eq!(lines[0]["itl_ms"].as_array().unwrap().len(), 3);
     assert!(lines[0]["scheduled_s"].is_number() && lines[0]["ok"] == true);
     let html = std::fs::read_to_string(&html).unwrap();
-    assert!(html.contains("<svg") && html.contains("Latency CDF") && html.contains("Throughput over time"));
+    assert!(
+        html.contains("<svg")
+            && html.contains("Latency CDF")
+            && html.contains("Throughput over time")
+    );
 }
 
 #[test]
 fn set_up_errors_exit_2_with_a_code() {
     let cases: [(&[&str], &str); 5] = [
         (&["--request-rate", "0"], "error: invalid value"),
-        (&["--base-url", "https://x:1", "--model", "m"], "error[invalid_url]"),
+        (
+            &["--base-url", "https://x:1", "--model", "m"],
+            "error[invalid_url]",
+        ),
         (&["--num-prompts", "0"], "error[invalid_argument]"),
-        (&["--duration", "1", "--model", "m"], "error[invalid_argument]"),
-        (&["--dataset", "sharegpt", "--model", "m", "--base-url", "http://127.0.0.1:9"], "error[invalid_argument]"),
+        (
+            &["--duration", "1", "--model", "m"],
+            "error[invalid_argument]",
+        ),
+        (
+            &[
+                "--dataset",
+                "sharegpt",
+                "--model",
+                "m",
+                "--base-url",
+                "http://127.0.0.1:9",
+            ],
+            "error[invalid_argument]",
+        ),
     ];
     for (args, expected) in cases {
         let out = smg_bench(args);

@@ -64,18 +64,32 @@ async fn streamed_timings_match_the_injected_delays_on_every_endpoint() {
     );
     let (chat, completions, generate) = (chat.unwrap(), completions.unwrap(), generate.unwrap());
     assert_eq!(chat.model, "fixture-model", "discovered from /v1/models");
-    for (name, report) in [("chat", &chat), ("completions", &completions), ("generate", &generate)] {
+    for (name, report) in [
+        ("chat", &chat),
+        ("completions", &completions),
+        ("generate", &generate),
+    ] {
         let recs = records(report);
         assert_eq!(recs.len(), 4, "{name}");
         for r in recs {
             assert!(r.ok, "{name}: {:?}", r.error);
             // The chat role-only chunk at t=0 is not the first token.
             let ttft = r.ttft_ms.unwrap();
-            assert!((50.0..50.0 + SLACK_MS).contains(&ttft), "{name} ttft {ttft}");
-            assert!((120.0..120.0 + SLACK_MS).contains(&r.e2e_ms), "{name} e2e {}", r.e2e_ms);
+            assert!(
+                (50.0..50.0 + SLACK_MS).contains(&ttft),
+                "{name} ttft {ttft}"
+            );
+            assert!(
+                (120.0..120.0 + SLACK_MS).contains(&r.e2e_ms),
+                "{name} e2e {}",
+                r.e2e_ms
+            );
             assert_eq!(r.itl_ms.len(), 7, "{name}: every gap between 8 tokens");
             let sum: f64 = r.itl_ms.iter().sum();
-            assert!((70.0 - SLACK_MS..70.0 + SLACK_MS).contains(&sum), "{name} itl sum {sum}");
+            assert!(
+                (70.0 - SLACK_MS..70.0 + SLACK_MS).contains(&sum),
+                "{name} itl sum {sum}"
+            );
             let tpot = r.tpot_ms.unwrap();
             assert!((8.0..13.0).contains(&tpot), "{name} tpot {tpot}");
             assert_eq!(r.output_tokens, 8);
@@ -107,19 +121,33 @@ async fn non_streamed_latency_and_fallback_token_counts() {
     for r in records(&report) {
         assert!(r.ok);
         assert!(r.ttft_ms.is_none() && r.itl_ms.is_empty());
-        assert!((100.0..100.0 + SLACK_MS).contains(&r.e2e_ms), "e2e {}", r.e2e_ms);
+        assert!(
+            (100.0..100.0 + SLACK_MS).contains(&r.e2e_ms),
+            "e2e {}",
+            r.e2e_ms
+        );
         // "tok " x 8 = 32 bytes = 8 approximate tokens.
-        assert_eq!((r.output_tokens, r.output_token_source), (8, TokenSource::Approximate));
+        assert_eq!(
+            (r.output_tokens, r.output_token_source),
+            (8, TokenSource::Approximate)
+        );
         assert_eq!(r.prompt_token_source, TokenSource::Approximate);
     }
     // Streams without usage: one token per token-bearing event.
     let report = run_against(&server, &["--num-prompts", "2", "--stream"]).await;
     for r in records(&report) {
-        assert_eq!((r.output_tokens, r.output_token_source), (8, TokenSource::Approximate));
+        assert_eq!(
+            (r.output_tokens, r.output_token_source),
+            (8, TokenSource::Approximate)
+        );
     }
     // With a tokenizer, the fallback is the real count of the generated text.
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/model");
-    let report = run_against(&server, &["--num-prompts", "2", "--stream", "--tokenizer", model]).await;
+    let report = run_against(
+        &server,
+        &["--num-prompts", "2", "--stream", "--tokenizer", model],
+    )
+    .await;
     for r in records(&report) {
         assert_eq!(r.output_token_source, TokenSource::Tokenizer);
         assert_eq!(r.prompt_token_source, TokenSource::Tokenizer);
@@ -143,7 +171,18 @@ async fn a_server_stall_shows_in_latency_measured_from_the_schedule() {
     .unwrap();
     let report = run_against(
         &server,
-        &["--num-prompts", "60", "--request-rate", "100", "--burstiness", "1000", "--max-concurrency", "1", "--model", "m"],
+        &[
+            "--num-prompts",
+            "60",
+            "--request-rate",
+            "100",
+            "--burstiness",
+            "1000",
+            "--max-concurrency",
+            "1",
+            "--model",
+            "m",
+        ],
     )
     .await;
     let recs = records(&report);
@@ -153,11 +192,20 @@ async fn a_server_stall_shows_in_latency_measured_from_the_schedule() {
         .iter()
         .filter(|r| (r.end_s - r.sent_s) * 1e3 > 100.0)
         .count();
-    assert_eq!(slow_from_send, 1, "only the stalled request itself was slow to serve");
-    assert!(slow_from_schedule >= 15, "{slow_from_schedule} late requests from the schedule");
+    assert_eq!(
+        slow_from_send, 1,
+        "only the stalled request itself was slow to serve"
+    );
+    assert!(
+        slow_from_schedule >= 15,
+        "{slow_from_schedule} late requests from the schedule"
+    );
     let s = &report.points[0].summary;
     assert!(s.e2e_ms.unwrap().max >= 300.0);
-    assert!(s.schedule_lag_ms.unwrap().max >= 200.0, "the wait for the slot is reported");
+    assert!(
+        s.schedule_lag_ms.unwrap().max >= 200.0,
+        "the wait for the slot is reported"
+    );
     assert!(s.e2e_ms.unwrap().p90 > 100.0, "the stall is in the tail");
 }
 
@@ -175,7 +223,15 @@ async fn failures_are_counted_by_class_and_the_run_goes_on() {
     .unwrap();
     let report = run_against(
         &server,
-        &["--num-prompts", "60", "--stream", "--max-concurrency", "1", "--model", "m"],
+        &[
+            "--num-prompts",
+            "60",
+            "--stream",
+            "--max-concurrency",
+            "1",
+            "--model",
+            "m",
+        ],
     )
     .await;
     let s = &report.points[0].summary;
@@ -192,11 +248,21 @@ async fn failures_are_counted_by_class_and_the_run_goes_on() {
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let report = run::run(Args::parse_from([
-        "smg-bench", "--base-url", &url, "--model", "m", "--num-prompts", "3", "--no-progress",
+        "smg-bench",
+        "--base-url",
+        &url,
+        "--model",
+        "m",
+        "--num-prompts",
+        "3",
+        "--no-progress",
     ]))
     .await
     .unwrap();
-    assert_eq!(report.points[0].summary.errors.get("connect_failed"), Some(&3));
+    assert_eq!(
+        report.points[0].summary.errors.get("connect_failed"),
+        Some(&3)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +274,14 @@ async fn a_seed_reproduces_the_schedule() {
     .await
     .unwrap();
     let schedule = |r: &Report| records(r).iter().map(|r| r.scheduled_s).collect::<Vec<_>>();
-    let flags = ["--num-prompts", "20", "--request-rate", "400", "--model", "m"];
+    let flags = [
+        "--num-prompts",
+        "20",
+        "--request-rate",
+        "400",
+        "--model",
+        "m",
+    ];
     let a = run_against(&server, &[&flags[..], &["--seed", "1"]].concat()).await;
     let b = run_against(&server, &[&flags[..], &["--seed", "1"]].concat()).await;
     let c = run_against(&server, &[&flags[..], &["--seed", "2"]].concat()).await;
@@ -228,7 +301,16 @@ async fn multi_turn_sessions_send_turns_in_order_and_duration_bounds_a_run() {
     .unwrap();
     let report = run_against(
         &server,
-        &["--dataset", "multi-turn", "--turns", "3", "--num-prompts", "2", "--model", "m"],
+        &[
+            "--dataset",
+            "multi-turn",
+            "--turns",
+            "3",
+            "--num-prompts",
+            "2",
+            "--model",
+            "m",
+        ],
     )
     .await;
     let recs = records(&report);
@@ -236,19 +318,38 @@ async fn multi_turn_sessions_send_turns_in_order_and_duration_bounds_a_run() {
     for unit in 0..2 {
         let mut turns: Vec<&RequestRecord> = recs.iter().filter(|r| r.unit == unit).collect();
         turns.sort_by_key(|r| r.turn);
-        assert_eq!(turns.iter().map(|r| r.turn).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            turns.iter().map(|r| r.turn).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         for pair in turns.windows(2) {
-            assert!(pair[1].scheduled_s >= pair[0].end_s, "a turn waits for the previous answer");
+            assert!(
+                pair[1].scheduled_s >= pair[0].end_s,
+                "a turn waits for the previous answer"
+            );
         }
     }
 
     let report = run_against(
         &server,
-        &["--duration", "0.3", "--request-rate", "100", "--num-prompts", "5", "--model", "m"],
+        &[
+            "--duration",
+            "0.3",
+            "--request-rate",
+            "100",
+            "--num-prompts",
+            "5",
+            "--model",
+            "m",
+        ],
     )
     .await;
     let recs = records(&report);
-    assert!((15..=50).contains(&recs.len()), "{} requests in 0.3 s at 100/s", recs.len());
+    assert!(
+        (15..=50).contains(&recs.len()),
+        "{} requests in 0.3 s at 100/s",
+        recs.len()
+    );
     assert!(recs.iter().all(|r| r.scheduled_s <= 0.3));
     assert!(recs.iter().all(|r| r.ok));
 }
