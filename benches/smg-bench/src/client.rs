@@ -405,10 +405,10 @@ async fn read_error(body: &mut hyper::body::Incoming, outcome: &mut Outcome) -> 
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    if buf.len() < MAX_ERROR_BODY {
-                        buf.extend_from_slice(&data);
-                    }
+                if let Ok(data) = frame.into_data()
+                    && buf.len() < MAX_ERROR_BODY
+                {
+                    buf.extend_from_slice(&data);
                 }
             }
             Err(_) => {

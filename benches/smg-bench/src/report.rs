@@ -249,13 +249,11 @@ pub fn write_jsonl(report: &Report, path: &Path) -> SetupResult<()> {
     out.flush().map_err(|e| io_err(path, e))
 }
 
-/// A line chart as inline SVG. Each series is (name, colour, points).
-fn svg_chart(
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[(&str, &str, Vec<(f64, f64)>)],
-) -> String {
+/// One line of a chart: name, colour, points.
+type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
+
+/// A line chart as inline SVG.
+fn svg_chart(title: &str, x_label: &str, y_label: &str, series: &[Series<'_>]) -> String {
     const W: f64 = 560.0;
     const H: f64 = 300.0;
     const L: f64 = 60.0;

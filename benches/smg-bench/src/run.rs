@@ -102,10 +102,10 @@ pub fn validate(args: &Args) -> SetupResult<()> {
     if args.num_prompts == 0 {
         return Err(invalid("--num-prompts must be at least 1"));
     }
-    if let Some(d) = args.duration {
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(invalid("--duration must be a positive number of seconds"));
-        }
+    if let Some(d) = args.duration
+        && !(d > 0.0 && d.is_finite())
+    {
+        return Err(invalid("--duration must be a positive number of seconds"));
     }
     if args.max_concurrency == Some(0) {
         return Err(invalid("--max-concurrency must be at least 1"));
@@ -299,10 +299,10 @@ pub async fn run_point(setup: &Arc<Setup>, point: Point) -> SetupResult<PointRes
             Some(slots) => slots.clone().acquire_owned().await.ok(),
             None => None,
         };
-        if let (Some(d), None) = (args.duration, scheduled) {
-            if epoch.elapsed().as_secs_f64() > d {
-                break;
-            }
+        if let (Some(d), None) = (args.duration, scheduled)
+            && epoch.elapsed().as_secs_f64() > d
+        {
+            break;
         }
         // Without a schedule, latency starts when the request gets its slot.
         let scheduled = scheduled.unwrap_or_else(Instant::now);
