@@ -190,37 +190,36 @@ impl Client {
     }
 
     async fn attempt(&self, prepared: &PreparedRequest, epoch: Instant, outcome: &mut Outcome) {
-        let mut sender = match self.take_idle() {
-            Some(sender) => sender,
-            None => match connect(self.base.addr).await {
-                Ok(sender) => sender,
+        // An idle connection the server has just closed fails before the
+        // request is written (`is_canceled`); only then is it retried, once,
+        // on a fresh connection.
+        let mut reused = true;
+        let (sender, response) = loop {
+            let idle = if reused { self.take_idle() } else { None };
+            reused = idle.is_some();
+            let mut sender = match idle {
+                Some(sender) => sender,
+                None => match connect(self.base.addr).await {
+                    Ok(sender) => sender,
+                    Err(e) => {
+                        outcome.error = Some(ErrorClass::ConnectFailed);
+                        outcome.error_detail = Some(e.to_string());
+                        return;
+                    }
+                },
+            };
+            let sent = match sender.ready().await {
+                Ok(()) => sender.send_request(self.request(prepared)).await,
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(response) => break (sender, response),
+                Err(e) if reused && e.is_canceled() => reused = false,
                 Err(e) => {
-                    outcome.error = Some(ErrorClass::ConnectFailed);
+                    outcome.error = Some(ErrorClass::Io);
                     outcome.error_detail = Some(e.to_string());
                     return;
                 }
-            },
-        };
-        if let Err(e) = sender.ready().await {
-            outcome.error = Some(ErrorClass::Io);
-            outcome.error_detail = Some(e.to_string());
-            return;
-        }
-        let mut request = Request::new(Full::new(prepared.body.clone()));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = self.path.clone();
-        let headers = request.headers_mut();
-        headers.insert(HOST, self.base.host.clone());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(auth) = &self.auth {
-            headers.insert(AUTHORIZATION, auth.clone());
-        }
-        let response = match sender.send_request(request).await {
-            Ok(response) => response,
-            Err(e) => {
-                outcome.error = Some(ErrorClass::Io);
-                outcome.error_detail = Some(e.to_string());
-                return;
             }
         };
         let status = response.status();
@@ -236,6 +235,19 @@ impl Client {
         if let Ending::Complete = ending {
             self.lock_idle().push(sender);
         }
+    }
+
+    fn request(&self, prepared: &PreparedRequest) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(prepared.body.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.path.clone();
+        let headers = request.headers_mut();
+        headers.insert(HOST, self.base.host.clone());
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(auth) = &self.auth {
+            headers.insert(AUTHORIZATION, auth.clone());
+        }
+        request
     }
 
     async fn read_whole(&self, body: &mut hyper::body::Incoming, outcome: &mut Outcome) -> Ending {
