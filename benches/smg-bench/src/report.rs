@@ -158,12 +158,19 @@ pub fn summary_text(report: &Report, point: &PointResult) -> String {
     dist_row(&mut out, "Sched lag", &s.schedule_lag_ms);
     if let Some(deltas) = &point.metrics_deltas {
         let _ = writeln!(out, "{}", "-".repeat(72));
+        // Histogram buckets drown the rest; their _count and _sum stay.
+        let (buckets, shown): (Vec<_>, Vec<_>) =
+            deltas.iter().partition(|d| d.series.contains("_bucket{"));
         let _ = writeln!(out, "Server metrics that changed ({}):", deltas.len());
-        for d in deltas.iter().take(40) {
+        for d in shown.iter().take(40) {
             let _ = writeln!(out, "  {:<60} {:+}", d.series, d.delta);
         }
-        if deltas.len() > 40 {
-            let _ = writeln!(out, "  ... {} more in --output-json", deltas.len() - 40);
+        let hidden = shown.len().saturating_sub(40) + buckets.len();
+        if hidden > 0 {
+            let _ = writeln!(
+                out,
+                "  ... {hidden} more (histogram buckets included) in --output-json"
+            );
         }
     }
     let _ = writeln!(out, "{rule}");
