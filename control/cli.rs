@@ -147,6 +147,37 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 2)]
     pub health_success_threshold: u32,
 
+    /// Consecutive failed RPCs (within the window) that open a worker's circuit.
+    #[arg(long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+    /// Successful trial RPCs that close a half-open circuit.
+    #[arg(long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+    /// How long an open circuit keeps a worker out before a trial.
+    #[arg(long, default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+    /// Failures count as consecutive only within this window.
+    #[arg(long, default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+
+    /// How often workers' GetLoads is polled (only for load-aware policies).
+    #[arg(long, default_value_t = 1)]
+    pub load_check_interval_secs: u64,
+    /// cache_aware: share of the prompt that must match to follow the cache.
+    #[arg(long, default_value_t = 0.5)]
+    pub cache_threshold: f64,
+    /// cache_aware: the fleet is imbalanced when max − min load exceeds this...
+    #[arg(long, default_value_t = 32)]
+    pub balance_abs_threshold: u64,
+    /// ...and max load exceeds min × this.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f64,
+    /// cache_aware: 16-token pages remembered per model before LRU eviction.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_tree_size: usize,
+
     /// Address of the Prometheus /metrics listener (defaults to --host).
     #[arg(long)]
     pub prometheus_host: Option<String>,

@@ -19,9 +19,13 @@ use crate::mode::Mode;
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
+use crate::policies::{CacheAwareConfig, PolicyTunables};
 use crate::router::{RetryConfig, Router, RouterParts};
 use crate::tokenizer::Tokenizer;
-use crate::workers::{HealthConfig, Worker, WorkerRole, WorkerSet, spawn_health_checks};
+use crate::workers::{
+    BreakerConfig, HealthConfig, Worker, WorkerRole, WorkerSet, spawn_health_checks,
+    spawn_load_polling,
+};
 
 /// How long start-up waits for a worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -146,6 +150,67 @@ fn media_config(args: &LaunchArgs) -> anyhow::Result<MediaConfig> {
     })
 }
 
+/// The circuit breaker every worker gets (`--cb-*`).
+pub fn breaker_config(args: &LaunchArgs) -> BreakerConfig {
+    BreakerConfig {
+        enabled: !args.disable_circuit_breaker,
+        failure_threshold: args.cb_failure_threshold.max(1),
+        success_threshold: args.cb_success_threshold.max(1),
+        open_for: Duration::from_secs(args.cb_timeout_duration_secs),
+        window: Duration::from_secs(args.cb_window_duration_secs.max(1)),
+    }
+}
+
+/// Health probing (`--health-check-*`).
+pub fn health_config(args: &LaunchArgs) -> HealthConfig {
+    HealthConfig::new(
+        Duration::from_secs(args.health_check_interval_secs.max(1)),
+        Duration::from_secs(args.health_check_timeout_secs.max(1)),
+        args.health_failure_threshold,
+        args.health_success_threshold,
+    )
+}
+
+/// The policy of each role (`--policy`, `--prefill-policy`, ...).
+pub fn role_policies(args: &LaunchArgs) -> RolePolicies {
+    let tunables = PolicyTunables {
+        cache_aware: CacheAwareConfig {
+            match_threshold: args.cache_threshold,
+            balance_abs_threshold: args.balance_abs_threshold,
+            balance_rel_threshold: args.balance_rel_threshold,
+            max_pages: args.max_tree_size.max(64),
+        },
+        ..PolicyTunables::default()
+    };
+    RolePolicies {
+        regular: args.policy.build_with(&tunables),
+        prefill: args
+            .prefill_policy
+            .unwrap_or(args.policy)
+            .build_with(&tunables),
+        decode: args
+            .decode_policy
+            .unwrap_or(args.policy)
+            .build_with(&tunables),
+        encode: args.encode_policy.build_with(&tunables),
+    }
+}
+
+/// Polls GetLoads for each role whose policy reads engine load.
+pub fn start_load_polling(workers: &WorkerSet, policies: &RolePolicies, args: &LaunchArgs) {
+    let interval = Duration::from_secs(args.load_check_interval_secs.max(1));
+    for role in [
+        WorkerRole::Regular,
+        WorkerRole::Prefill,
+        WorkerRole::Decode,
+        WorkerRole::Encode,
+    ] {
+        if policies.of(role).needs_loads() {
+            spawn_load_polling(workers.clone(), role, interval);
+        }
+    }
+}
+
 /// Builds the router that `args` describe.
 pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
     let (mode, fleet) = fleet_from_flags(args)?;
@@ -174,7 +239,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         );
     }
 
-    let mut workers = WorkerSet::default();
+    let workers = WorkerSet::default();
     for (url, role, flagged_port) in &fleet {
         let client =
             EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
@@ -189,13 +254,17 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
             }
             (None, false) => None,
         };
-        workers.add(Worker::new(client, *role, port).map_err(|e| anyhow::anyhow!("{e}"))?);
+        workers.add(
+            Worker::new(client, *role, port)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .with_breaker(breaker_config(args)),
+        );
     }
 
     let probe = workers
         .all()
+        .into_iter()
         .find(|w| w.role() != WorkerRole::Encode)
-        .cloned()
         .context("no generating worker")?;
     let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
         Ok(info) => Some(info),
@@ -249,23 +318,11 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
     if media.is_none() {
         tracing::info!("no vision preprocessing for this model: requests with images answer 501");
     }
-    let policies = RolePolicies {
-        regular: args.policy.build(),
-        prefill: args.prefill_policy.unwrap_or(args.policy).build(),
-        decode: args.decode_policy.unwrap_or(args.policy).build(),
-        encode: args.encode_policy.build(),
-    };
+    let policies = role_policies(args);
     if !args.disable_health_check {
-        spawn_health_checks(
-            workers.all().cloned().collect(),
-            HealthConfig {
-                interval: Duration::from_secs(args.health_check_interval_secs.max(1)),
-                timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
-                failure_threshold: args.health_failure_threshold.max(1),
-                success_threshold: args.health_success_threshold.max(1),
-            },
-        );
+        spawn_health_checks(workers.all(), health_config(args));
     }
+    start_load_polling(&workers, &policies, args);
     Ok(Router::new(RouterParts {
         mode,
         runtime,

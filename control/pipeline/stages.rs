@@ -11,7 +11,7 @@ use crate::engine::{
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::{ExecutionPlan as PlanShape, Mode};
-use crate::policies::{Policy, SelectionRequest};
+use crate::policies::{Policy, Pool, SelectionRequest};
 use crate::workers::{LoadGuard, Worker, WorkerRole, WorkerSet};
 
 use super::execution::{ExecutionPlan, Leg, SideCall};
@@ -27,7 +27,7 @@ pub struct RolePolicies {
 }
 
 impl RolePolicies {
-    fn of(&self, role: WorkerRole) -> &Arc<dyn Policy> {
+    pub fn of(&self, role: WorkerRole) -> &Arc<dyn Policy> {
         match role {
             WorkerRole::Regular => &self.regular,
             WorkerRole::Prefill => &self.prefill,
@@ -47,28 +47,39 @@ pub struct Selection {
     pub encoders: Vec<LoadGuard>,
 }
 
-/// Picks one healthy worker of `role` with the role's policy.
+/// Picks one available worker of `role` with the role's policy and holds it
+/// (counting the prompt's tokens against it).
 pub fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
     request: &SelectionRequest<'_>,
 ) -> Result<LoadGuard> {
-    let candidates = workers.healthy(role);
-    if candidates.is_empty() {
+    let (members, generation) = workers.members(role);
+    let available: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].is_available())
+        .collect();
+    if available.is_empty() {
         return Err(Error::new(
             ErrorCode::NoHealthyWorker,
             format!("no healthy {role} worker is available"),
         ));
     }
     let policy = policies.of(role);
-    let index = policy
-        .select(&candidates, request)
-        .min(candidates.len() - 1);
-    let worker: &Arc<Worker> = &candidates[index];
+    let pool = Pool::new(&members, &available, generation);
+    let mut index = policy.select(&pool, request);
+    if !pool.is_available(index) {
+        tracing::error!(
+            policy = policy.name(),
+            index,
+            "a policy chose an unavailable worker"
+        );
+        index = available[0];
+    }
+    let worker: &Arc<Worker> = &members[index];
     policy.on_routed(worker, request);
     metrics::record_selection(worker.url(), role.name(), policy.name());
-    Ok(worker.acquire())
+    Ok(worker.acquire_tokens(request.input_ids.len() as u64))
 }
 
 /// WorkerSelection: one worker, or prefill + decode, plus an encode worker
