@@ -123,6 +123,10 @@ impl Router {
         &self.parts.model
     }
 
+    pub fn runtime(&self) -> Runtime {
+        self.parts.runtime
+    }
+
     pub fn workers(&self) -> &WorkerSet {
         &self.parts.workers
     }

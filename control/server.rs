@@ -23,8 +23,8 @@ use crate::policies::{CacheAwareConfig, PolicyTunables};
 use crate::router::{RetryConfig, Router, RouterParts};
 use crate::tokenizer::Tokenizer;
 use crate::workers::{
-    BreakerConfig, HealthConfig, Worker, WorkerRole, WorkerSet, spawn_health_checks,
-    spawn_load_polling,
+    BreakerConfig, HealthConfig, Lifecycle, Worker, WorkerRegistry, WorkerRole, WorkerSet,
+    advertised_bootstrap_port, spawn_health_checks, spawn_load_polling,
 };
 
 /// How long start-up waits for a worker's discovery RPCs.
@@ -83,18 +83,6 @@ async fn discover<T>(
         .await
         .map_err(|_| anyhow::anyhow!("{what} of {url} timed out"))?
         .map_err(|err| anyhow::anyhow!("{what} of {url} failed: {err}"))
-}
-
-/// The bootstrap port a worker advertises when the flags name none.
-fn advertised_bootstrap_port(info: &crate::engine::ServerInfo) -> Option<u16> {
-    [
-        info.scheduler_info.get("bootstrap_port"),
-        info.server_args.get("disaggregation_bootstrap_port"),
-    ]
-    .into_iter()
-    .flatten()
-    .find_map(serde_json::Value::as_u64)
-    .and_then(|port| u16::try_from(port).ok())
 }
 
 fn load_tokenizer_dir(dir: &Path) -> anyhow::Result<Tokenizer> {
@@ -348,7 +336,18 @@ pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     let router = build_router(&args).await?;
     let mode = router.mode();
-    let state = Arc::new(AppState::new(router));
+    let registry = WorkerRegistry::new(
+        router.model().name.clone(),
+        router.runtime(),
+        mode.spec().required_roles.to_vec(),
+        router.workers().clone(),
+        Lifecycle {
+            health: (!args.disable_health_check).then(|| health_config(&args)),
+            breaker: breaker_config(&args),
+            probe_timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
+        },
+    );
+    let state = Arc::new(AppState::with_registry(router, Arc::new(registry)));
 
     let http = TcpListener::bind((args.host.as_str(), args.port))
         .await

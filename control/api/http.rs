@@ -21,18 +21,38 @@ use tokio::net::TcpListener;
 use super::endpoints;
 use crate::error::Error;
 use crate::router::Router;
+use crate::workers::{BreakerConfig, Lifecycle, WorkerRegistry};
 
 /// What every handler shares.
 #[derive(Debug)]
 pub struct AppState {
     pub router: Router,
+    /// The router's workers as the admin API manages them.
+    pub registry: Arc<WorkerRegistry>,
     pub started: Instant,
 }
 
 impl AppState {
+    /// State whose admin API registers workers without health probes.
     pub fn new(router: Router) -> Self {
+        let registry = WorkerRegistry::new(
+            router.model().name.clone(),
+            router.runtime(),
+            router.mode().spec().required_roles.to_vec(),
+            router.workers().clone(),
+            Lifecycle {
+                health: None,
+                breaker: BreakerConfig::default(),
+                probe_timeout: std::time::Duration::from_secs(5),
+            },
+        );
+        Self::with_registry(router, Arc::new(registry))
+    }
+
+    pub fn with_registry(router: Router, registry: Arc<WorkerRegistry>) -> Self {
         Self {
             router,
+            registry,
             started: Instant::now(),
         }
     }
@@ -53,6 +73,7 @@ pub fn app(state: SharedState) -> HttpRouter {
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness))
+        .merge(super::admin::routes())
         .fallback(not_found)
         .with_state(state)
 }

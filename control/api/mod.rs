@@ -2,6 +2,7 @@
 //! the handlers that run them through the router (`endpoints`), and the
 //! server plumbing (`http`: routes, SSE framing, errors, listeners).
 
+mod admin;
 mod endpoints;
 mod http;
 pub mod types;

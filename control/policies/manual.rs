@@ -80,11 +80,11 @@ impl Manual {
         };
         let mut bindings = self.lock();
         self.sweep(&mut bindings, now);
-        if let Some(binding) = bindings.by_key.get_mut(key) {
-            if let Some(index) = pool.find_available(binding.serial) {
-                binding.last_used = now;
-                return index;
-            }
+        if let Some(binding) = bindings.by_key.get_mut(key)
+            && let Some(index) = pool.find_available(binding.serial)
+        {
+            binding.last_used = now;
+            return index;
         }
         let index = least_loaded_from(pool, now, turn);
         bindings.by_key.insert(

@@ -433,8 +433,8 @@ mod tests {
                 let hash = [i as u8; 32];
                 let request = SelectionRequest {
                     input_ids: prompt,
-                    routing_key: (i % 2 == 0).then_some(key.as_str()),
-                    content_hash: (i % 3 == 0).then_some(&hash),
+                    routing_key: i.is_multiple_of(2).then_some(key.as_str()),
+                    content_hash: i.is_multiple_of(3).then_some(&hash),
                 };
                 let index = test_support::route(policy.as_ref(), &fleet, &request);
                 assert!(

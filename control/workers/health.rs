@@ -170,10 +170,10 @@ async fn probe_loop(worker: &Worker, config: HealthConfig) {
         let healthy = probe(worker, config.timeout).await;
         if let Some(state) = tracker.observe(healthy, Instant::now()) {
             if state == HealthState::Ready {
-                tracing::info!(worker = worker.id(), "worker ready");
+                tracing::info!(worker = worker.url(), "worker ready");
             } else {
                 tracing::warn!(
-                    worker = worker.id(),
+                    worker = worker.url(),
                     state = state.name(),
                     "worker health changed"
                 );

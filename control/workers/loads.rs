@@ -140,10 +140,10 @@ async fn poll_one(worker: Arc<super::Worker>, interval: Duration) {
         Ok(Ok(load)) => {
             let now = Instant::now();
             worker.load_cell().store(LoadReading::from_load(&load), now);
-            crate::metrics::record_load_reading(worker.id(), role_name(&worker));
+            crate::metrics::record_load_reading(worker.url(), role_name(&worker));
         }
-        Ok(Err(err)) => tracing::debug!(worker = worker.id(), %err, "GetLoads failed"),
-        Err(_) => tracing::debug!(worker = worker.id(), "GetLoads timed out"),
+        Ok(Err(err)) => tracing::debug!(worker = worker.url(), %err, "GetLoads failed"),
+        Err(_) => tracing::debug!(worker = worker.url(), "GetLoads timed out"),
     }
 }
 

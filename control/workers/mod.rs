@@ -10,12 +10,16 @@
 mod breaker;
 mod health;
 mod loads;
+mod registry;
 
 pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 pub use health::{
     HealthConfig, HealthState, HealthTracker, probe, spawn_health_checks, spawn_probe_loop,
 };
 pub use loads::{LoadCell, LoadReading, spawn_load_polling};
+pub use registry::{
+    Lifecycle, LoadStatus, WorkerRegistry, WorkerSpec, WorkerStatus, advertised_bootstrap_port,
+};
 
 use std::collections::HashMap;
 use std::fmt;
@@ -80,7 +84,9 @@ fn next_serial() -> u64 {
 /// One engine worker.
 #[derive(Debug)]
 pub struct Worker {
-    /// The worker's id: its URL, unique in a gateway.
+    /// A short stable id derived from the URL (safe in an admin API path).
+    id: String,
+    /// Unique in a gateway.
     url: String,
     serial: u64,
     role: WorkerRole,
@@ -114,6 +120,7 @@ impl Worker {
             )
         })?;
         Ok(Self {
+            id: worker_id(&url),
             url,
             serial: next_serial(),
             role,
@@ -142,9 +149,9 @@ impl Worker {
         self
     }
 
-    /// The worker's id in the fleet (its URL).
+    /// The worker's id in the fleet: stable for a URL, URL-safe.
     pub fn id(&self) -> &str {
-        &self.url
+        &self.id
     }
 
     pub fn url(&self) -> &str {
@@ -189,7 +196,7 @@ impl Worker {
     pub fn set_health(&self, state: HealthState) {
         let before = self.health.swap(state as u8, Ordering::Relaxed);
         if before != state as u8 {
-            crate::metrics::record_health(self.id(), self.role.name(), state.name());
+            crate::metrics::record_health(self.url(), self.role.name(), state.name());
         }
     }
 
@@ -213,8 +220,8 @@ impl Worker {
     /// Feeds an RPC outcome to the circuit breaker.
     pub fn record_outcome(&self, success: bool) {
         if let Some(state) = self.breaker.record(success) {
-            tracing::warn!(worker = self.id(), state = state.name(), "circuit breaker");
-            crate::metrics::record_breaker(self.id(), self.role.name(), state.name());
+            tracing::warn!(worker = self.url(), state = state.name(), "circuit breaker");
+            crate::metrics::record_breaker(self.url(), self.role.name(), state.name());
         }
     }
 
@@ -267,6 +274,15 @@ impl Worker {
             tokens,
         }
     }
+}
+
+/// The id of the worker at `url`: 16 hex digits of its blake3 hash.
+pub fn worker_id(url: &str) -> String {
+    let digest = blake3::hash(url.as_bytes());
+    digest.as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The host part of a worker URL (`grpc://host:port`, `http://host:port`,
@@ -499,7 +515,9 @@ mod tests {
         assert_eq!(view.of_role(WorkerRole::Regular).len(), 1);
         assert!(view.get(fleet[0].id()).is_none());
         assert!(view.get(fleet[1].id()).is_some());
-        assert!(set.remove("grpc://nowhere:1").is_none());
+        assert!(set.remove(&worker_id("grpc://nowhere:1")).is_none());
+        assert_eq!(fleet[0].id(), worker_id(fleet[0].url()));
+        assert_eq!(fleet[0].id().len(), 16);
         set.remove(fleet[1].id());
         assert!(view.roles().is_empty());
     }
