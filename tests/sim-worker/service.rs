@@ -99,7 +99,12 @@ impl Worker {
     }
 
     pub fn health(&self) -> (bool, String) {
-        if self.engine.config.faults.unhealthy {
+        let faults = &self.engine.config.faults;
+        let flagged = faults
+            .unhealthy_while_exists
+            .as_ref()
+            .is_some_and(|path| path.exists());
+        if faults.unhealthy || flagged {
             (false, "unhealthy (fault injection)".to_owned())
         } else {
             (true, format!("{} worker ready", self.engine.role().name()))

@@ -141,6 +141,9 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck.
     #[arg(long)]
     unhealthy: bool,
+    /// Fault: report unhealthy in HealthCheck while this file exists.
+    #[arg(long, value_name = "PATH")]
+    unhealthy_while_exists: Option<std::path::PathBuf>,
 
     /// Write every received tensor here (raw bytes + JSON sidecar).
     #[arg(long)]
@@ -177,6 +180,7 @@ impl Args {
                 withhold_bootstrap: self.withhold_bootstrap,
                 keep_shm_names: self.keep_shm_names,
                 unhealthy: self.unhealthy,
+                unhealthy_while_exists: self.unhealthy_while_exists.clone(),
             },
             bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
             default_max_new_tokens: self.default_max_new_tokens,
