@@ -60,7 +60,7 @@ impl LogLevel {
     }
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
     /// Address the HTTP API listens on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -87,6 +87,19 @@ pub struct LaunchArgs {
     /// An encode worker and optionally its bootstrap port (repeatable).
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
     pub encode: Vec<String>,
+    /// Serve several models, each in the mode its workers imply; start with
+    /// no workers and register them through `POST /workers`.
+    #[arg(long)]
+    pub enable_igw: bool,
+    /// A per-model routing policy, `MODEL=POLICY` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=POLICY", action = ArgAction::Append)]
+    pub model_policy: Vec<String>,
+    /// A per-model retry count, `MODEL=N` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=N", action = ArgAction::Append)]
+    pub model_max_retries: Vec<String>,
+    /// Another name clients may use for a model, `ALIAS=MODEL` (repeatable).
+    #[arg(long, value_name = "ALIAS=MODEL", action = ArgAction::Append)]
+    pub model_alias: Vec<String>,
     /// The engine protocol; probed from the workers when not given.
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,

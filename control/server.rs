@@ -11,15 +11,16 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, Fleet};
 use crate::cli::{LaunchArgs, RuntimeArg, TensorTransport, worker_specs};
 use crate::engine::{EngineClient, ModelInfo, Runtime};
 use crate::media::MediaConfig;
 use crate::mode::Mode;
+use crate::models::{ModelTable, named_values};
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
-use crate::policies::{CacheAwareConfig, PolicyTunables};
+use crate::policies::{CacheAwareConfig, PolicyKind, PolicyTunables};
 use crate::router::{RetryConfig, Router, RouterParts};
 use crate::tokenizer::Tokenizer;
 use crate::workers::{
@@ -149,6 +150,15 @@ pub fn breaker_config(args: &LaunchArgs) -> BreakerConfig {
     }
 }
 
+/// How workers registered at run time are watched.
+pub fn lifecycle(args: &LaunchArgs) -> Lifecycle {
+    Lifecycle {
+        health: (!args.disable_health_check).then(|| health_config(args)),
+        breaker: breaker_config(args),
+        probe_timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
+    }
+}
+
 /// Health probing (`--health-check-*`).
 pub fn health_config(args: &LaunchArgs) -> HealthConfig {
     HealthConfig::new(
@@ -161,6 +171,12 @@ pub fn health_config(args: &LaunchArgs) -> HealthConfig {
 
 /// The policy of each role (`--policy`, `--prefill-policy`, ...).
 pub fn role_policies(args: &LaunchArgs) -> RolePolicies {
+    role_policies_with(args, None)
+}
+
+/// The policy of each role, with `model_policy` (a per-model override)
+/// replacing `--policy` and the prefill/decode policies.
+pub fn role_policies_with(args: &LaunchArgs, model_policy: Option<PolicyKind>) -> RolePolicies {
     let tunables = PolicyTunables {
         cache_aware: CacheAwareConfig {
             match_threshold: args.cache_threshold,
@@ -170,16 +186,16 @@ pub fn role_policies(args: &LaunchArgs) -> RolePolicies {
         },
         ..PolicyTunables::default()
     };
+    let pick = |role_flag: Option<PolicyKind>| {
+        model_policy
+            .or(role_flag)
+            .unwrap_or(args.policy)
+            .build_with(&tunables)
+    };
     RolePolicies {
-        regular: args.policy.build_with(&tunables),
-        prefill: args
-            .prefill_policy
-            .unwrap_or(args.policy)
-            .build_with(&tunables),
-        decode: args
-            .decode_policy
-            .unwrap_or(args.policy)
-            .build_with(&tunables),
+        regular: pick(None),
+        prefill: pick(args.prefill_policy),
+        decode: pick(args.decode_policy),
         encode: args.encode_policy.build_with(&tunables),
     }
 }
@@ -196,6 +212,91 @@ pub fn start_load_polling(workers: &WorkerSet, policies: &RolePolicies, args: &L
         if policies.of(role).needs_loads() {
             spawn_load_polling(workers.clone(), role, interval);
         }
+    }
+}
+
+/// What serving a model takes besides its workers.
+#[derive(Debug)]
+pub struct ModelContext {
+    pub tokenizer: Tokenizer,
+    pub model: ServedModel,
+    pub media: Option<MediaPlanner>,
+}
+
+/// Discovers a model from one of its generating workers: its info, its
+/// tokenizer (flags first, then what the worker offers) and its vision
+/// preprocessing. `name` overrides the served name.
+pub async fn model_context(
+    args: &LaunchArgs,
+    probe: &Worker,
+    name: Option<String>,
+) -> anyhow::Result<ModelContext> {
+    let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
+        Ok(info) => Some(info),
+        Err(err) if args.model_path.is_some() || args.tokenizer_path.is_some() => {
+            tracing::warn!(%err, "no model info from the workers; using the model directory");
+            None
+        }
+        Err(err) => return Err(err),
+    };
+    let tokenizer = load_tokenizer(args, info.as_ref(), probe.client()).await?;
+    let name = name
+        .or_else(|| {
+            info.as_ref()
+                .map(|i| i.served_model_name.clone())
+                .filter(|n| !n.is_empty())
+        })
+        .or_else(|| {
+            args.model_path
+                .as_ref()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "default".to_owned());
+    let max_context_length = info
+        .as_ref()
+        .map(|i| i.max_context_length)
+        .filter(|&n| n > 0)
+        .or_else(|| {
+            args.model_path
+                .as_deref()
+                .and_then(model_dir_context_length)
+        })
+        .unwrap_or(32_768);
+    let model = ServedModel {
+        name,
+        max_context_length,
+        vocab_size: info
+            .as_ref()
+            .map(|i| i.vocab_size)
+            .filter(|&n| n > 0)
+            .unwrap_or(tokenizer.vocab_size() as u32),
+    };
+
+    let media = match args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
+        Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?)
+            .map_err(|err| anyhow::anyhow!("{err}"))?,
+        None => None,
+    };
+    if media.is_none() {
+        tracing::info!("no vision preprocessing for this model: requests with images answer 501");
+    }
+    Ok(ModelContext {
+        tokenizer,
+        model,
+        media,
+    })
+}
+
+/// Retries (`--retry-*`, `--disable-retries`).
+pub fn retry_config(args: &LaunchArgs) -> RetryConfig {
+    RetryConfig {
+        max_retries: args.retry_max_retries,
+        initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
+        max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
+        multiplier: args.retry_backoff_multiplier,
+        jitter_factor: args.retry_jitter_factor,
+        disabled: args.disable_retries,
     }
 }
 
@@ -254,58 +355,11 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         .into_iter()
         .find(|w| w.role() != WorkerRole::Encode)
         .context("no generating worker")?;
-    let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
-        Ok(info) => Some(info),
-        Err(err) if args.model_path.is_some() || args.tokenizer_path.is_some() => {
-            tracing::warn!(%err, "no model info from the workers; using the model directory");
-            None
-        }
-        Err(err) => return Err(err),
-    };
-    let tokenizer = load_tokenizer(args, info.as_ref(), probe.client()).await?;
-    let name = args
-        .served_model_name
-        .clone()
-        .or_else(|| {
-            info.as_ref()
-                .map(|i| i.served_model_name.clone())
-                .filter(|n| !n.is_empty())
-        })
-        .or_else(|| {
-            args.model_path
-                .as_ref()
-                .and_then(|p| p.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-        })
-        .unwrap_or_else(|| "default".to_owned());
-    let max_context_length = info
-        .as_ref()
-        .map(|i| i.max_context_length)
-        .filter(|&n| n > 0)
-        .or_else(|| {
-            args.model_path
-                .as_deref()
-                .and_then(model_dir_context_length)
-        })
-        .unwrap_or(32_768);
-    let model = ServedModel {
-        name,
-        max_context_length,
-        vocab_size: info
-            .as_ref()
-            .map(|i| i.vocab_size)
-            .filter(|&n| n > 0)
-            .unwrap_or(tokenizer.vocab_size() as u32),
-    };
-
-    let media = match args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
-        Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?)
-            .map_err(|err| anyhow::anyhow!("{err}"))?,
-        None => None,
-    };
-    if media.is_none() {
-        tracing::info!("no vision preprocessing for this model: requests with images answer 501");
-    }
+    let ModelContext {
+        tokenizer,
+        model,
+        media,
+    } = model_context(args, &probe, args.served_model_name.clone()).await?;
     let policies = role_policies(args);
     if !args.disable_health_check {
         spawn_health_checks(workers.all(), health_config(args));
@@ -318,14 +372,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         policies,
         tokenizer,
         model,
-        retry: RetryConfig {
-            max_retries: args.retry_max_retries,
-            initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
-            max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
-            multiplier: args.retry_backoff_multiplier,
-            jitter_factor: args.retry_jitter_factor,
-            disabled: args.disable_retries,
-        },
+        retry: retry_config(args),
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         media,
     }))
@@ -334,20 +381,37 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
 /// Runs the gateway until a shutdown signal.
 pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
-    let router = build_router(&args).await?;
-    let mode = router.mode();
-    let registry = WorkerRegistry::new(
-        router.model().name.clone(),
-        router.runtime(),
-        mode.spec().required_roles.to_vec(),
-        router.workers().clone(),
-        Lifecycle {
-            health: (!args.disable_health_check).then(|| health_config(&args)),
-            breaker: breaker_config(&args),
-            probe_timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
-        },
-    );
-    let state = Arc::new(AppState::with_registry(router, Arc::new(registry)));
+    let aliases = named_values("model-alias", &args.model_alias, |model| {
+        Ok(model.to_owned())
+    })
+    .map_err(anyhow::Error::msg)?;
+    let (fleet, label) = if args.enable_igw {
+        if !args.worker_urls.is_empty()
+            || !args.prefill.is_empty()
+            || !args.decode.is_empty()
+            || !args.encode.is_empty()
+        {
+            bail!("--enable-igw starts with no workers: register them with POST /workers");
+        }
+        let args = Arc::new(args.clone());
+        (Fleet::Models(Arc::new(ModelTable::new(args)?)), "igw")
+    } else {
+        let router = build_router(&args).await?;
+        let mode = router.mode();
+        let registry = WorkerRegistry::new(
+            router.model().name.clone(),
+            router.runtime(),
+            mode.spec().required_roles.to_vec(),
+            router.workers().clone(),
+            lifecycle(&args),
+        );
+        let fleet = Fleet::Single {
+            router: Arc::new(router),
+            registry: Arc::new(registry),
+        };
+        (fleet, mode.metrics_label())
+    };
+    let state = Arc::new(AppState::of(fleet).with_aliases(aliases));
 
     let http = TcpListener::bind((args.host.as_str(), args.port))
         .await
@@ -368,11 +432,8 @@ pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     let metrics_addr: SocketAddr = metrics_listener.local_addr()?;
 
     tokio::spawn(api::serve_metrics(metrics_listener, metrics));
-    println!(
-        "smg ready http={http_addr} metrics={metrics_addr} mode={}",
-        mode.metrics_label()
-    );
-    tracing::info!(%http_addr, %metrics_addr, ?mode, "smg serving");
+    println!("smg ready http={http_addr} metrics={metrics_addr} mode={label}");
+    tracing::info!(%http_addr, %metrics_addr, mode = label, "smg serving");
     api::serve(http, state, shutdown_signal()).await?;
     Ok(())
 }

@@ -378,3 +378,130 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
     let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
     assert_eq!(status["circuit"], "closed", "{status}");
 }
+
+#[tokio::test]
+async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
+    let gateway = Gateway::start(&[
+        "--enable-igw",
+        "--health-check-interval-secs",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--model-alias",
+        "small=alpha",
+        "--model-policy",
+        "beta=round_robin",
+        "--model-max-retries",
+        "beta=1",
+    ]);
+    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let ask = |model: &'static str| chat(&gateway, json!({"model": model}));
+    let (code, _) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 503, "no workers yet");
+    let (code, body) = ask("alpha").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+
+    // beta: prefill alone makes no mode.
+    let prefill = SimWorker::start("tokenspeed", "prefill", &["--zero-delay"]);
+    let (code, body) =
+        post(json!({"url": prefill.grpc_url(), "role": "prefill", "model_id": "beta"})).await;
+    assert_eq!(code, 202, "{body}");
+    let prefill_id = body["id"].as_str().unwrap().to_owned();
+    wait_status(&gateway, &prefill_id, "prefill ready", |_, b| {
+        b["status"] == "ready"
+    })
+    .await;
+    let (code, body) = ask("beta").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (503, Some("model_not_ready")),
+        "{body}"
+    );
+
+    // Adding decode makes beta a PD model.
+    let decode = SimWorker::start("tokenspeed", "decode", &["--zero-delay"]);
+    let (code, body) =
+        post(json!({"url": decode.grpc_url(), "role": "decode", "model_id": "beta"})).await;
+    assert_eq!(code, 202, "{body}");
+    let decode_id = body["id"].as_str().unwrap().to_owned();
+    wait_status(&gateway, &decode_id, "decode ready", |_, b| {
+        b["status"] == "ready"
+    })
+    .await;
+    let (code, body) = bounded("beta serves", async {
+        loop {
+            let (code, body) = ask("beta").await;
+            if code != 503 {
+                return (code, body);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["model"], "beta");
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("digest=")
+    );
+
+    // alpha: one regular worker, reached through its alias.
+    let regular = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let (code, body) = post(json!({"url": regular.grpc_url(), "model_id": "alpha"})).await;
+    assert_eq!(code, 202, "{body}");
+    let (code, body) = bounded("alpha serves", async {
+        loop {
+            let (code, body) = ask("small").await;
+            if code != 503 {
+                return (code, body);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["model"], "alpha");
+
+    let (code, ready) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 200, "{ready}");
+    assert_eq!(ready["models"]["alpha"]["mode"], "grpc");
+    assert_eq!(ready["models"]["beta"]["mode"], "grpc_pd");
+    let (_, models) = get(&gateway, "/v1/models").await;
+    let mut names: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["alpha", "beta"]);
+    let (_, listed) = get(&gateway, "/workers").await;
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 3, "{listed}");
+
+    // A worker without a model, or a duplicate across models, is refused.
+    let (code, body) = post(json!({"url": "grpc://127.0.0.1:1"})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (400, Some("invalid_parameter"))
+    );
+    let (code, body) = post(json!({"url": regular.grpc_url(), "model_id": "beta"})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (409, Some("worker_already_exists"))
+    );
+    // Without a model name a request is ambiguous now.
+    let mut bare = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    bare.as_object_mut().unwrap().remove("model");
+    let (code, body) = call(
+        reqwest::Method::POST,
+        gateway.url("/v1/chat/completions"),
+        Some(bare),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+}

@@ -15,7 +15,6 @@ use axum::routing::get;
 
 use super::http::{SharedState, error_response};
 use super::types::parse::parse_json;
-use crate::error::{Error, ErrorCode};
 use crate::workers::WorkerSpec;
 
 /// The admin routes, merged into the public API's router.
@@ -30,28 +29,25 @@ async fn register(State(state): State<SharedState>, body: axum::body::Bytes) -> 
         Ok(spec) => spec,
         Err(err) => return error_response(&err),
     };
-    match state.registry.register(spec) {
+    match state.register(spec) {
         Ok(status) => (StatusCode::ACCEPTED, Json(status)).into_response(),
         Err(err) => error_response(&err),
     }
 }
 
 async fn list(State(state): State<SharedState>) -> Response {
-    Json(serde_json::json!({ "workers": state.registry.list() })).into_response()
+    Json(serde_json::json!({ "workers": state.list() })).into_response()
 }
 
 async fn show(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    match state.registry.status(&id) {
-        Some(status) => Json(status).into_response(),
-        None => error_response(&Error::new(
-            ErrorCode::WorkerNotFound,
-            format!("no worker has id {id:?}"),
-        )),
+    match state.status(&id) {
+        Ok(status) => Json(status).into_response(),
+        Err(err) => error_response(&err),
     }
 }
 
 async fn remove(State(state): State<SharedState>, Path(id): Path<String>) -> Response {
-    match state.registry.remove(&id) {
+    match state.remove(&id) {
         Ok(status) => (StatusCode::ACCEPTED, Json(status)).into_response(),
         Err(err) => error_response(&err),
     }

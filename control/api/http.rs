@@ -5,7 +5,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router as HttpRouter;
 use axum::body::{Body, Bytes};
@@ -18,45 +17,10 @@ use futures::{Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+pub use super::state::AppState;
+
 use super::endpoints;
 use crate::error::Error;
-use crate::router::Router;
-use crate::workers::{BreakerConfig, Lifecycle, WorkerRegistry};
-
-/// What every handler shares.
-#[derive(Debug)]
-pub struct AppState {
-    pub router: Router,
-    /// The router's workers as the admin API manages them.
-    pub registry: Arc<WorkerRegistry>,
-    pub started: Instant,
-}
-
-impl AppState {
-    /// State whose admin API registers workers without health probes.
-    pub fn new(router: Router) -> Self {
-        let registry = WorkerRegistry::new(
-            router.model().name.clone(),
-            router.runtime(),
-            router.mode().spec().required_roles.to_vec(),
-            router.workers().clone(),
-            Lifecycle {
-                health: None,
-                breaker: BreakerConfig::default(),
-                probe_timeout: std::time::Duration::from_secs(5),
-            },
-        );
-        Self::with_registry(router, Arc::new(registry))
-    }
-
-    pub fn with_registry(router: Router, registry: Arc<WorkerRegistry>) -> Self {
-        Self {
-            router,
-            registry,
-            started: Instant::now(),
-        }
-    }
-}
 
 pub type SharedState = Arc<AppState>;
 
@@ -170,35 +134,15 @@ async fn liveness() -> Response {
         .into_response()
 }
 
-/// Ready when a healthy worker exists for every role the mode needs.
+/// Ready when a healthy worker exists for every role the mode needs (with
+/// several models: when at least one model can serve).
 async fn readiness(State(state): State<SharedState>) -> Response {
-    let router = &state.router;
-    let roles: serde_json::Map<String, serde_json::Value> = router
-        .mode()
-        .spec()
-        .required_roles
-        .iter()
-        .map(|&role| {
-            (
-                role.name().to_owned(),
-                serde_json::json!({
-                    "healthy": router.workers().healthy(role).len(),
-                    "total": router.workers().of_role(role).len(),
-                }),
-            )
-        })
-        .collect();
-    let ready = router.ready();
+    let (ready, body) = state.readiness();
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = serde_json::json!({
-        "status": if ready { "ready" } else { "not_ready" },
-        "mode": router.mode().metrics_label(),
-        "workers": roles,
-    });
     (status, axum::Json(body)).into_response()
 }
 

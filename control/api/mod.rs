@@ -5,6 +5,8 @@
 mod admin;
 mod endpoints;
 mod http;
+mod state;
 pub mod types;
 
 pub use http::{AppState, SharedState, app, serve, serve_metrics};
+pub use state::Fleet;

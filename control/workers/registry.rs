@@ -49,6 +49,10 @@ pub struct WorkerSpec {
     /// The model it serves; defaults to the gateway's (only model).
     #[serde(default)]
     pub model_id: Option<String>,
+    /// `tokenspeed` or `sglang` (IGW; defaults to `--runtime`, else
+    /// tokenspeed). A single-model gateway uses its own runtime.
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 fn regular() -> String {
