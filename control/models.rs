@@ -58,6 +58,15 @@ pub fn named_values<T>(
         .collect()
 }
 
+/// A model's readiness: the mode label it serves in (`None`: not
+/// servable) and per role its (healthy, total) workers.
+#[derive(Debug, Clone)]
+pub struct ModelReadiness {
+    pub name: String,
+    pub mode: Option<&'static str>,
+    pub workers: Vec<(WorkerRole, usize, usize)>,
+}
+
 /// One model of an IGW gateway.
 #[derive(Debug)]
 struct ModelEntry {
@@ -249,15 +258,8 @@ impl ModelTable {
             .collect()
     }
 
-    /// Per model: its mode label (or `None` when not servable) and the
-    /// healthy/total workers per role.
-    pub fn readiness(
-        &self,
-    ) -> Vec<(
-        String,
-        Option<&'static str>,
-        Vec<(WorkerRole, usize, usize)>,
-    )> {
+    /// Per model: whether and in which mode it serves, and its workers.
+    pub fn readiness(&self) -> Vec<ModelReadiness> {
         self.entries()
             .into_iter()
             .map(|(name, entry)| {
@@ -285,7 +287,11 @@ impl ModelTable {
                         )
                     })
                     .collect();
-                (name, servable, roles)
+                ModelReadiness {
+                    name,
+                    mode: servable,
+                    workers: roles,
+                }
             })
             .collect()
     }

@@ -196,8 +196,9 @@ impl AppState {
                 let models: serde_json::Map<String, serde_json::Value> = table
                     .readiness()
                     .into_iter()
-                    .map(|(name, mode, roles)| {
-                        let workers: serde_json::Map<String, serde_json::Value> = roles
+                    .map(|model| {
+                        let workers: serde_json::Map<String, serde_json::Value> = model
+                            .workers
                             .into_iter()
                             .map(|(role, healthy, total)| {
                                 (
@@ -207,10 +208,10 @@ impl AppState {
                             })
                             .collect();
                         (
-                            name,
+                            model.name,
                             serde_json::json!({
-                                "status": if mode.is_some() { "ready" } else { "not_ready" },
-                                "mode": mode,
+                                "status": if model.mode.is_some() { "ready" } else { "not_ready" },
+                                "mode": model.mode,
                                 "workers": workers,
                             }),
                         )
