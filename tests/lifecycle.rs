@@ -379,6 +379,21 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
     assert_eq!(status["circuit"], "closed", "{status}");
 }
 
+/// Asks for `model` until it stops answering 503 (its mode or tokenizer is
+/// still settling); returns the first other answer.
+async fn once_served(gateway: &Gateway, model: &str) -> (u16, Value) {
+    bounded("the model serves", async {
+        loop {
+            let (code, body) = chat(gateway, json!({"model": model})).await;
+            if code != 503 {
+                return (code, body);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
     let gateway = Gateway::start(&[
@@ -431,16 +446,7 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
         b["status"] == "ready"
     })
     .await;
-    let (code, body) = bounded("beta serves", async {
-        loop {
-            let (code, body) = ask("beta").await;
-            if code != 503 {
-                return (code, body);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let (code, body) = once_served(&gateway, "beta").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["model"], "beta");
     assert!(
@@ -454,16 +460,7 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
     let regular = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
     let (code, body) = post(json!({"url": regular.grpc_url(), "model_id": "alpha"})).await;
     assert_eq!(code, 202, "{body}");
-    let (code, body) = bounded("alpha serves", async {
-        loop {
-            let (code, body) = ask("small").await;
-            if code != 503 {
-                return (code, body);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    let (code, body) = once_served(&gateway, "small").await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["model"], "alpha");
 

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use super::{Policy, Pool, SelectionRequest};
+use super::{Policy, Pool, SelectionRequest, min_rotating};
 use crate::workers::Worker;
 
 /// Assumed tokens/s when a worker reports none.
@@ -52,20 +52,11 @@ impl Policy for LeastLoad {
     }
 
     fn select(&self, pool: &Pool<'_>, _request: &SelectionRequest<'_>) -> usize {
-        let available = pool.available();
-        let n = available.len();
         let start = self.start.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
-        let mut best: Option<(f64, usize, usize)> = None;
-        for step in 0..n {
-            let index = available[(start + step) % n];
-            let worker = pool.worker(index);
-            let key = (work_ahead(worker, now), worker.in_flight());
-            if best.is_none_or(|(score, requests, _)| (key.0, key.1) < (score, requests)) {
-                best = Some((key.0, key.1, index));
-            }
-        }
-        best.map_or(available[0], |(_, _, index)| index)
+        min_rotating(pool, start, |worker| {
+            (work_ahead(worker, now), worker.in_flight())
+        })
     }
 }
 

@@ -177,22 +177,32 @@ pub(crate) fn request_load(worker: &Worker, now: Instant) -> u64 {
     }
 }
 
-/// The available member with the lowest request load; ties go to the first
-/// one at or after `start` (in availability order), so equal workers take
-/// turns.
-pub(crate) fn least_loaded_from(pool: &Pool<'_>, now: Instant, start: usize) -> usize {
+/// The available member with the smallest `key`; ties go to the first one
+/// at or after `start` (in availability order), so equal workers take turns.
+pub(crate) fn min_rotating<K: PartialOrd>(
+    pool: &Pool<'_>,
+    start: usize,
+    key: impl Fn(&Worker) -> K,
+) -> usize {
     let available = pool.available();
     let n = available.len();
-    let mut best = (u64::MAX, u64::MAX, available[start % n]);
+    let mut best: Option<(K, usize)> = None;
     for step in 0..n {
         let index = available[(start + step) % n];
-        let worker = pool.worker(index);
-        let key = (request_load(worker, now), worker.in_flight_tokens());
-        if key < (best.0, best.1) {
-            best = (key.0, key.1, index);
+        let candidate = key(pool.worker(index));
+        if best.as_ref().is_none_or(|(least, _)| candidate < *least) {
+            best = Some((candidate, index));
         }
     }
-    best.2
+    best.map_or(available[0], |(_, index)| index)
+}
+
+/// The available member with the lowest request load (then fewest in-flight
+/// tokens); ties rotate with `start`.
+pub(crate) fn least_loaded_from(pool: &Pool<'_>, now: Instant, start: usize) -> usize {
+    min_rotating(pool, start, |worker| {
+        (request_load(worker, now), worker.in_flight_tokens())
+    })
 }
 
 /// The available member with the lowest request load (ties: the first).
