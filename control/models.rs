@@ -301,15 +301,14 @@ impl ModelTable {
         let model = spec.model_id.clone().ok_or_else(|| {
             Error::invalid_parameter("model_id", "a worker needs a model_id with --enable-igw")
         })?;
-        if let Ok(client) = crate::engine::EngineClient::new(&spec.url, Runtime::TokenSpeed) {
-            let id = crate::workers::worker_id(client.url());
-            if self.status(&id).is_some() {
-                return Err(Error::new(
-                    ErrorCode::WorkerAlreadyExists,
-                    format!("worker {} is already registered (id {id})", spec.url),
-                )
-                .with_param("url"));
-            }
+        // A URL is one worker across all models.
+        let id = crate::workers::worker_id(&spec.url);
+        if self.status(&id).is_some() {
+            return Err(Error::new(
+                ErrorCode::WorkerAlreadyExists,
+                format!("worker {} is already registered (id {id})", spec.url),
+            )
+            .with_param("url"));
         }
         let runtime = match spec.runtime.as_deref() {
             Some("tokenspeed") => Runtime::TokenSpeed,
