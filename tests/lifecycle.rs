@@ -479,6 +479,15 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
     assert_eq!(names, ["alpha", "beta"]);
     let (_, listed) = get(&gateway, "/workers").await;
     assert_eq!(listed["workers"].as_array().unwrap().len(), 3, "{listed}");
+    let (_, beta) = get(&gateway, "/workers?model_id=beta").await;
+    assert_eq!(beta["workers"].as_array().unwrap().len(), 2, "{beta}");
+    let (_, decodes) = get(&gateway, "/workers?model_id=beta&role=decode").await;
+    assert_eq!(decodes["workers"][0]["id"], decode_id.as_str(), "{decodes}");
+    let (code, body) = get(&gateway, "/workers?colour=red").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (400, Some("invalid_parameter"))
+    );
 
     // A worker without a model, or a duplicate across models, is refused.
     let (code, body) = post(json!({"url": "grpc://127.0.0.1:1"})).await;
