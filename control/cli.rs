@@ -100,6 +100,10 @@ pub struct LaunchArgs {
     /// Another name clients may use for a model, `ALIAS=MODEL` (repeatable).
     #[arg(long, value_name = "ALIAS=MODEL", action = ArgAction::Append)]
     pub model_alias: Vec<String>,
+    /// One logical worker per data-parallel rank each worker reports; the
+    /// rank goes on requests where the protocol has a field (SGLang).
+    #[arg(long)]
+    pub dp_aware: bool,
     /// The engine protocol; probed from the workers when not given.
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,

@@ -343,11 +343,22 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
             }
             (None, false) => None,
         };
-        workers.add(
-            Worker::new(client, *role, port)
+        let ranks = if args.dp_aware {
+            let load = discover("GetLoads", url, client.loads()).await?;
+            u32::try_from(load.dp_rank_count).unwrap_or(0).max(1)
+        } else {
+            1
+        };
+        for rank in 0..ranks {
+            let worker = Worker::new(client.clone(), *role, port)
                 .map_err(|e| anyhow::anyhow!("{e}"))?
-                .with_breaker(breaker_config(args)),
-        );
+                .with_breaker(breaker_config(args));
+            workers.add(if args.dp_aware {
+                worker.with_dp_rank(rank)
+            } else {
+                worker
+            });
+        }
     }
 
     let probe = workers

@@ -511,3 +511,85 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
     .await;
     assert_eq!(code, 400, "{body}");
 }
+
+#[tokio::test]
+async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
+    use smg::proto::sglang_scheduler as sg;
+    use smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
+
+    let worker = SimWorker::start(
+        "sglang",
+        "regular",
+        &[
+            "--dp-size",
+            "2",
+            "--decode-ms-per-token",
+            "40",
+            "--prefill-tokens-per-sec",
+            "1000000",
+        ],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--dp-aware",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+    ]);
+    let (_, listed) = get(&gateway, "/workers").await;
+    let workers = listed["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "one logical worker per rank: {listed}");
+    assert_eq!(workers[0]["url"], workers[1]["url"]);
+    assert_ne!(workers[0]["id"], workers[1]["id"]);
+
+    let body = json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, ranks."}],
+        "max_tokens": 20,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let response = client()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let mut stream = response.bytes_stream();
+        stream.next().await.unwrap().unwrap();
+        streams.push(stream);
+    }
+    // Both requests run now, one on each rank.
+    let mut engine = SglangSchedulerClient::connect(worker.url()).await.unwrap();
+    let loads = engine
+        .get_loads(sg::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(loads.dp_rank_count, 2);
+    let running: Vec<(i32, i32)> = loads
+        .loads
+        .iter()
+        .map(|l| (l.dp_rank, l.num_running_reqs))
+        .collect();
+    assert_eq!(running, [(0, 1), (1, 1)]);
+    for mut stream in streams {
+        let mut text = String::new();
+        bounded("a rank's stream ends", async {
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+        })
+        .await;
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+}

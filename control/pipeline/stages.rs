@@ -231,7 +231,14 @@ pub fn build_plan(
     encodes: EncodeDispatch,
     engine_request_id: String,
 ) -> Result<ExecutionPlan> {
+    let rank_of = |guard: &LoadGuard| {
+        guard
+            .worker()
+            .dp_rank()
+            .and_then(|rank| i32::try_from(rank).ok())
+    };
     let base = GenerateRequest {
+        data_parallel_rank: rank_of(&selection.primary),
         request_id: engine_request_id,
         input_ids: request.input_ids.clone(),
         original_text: request.prompt_text.clone(),
@@ -276,6 +283,9 @@ pub fn build_plan(
     };
     let encoded = mode.spec().encodes_media && !encodes.bootstrap.is_empty();
     let prefill_request = GenerateRequest {
+        data_parallel_rank: prefill_worker
+            .dp_rank()
+            .and_then(|rank| i32::try_from(rank).ok()),
         kv_bootstrap: Some(kv.clone()),
         media: if encoded {
             base.media.iter().map(metadata_only).collect()

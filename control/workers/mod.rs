@@ -93,6 +93,8 @@ pub struct Worker {
     /// Host of the worker's rendezvous (bootstrap) server: the worker's host.
     bootstrap_host: String,
     bootstrap_port: Option<u16>,
+    /// The data-parallel rank this logical worker stands for (`--dp-aware`).
+    dp_rank: Option<u32>,
     client: EngineClient,
     in_flight: AtomicUsize,
     /// Prompt tokens of the requests in flight.
@@ -126,6 +128,7 @@ impl Worker {
             role,
             bootstrap_host,
             bootstrap_port,
+            dp_rank: None,
             client,
             in_flight: AtomicUsize::new(0),
             in_flight_tokens: AtomicU64::new(0),
@@ -141,6 +144,18 @@ impl Worker {
     pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
         self.breaker = CircuitBreaker::new(config);
         self
+    }
+
+    /// The logical worker for one data-parallel rank of the engine (its id
+    /// names the rank; the URL stays the engine's).
+    pub fn with_dp_rank(mut self, rank: u32) -> Self {
+        self.id = worker_id(&format!("{}#dp{rank}", self.url));
+        self.dp_rank = Some(rank);
+        self
+    }
+
+    pub fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
     }
 
     /// The worker starting in this health state.

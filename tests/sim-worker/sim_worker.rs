@@ -141,6 +141,10 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck.
     #[arg(long)]
     unhealthy: bool,
+    /// Data-parallel ranks (SGLang): GetLoads reports each, Generate takes
+    /// `data_parallel_rank` below it.
+    #[arg(long, default_value_t = 1)]
+    dp_size: u32,
     /// Fault: report unhealthy in HealthCheck while this file exists.
     #[arg(long, value_name = "PATH")]
     unhealthy_while_exists: Option<std::path::PathBuf>,
@@ -243,6 +247,11 @@ async fn main() -> Result<()> {
         .map(Arc::new);
     let worker = Worker {
         engine,
+        dp_running: Arc::new(
+            (0..args.dp_size.max(1))
+                .map(|_| std::sync::atomic::AtomicI32::new(0))
+                .collect(),
+        ),
         recorder,
         shm_namespace_id,
         port: grpc_addr.port(),
