@@ -11,8 +11,9 @@
 //! route touches every node on its path, a parent is never older than its
 //! children and eviction trims from the leaves.
 //!
-//! A request walks the tree page by page; the deepest node held by an
-//! available worker gives the match. If the match covers at least
+//! A request finds the deepest node of its page path in the tree (a binary
+//! search over its page keys); the deepest node held by an available worker
+//! gives the match. If the match covers at least
 //! `match_threshold` of the prompt and the fleet is balanced, the least
 //! loaded of that node's holders wins; otherwise the least loaded worker
 //! does. The route taken is inserted afterwards.
@@ -143,16 +144,29 @@ impl CacheAware {
 
     /// The available holders of the deepest matching node and the tokens
     /// matched.
+    ///
+    /// The deepest node on the prompt's path is found by binary search over
+    /// its page keys: a route inserts every page of its path and eviction
+    /// takes the least recently used first, so a node's ancestors (touched
+    /// at least as recently) exist whenever it does. That is log2(pages)
+    /// lookups instead of one per page; memory latency, not hashing,
+    /// dominates a lookup in a large tree.
     fn longest_match(&self, pool: &Pool<'_>, ids: &[u32]) -> (Vec<usize>, usize) {
+        let keys: Vec<u64> = page_keys(ids).collect();
         let tree = self.tree.read().unwrap_or_else(PoisonError::into_inner);
-        let mut path: Vec<&Node> = Vec::new();
-        for key in page_keys(ids) {
-            match tree.nodes.get(&key) {
-                Some(node) => path.push(node),
-                None => break,
+        let (mut matched, mut absent) = (0, keys.len());
+        while matched < absent {
+            let mid = (matched + absent) / 2;
+            if tree.nodes.contains_key(&keys[mid]) {
+                matched = mid + 1;
+            } else {
+                absent = mid;
             }
         }
-        for (depth, node) in path.iter().enumerate().rev() {
+        for depth in (0..matched).rev() {
+            let Some(node) = tree.nodes.get(&keys[depth]) else {
+                continue;
+            };
             let holders: Vec<usize> = node
                 .holders
                 .iter()
