@@ -58,6 +58,16 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+fn print_row(name: &str, workers: usize, times: &mut [f64]) {
+    times.sort_by(f64::total_cmp);
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    println!(
+        "| {name} | {workers} | {mean:.2} | {:.2} | {:.2} |",
+        percentile(times, 0.5),
+        percentile(times, 0.99)
+    );
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -114,14 +124,18 @@ fn main() {
                 policy.on_routed(&workers[index], &r);
                 times.push(started.elapsed().as_secs_f64() * 1e6);
             }
-            times.sort_by(f64::total_cmp);
-            let mean = times.iter().sum::<f64>() / times.len() as f64;
-            println!(
-                "| {} | {n} | {mean:.2} | {:.2} | {:.2} |",
-                policy.name(),
-                percentile(&times, 0.5),
-                percentile(&times, 0.99)
-            );
+            print_row(policy.name(), n, &mut times);
+            if kind == PolicyKind::CacheAware {
+                // The lookup alone (the tree is warm; nothing is inserted).
+                let mut lookups = Vec::with_capacity(decisions);
+                for i in 0..decisions {
+                    let r = request(i);
+                    let started = Instant::now();
+                    std::hint::black_box(policy.select(&pool, &r));
+                    lookups.push(started.elapsed().as_secs_f64() * 1e6);
+                }
+                print_row("cache_aware (select only)", n, &mut lookups);
+            }
         }
     }
 
