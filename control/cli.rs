@@ -60,7 +60,7 @@ impl LogLevel {
     }
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
     /// Address the HTTP API listens on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -87,6 +87,23 @@ pub struct LaunchArgs {
     /// An encode worker and optionally its bootstrap port (repeatable).
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
     pub encode: Vec<String>,
+    /// Serve several models, each in the mode its workers imply; start with
+    /// no workers and register them through `POST /workers`.
+    #[arg(long)]
+    pub enable_igw: bool,
+    /// A per-model routing policy, `MODEL=POLICY` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=POLICY", action = ArgAction::Append)]
+    pub model_policy: Vec<String>,
+    /// A per-model retry count, `MODEL=N` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=N", action = ArgAction::Append)]
+    pub model_max_retries: Vec<String>,
+    /// Another name clients may use for a model, `ALIAS=MODEL` (repeatable).
+    #[arg(long, value_name = "ALIAS=MODEL", action = ArgAction::Append)]
+    pub model_alias: Vec<String>,
+    /// One logical worker per data-parallel rank each worker reports; the
+    /// rank goes on requests where the protocol has a field (SGLang).
+    #[arg(long)]
+    pub dp_aware: bool,
     /// The engine protocol; probed from the workers when not given.
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,
@@ -146,6 +163,37 @@ pub struct LaunchArgs {
     pub health_failure_threshold: u32,
     #[arg(long, default_value_t = 2)]
     pub health_success_threshold: u32,
+
+    /// Consecutive failed RPCs (within the window) that open a worker's circuit.
+    #[arg(long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+    /// Successful trial RPCs that close a half-open circuit.
+    #[arg(long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+    /// How long an open circuit keeps a worker out before a trial.
+    #[arg(long, default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+    /// Failures count as consecutive only within this window.
+    #[arg(long, default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+
+    /// How often workers' GetLoads is polled (only for load-aware policies).
+    #[arg(long, default_value_t = 1)]
+    pub load_check_interval_secs: u64,
+    /// cache_aware: share of the prompt that must match to follow the cache.
+    #[arg(long, default_value_t = 0.5)]
+    pub cache_threshold: f64,
+    /// cache_aware: the fleet is imbalanced when max − min load exceeds this...
+    #[arg(long, default_value_t = 32)]
+    pub balance_abs_threshold: u64,
+    /// ...and max load exceeds min × this.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f64,
+    /// cache_aware: 16-token pages remembered per model before LRU eviction.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_tree_size: usize,
 
     /// Address of the Prometheus /metrics listener (defaults to --host).
     #[arg(long)]

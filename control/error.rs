@@ -93,6 +93,13 @@ error_codes! {
     /// worker can help (fetching precedes worker selection), and a 5xx
     /// would charge a third party's outage to the gateway.
     MediaFetchFailed => ("media_fetch_failed", 400, Client, false),
+    /// A worker with this URL is already registered (admin API).
+    WorkerAlreadyExists => ("worker_already_exists", 409, Client, false),
+    /// No worker has this id (admin API).
+    WorkerNotFound => ("worker_not_found", 404, Client, false),
+    /// The model's registered workers do not yet make up a servable mode
+    /// (e.g. prefill without decode), or none is registered.
+    ModelNotReady => ("model_not_ready", 503, Gateway, true),
     /// No healthy worker can take the request for a role the mode needs.
     NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
     /// The gateway is at capacity (a full queue or ring).

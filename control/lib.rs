@@ -16,6 +16,7 @@ pub mod error;
 pub mod media;
 pub mod metrics;
 pub mod mode;
+pub mod models;
 pub mod pipeline;
 pub mod policies;
 pub mod proto;

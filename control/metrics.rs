@@ -17,6 +17,10 @@ pub const WORKER_SELECTION: &str = "smg_worker_selection_total";
 pub const RETRIES: &str = "smg_router_retries_total";
 pub const PD_LEGS_START: &str = "smg_router_pd_legs_start_seconds";
 pub const ENCODE_DURATION: &str = "smg_router_encode_duration_seconds";
+pub const WORKER_HEALTH: &str = "smg_worker_health_state";
+pub const BREAKER_STATE: &str = "smg_worker_cb_state";
+pub const BREAKER_TRANSITIONS: &str = "smg_worker_cb_transitions_total";
+pub const LOAD_READINGS: &str = "smg_worker_load_readings_total";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -78,4 +82,29 @@ pub fn record_encode(elapsed: Duration) {
 
 pub fn record_pd_legs_start(router: &'static str, elapsed: Duration) {
     metrics::histogram!(PD_LEGS_START, "router" => router).record(elapsed.as_secs_f64());
+}
+
+/// A worker's health changed: a 0/1 gauge per state (the current one is 1).
+pub fn record_health(worker: &str, role: &'static str, state: &'static str) {
+    for name in ["pending", "ready", "not_ready", "failed"] {
+        metrics::gauge!(WORKER_HEALTH, "worker" => worker.to_owned(), "role" => role, "state" => name)
+            .set(if name == state { 1.0 } else { 0.0 });
+    }
+}
+
+/// A worker's circuit breaker changed state.
+pub fn record_breaker(worker: &str, role: &'static str, state: &'static str) {
+    let code = match state {
+        "closed" => 0.0,
+        "open" => 1.0,
+        _ => 2.0,
+    };
+    metrics::gauge!(BREAKER_STATE, "worker" => worker.to_owned(), "role" => role).set(code);
+    metrics::counter!(BREAKER_TRANSITIONS, "worker" => worker.to_owned(), "role" => role, "to" => state)
+        .increment(1);
+}
+
+/// A fresh `GetLoads` reading arrived (its age is 0 now).
+pub fn record_load_reading(worker: &str, role: &'static str) {
+    metrics::counter!(LOAD_READINGS, "worker" => worker.to_owned(), "role" => role).increment(1);
 }

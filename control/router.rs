@@ -5,6 +5,7 @@
 //! output has reached the client.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
@@ -22,13 +23,13 @@ use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::stages::{
-    EncodeDispatch, RolePolicies, acquire_clients, build_plan, pick, plan_encodes, select_workers,
+    EncodeDispatch, RolePolicies, Selection, acquire_clients, build_plan, pick, plan_encodes,
+    select_workers,
 };
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
 use crate::policies::SelectionRequest;
 use crate::tokenizer::Tokenizer;
-use crate::workers::WorkerRole;
-use crate::workers::WorkerSet;
+use crate::workers::{Worker, WorkerRole, WorkerSet};
 
 /// Retries with exponential backoff and jitter (SMG's `--retry-*` flags).
 #[derive(Debug, Clone, Copy)]
@@ -122,6 +123,10 @@ impl Router {
 
     pub fn model(&self) -> &ServedModel {
         &self.parts.model
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        self.parts.runtime
     }
 
     pub fn workers(&self) -> &WorkerSet {
@@ -278,8 +283,9 @@ impl Router {
                     WorkerRole::Regular,
                     &selection,
                 )?;
-                let client = guard.worker().client().clone();
-                tokio::time::timeout(
+                let worker = Arc::clone(guard.worker());
+                let client = worker.client().clone();
+                let result = tokio::time::timeout(
                     self.parts.request_timeout,
                     client.embed(&format!("{engine_id}-{attempt}"), ids.to_vec()),
                 )
@@ -289,7 +295,12 @@ impl Router {
                         ErrorCode::RequestTimeout,
                         "the request exceeded its time limit",
                     ))
-                })
+                });
+                match &result {
+                    Ok(_) => worker.record_outcome(true),
+                    Err(err) => record_failure(std::slice::from_ref(&worker), err),
+                }
+                result
             }
             .await;
             match outcome {
@@ -303,6 +314,9 @@ impl Router {
 
     /// One attempt: the stages after Preparation, up to the first output
     /// event (so a failure before any byte reaches the client can retry).
+    /// The outcome feeds the chosen workers' circuit breakers: success once
+    /// the first event arrives, failure on a worker's fault before or during
+    /// the stream.
     async fn attempt(
         &self,
         pipeline: &RequestPipeline,
@@ -310,9 +324,49 @@ impl Router {
         attempt: u32,
         deadline: Instant,
     ) -> Result<OutputStream> {
-        let mode = self.parts.mode;
         let engine_request_id = format!("{}-{attempt}", request.request_id);
-        let selection = select_workers(mode, request, &self.parts.workers, &self.parts.policies)?;
+        let selection = select_workers(
+            self.parts.mode,
+            request,
+            &self.parts.workers,
+            &self.parts.policies,
+        )?;
+        let chosen: Vec<Arc<Worker>> = std::iter::once(&selection.primary)
+            .chain(&selection.prefill)
+            .chain(&selection.encoders)
+            .map(|guard| Arc::clone(guard.worker()))
+            .collect();
+        let outcome = self
+            .attempt_on(pipeline, request, selection, engine_request_id, deadline)
+            .await;
+        match outcome {
+            Ok(output) => {
+                for worker in &chosen {
+                    worker.record_outcome(true);
+                }
+                Ok(Box::pin(output.inspect(move |event| {
+                    if let Err(err) = event {
+                        record_failure(&chosen, err);
+                    }
+                })))
+            }
+            Err(err) => {
+                record_failure(&chosen, &err);
+                Err(err)
+            }
+        }
+    }
+
+    /// The attempt's stages after WorkerSelection.
+    async fn attempt_on(
+        &self,
+        pipeline: &RequestPipeline,
+        request: &PreparedRequest,
+        selection: Selection,
+        engine_request_id: String,
+        deadline: Instant,
+    ) -> Result<OutputStream> {
+        let mode = self.parts.mode;
         let clients = acquire_clients(&selection);
         let encodes = if pipeline.has_stage(StageKind::Encode) {
             plan_encodes(request, &selection, &clients, &engine_request_id)?
@@ -352,6 +406,37 @@ impl Router {
                 "the response ended before it began",
             )),
         }
+    }
+}
+
+/// Whether a failure is the worker's fault (and so counts against its
+/// circuit breaker). Rejections of invalid requests and overload answers do
+/// not: the worker is up and talking.
+fn worker_fault(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::WorkerUnavailable
+            | ErrorCode::WorkerError
+            | ErrorCode::WorkerTimeout
+            | ErrorCode::EncodeFailed
+            | ErrorCode::StreamInterrupted
+    )
+}
+
+/// Charges a worker fault to the workers its message names (worker errors
+/// carry the worker's URL), or to every chosen worker when it names none.
+fn record_failure(chosen: &[Arc<Worker>], err: &Error) {
+    if !worker_fault(err.code) {
+        return;
+    }
+    let named: Vec<&Arc<Worker>> = chosen
+        .iter()
+        .filter(|w| err.message.contains(w.url()))
+        .collect();
+    if named.is_empty() {
+        chosen.iter().for_each(|w| w.record_outcome(false));
+    } else {
+        named.into_iter().for_each(|w| w.record_outcome(false));
     }
 }
 

@@ -11,17 +11,22 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::net::TcpListener;
 
-use crate::api::{self, AppState};
+use crate::api::{self, AppState, Fleet};
 use crate::cli::{LaunchArgs, RuntimeArg, TensorTransport, worker_specs};
 use crate::engine::{EngineClient, ModelInfo, Runtime};
 use crate::media::MediaConfig;
 use crate::mode::Mode;
+use crate::models::{ModelTable, named_values};
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
+use crate::policies::{CacheAwareConfig, PolicyKind, PolicyTunables};
 use crate::router::{RetryConfig, Router, RouterParts};
 use crate::tokenizer::Tokenizer;
-use crate::workers::{HealthConfig, Worker, WorkerRole, WorkerSet, spawn_health_checks};
+use crate::workers::{
+    BreakerConfig, HealthConfig, Lifecycle, Worker, WorkerRegistry, WorkerRole, WorkerSet,
+    advertised_bootstrap_port, spawn_health_checks, spawn_load_polling,
+};
 
 /// How long start-up waits for a worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,18 +86,6 @@ async fn discover<T>(
         .map_err(|err| anyhow::anyhow!("{what} of {url} failed: {err}"))
 }
 
-/// The bootstrap port a worker advertises when the flags name none.
-fn advertised_bootstrap_port(info: &crate::engine::ServerInfo) -> Option<u16> {
-    [
-        info.scheduler_info.get("bootstrap_port"),
-        info.server_args.get("disaggregation_bootstrap_port"),
-    ]
-    .into_iter()
-    .flatten()
-    .find_map(serde_json::Value::as_u64)
-    .and_then(|port| u16::try_from(port).ok())
-}
-
 fn load_tokenizer_dir(dir: &Path) -> anyhow::Result<Tokenizer> {
     Tokenizer::from_model_dir(dir)
         .with_context(|| format!("cannot load the tokenizer from {}", dir.display()))
@@ -146,57 +139,98 @@ fn media_config(args: &LaunchArgs) -> anyhow::Result<MediaConfig> {
     })
 }
 
-/// Builds the router that `args` describe.
-pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
-    let (mode, fleet) = fleet_from_flags(args)?;
-    let first_url = &fleet[0].0;
-    let runtime = match args.runtime {
-        Some(RuntimeArg::Tokenspeed) => Runtime::TokenSpeed,
-        Some(RuntimeArg::Sglang) => Runtime::Sglang,
-        None => discover(
-            "runtime detection",
-            first_url,
-            EngineClient::detect(first_url),
-        )
-        .await?
-        .runtime(),
+/// The circuit breaker every worker gets (`--cb-*`).
+pub fn breaker_config(args: &LaunchArgs) -> BreakerConfig {
+    BreakerConfig {
+        enabled: !args.disable_circuit_breaker,
+        failure_threshold: args.cb_failure_threshold.max(1),
+        success_threshold: args.cb_success_threshold.max(1),
+        open_for: Duration::from_secs(args.cb_timeout_duration_secs),
+        window: Duration::from_secs(args.cb_window_duration_secs.max(1)),
+    }
+}
+
+/// How workers registered at run time are watched.
+pub fn lifecycle(args: &LaunchArgs) -> Lifecycle {
+    Lifecycle {
+        health: (!args.disable_health_check).then(|| health_config(args)),
+        breaker: breaker_config(args),
+        probe_timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
+    }
+}
+
+/// Health probing (`--health-check-*`).
+pub fn health_config(args: &LaunchArgs) -> HealthConfig {
+    HealthConfig::new(
+        Duration::from_secs(args.health_check_interval_secs.max(1)),
+        Duration::from_secs(args.health_check_timeout_secs.max(1)),
+        args.health_failure_threshold,
+        args.health_success_threshold,
+    )
+}
+
+/// The policy of each role (`--policy`, `--prefill-policy`, ...).
+pub fn role_policies(args: &LaunchArgs) -> RolePolicies {
+    role_policies_with(args, None)
+}
+
+/// The policy of each role, with `model_policy` (a per-model override)
+/// replacing `--policy` and the prefill/decode policies.
+pub fn role_policies_with(args: &LaunchArgs, model_policy: Option<PolicyKind>) -> RolePolicies {
+    let tunables = PolicyTunables {
+        cache_aware: CacheAwareConfig {
+            match_threshold: args.cache_threshold,
+            balance_abs_threshold: args.balance_abs_threshold,
+            balance_rel_threshold: args.balance_rel_threshold,
+            max_pages: args.max_tree_size.max(64),
+        },
+        ..PolicyTunables::default()
     };
-    if mode == Mode::EncodePrefillDecode && !runtime.has_encoder() {
-        bail!(
-            "EPD needs encode workers, but {} has no encoder protocol: use TokenSpeed workers",
-            runtime.name()
-        );
+    let pick = |role_flag: Option<PolicyKind>| {
+        model_policy
+            .or(role_flag)
+            .unwrap_or(args.policy)
+            .build_with(&tunables)
+    };
+    RolePolicies {
+        regular: pick(None),
+        prefill: pick(args.prefill_policy),
+        decode: pick(args.decode_policy),
+        encode: args.encode_policy.build_with(&tunables),
     }
-    if args.multimodal_tensor_transport != TensorTransport::Inline {
-        tracing::warn!(
-            transport = ?args.multimodal_tensor_transport,
-            "only the inline tensor transport is built yet; tensors go inline"
-        );
-    }
+}
 
-    let mut workers = WorkerSet::default();
-    for (url, role, flagged_port) in &fleet {
-        let client =
-            EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
-        let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
-        let port = match (flagged_port, needs_bootstrap) {
-            (Some(port), _) => Some(*port),
-            (None, true) => {
-                let info = discover("GetServerInfo", url, client.server_info()).await?;
-                Some(advertised_bootstrap_port(&info).with_context(|| {
-                    format!("{role} worker {url} needs a bootstrap port: give it after the URL")
-                })?)
-            }
-            (None, false) => None,
-        };
-        workers.add(Worker::new(client, *role, port).map_err(|e| anyhow::anyhow!("{e}"))?);
+/// Polls GetLoads for each role whose policy reads engine load.
+pub fn start_load_polling(workers: &WorkerSet, policies: &RolePolicies, args: &LaunchArgs) {
+    let interval = Duration::from_secs(args.load_check_interval_secs.max(1));
+    for role in [
+        WorkerRole::Regular,
+        WorkerRole::Prefill,
+        WorkerRole::Decode,
+        WorkerRole::Encode,
+    ] {
+        if policies.of(role).needs_loads() {
+            spawn_load_polling(workers.clone(), role, interval);
+        }
     }
+}
 
-    let probe = workers
-        .all()
-        .find(|w| w.role() != WorkerRole::Encode)
-        .cloned()
-        .context("no generating worker")?;
+/// What serving a model takes besides its workers.
+#[derive(Debug)]
+pub struct ModelContext {
+    pub tokenizer: Tokenizer,
+    pub model: ServedModel,
+    pub media: Option<MediaPlanner>,
+}
+
+/// Discovers a model from one of its generating workers: its info, its
+/// tokenizer (flags first, then what the worker offers) and its vision
+/// preprocessing. `name` overrides the served name.
+pub async fn model_context(
+    args: &LaunchArgs,
+    probe: &Worker,
+    name: Option<String>,
+) -> anyhow::Result<ModelContext> {
     let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
         Ok(info) => Some(info),
         Err(err) if args.model_path.is_some() || args.tokenizer_path.is_some() => {
@@ -206,9 +240,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         Err(err) => return Err(err),
     };
     let tokenizer = load_tokenizer(args, info.as_ref(), probe.client()).await?;
-    let name = args
-        .served_model_name
-        .clone()
+    let name = name
         .or_else(|| {
             info.as_ref()
                 .map(|i| i.served_model_name.clone())
@@ -249,23 +281,101 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
     if media.is_none() {
         tracing::info!("no vision preprocessing for this model: requests with images answer 501");
     }
-    let policies = RolePolicies {
-        regular: args.policy.build(),
-        prefill: args.prefill_policy.unwrap_or(args.policy).build(),
-        decode: args.decode_policy.unwrap_or(args.policy).build(),
-        encode: args.encode_policy.build(),
+    Ok(ModelContext {
+        tokenizer,
+        model,
+        media,
+    })
+}
+
+/// Retries (`--retry-*`, `--disable-retries`).
+pub fn retry_config(args: &LaunchArgs) -> RetryConfig {
+    RetryConfig {
+        max_retries: args.retry_max_retries,
+        initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
+        max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
+        multiplier: args.retry_backoff_multiplier,
+        jitter_factor: args.retry_jitter_factor,
+        disabled: args.disable_retries,
+    }
+}
+
+/// Builds the router that `args` describe.
+pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
+    let (mode, fleet) = fleet_from_flags(args)?;
+    let first_url = &fleet[0].0;
+    let runtime = match args.runtime {
+        Some(RuntimeArg::Tokenspeed) => Runtime::TokenSpeed,
+        Some(RuntimeArg::Sglang) => Runtime::Sglang,
+        None => discover(
+            "runtime detection",
+            first_url,
+            EngineClient::detect(first_url),
+        )
+        .await?
+        .runtime(),
     };
-    if !args.disable_health_check {
-        spawn_health_checks(
-            workers.all().cloned().collect(),
-            HealthConfig {
-                interval: Duration::from_secs(args.health_check_interval_secs.max(1)),
-                timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
-                failure_threshold: args.health_failure_threshold.max(1),
-                success_threshold: args.health_success_threshold.max(1),
-            },
+    if mode == Mode::EncodePrefillDecode && !runtime.has_encoder() {
+        bail!(
+            "EPD needs encode workers, but {} has no encoder protocol: use TokenSpeed workers",
+            runtime.name()
         );
     }
+    if args.multimodal_tensor_transport != TensorTransport::Inline {
+        tracing::warn!(
+            transport = ?args.multimodal_tensor_transport,
+            "only the inline tensor transport is built yet; tensors go inline"
+        );
+    }
+
+    let workers = WorkerSet::default();
+    for (url, role, flagged_port) in &fleet {
+        let client =
+            EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
+        let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
+        let port = match (flagged_port, needs_bootstrap) {
+            (Some(port), _) => Some(*port),
+            (None, true) => {
+                let info = discover("GetServerInfo", url, client.server_info()).await?;
+                Some(advertised_bootstrap_port(&info).with_context(|| {
+                    format!("{role} worker {url} needs a bootstrap port: give it after the URL")
+                })?)
+            }
+            (None, false) => None,
+        };
+        let ranks = if args.dp_aware {
+            let load = discover("GetLoads", url, client.loads()).await?;
+            u32::try_from(load.dp_rank_count).unwrap_or(0).max(1)
+        } else {
+            1
+        };
+        for rank in 0..ranks {
+            let worker = Worker::new(client.clone(), *role, port)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .with_breaker(breaker_config(args));
+            workers.add(if args.dp_aware {
+                worker.with_dp_rank(rank)
+            } else {
+                worker
+            });
+        }
+    }
+
+    let probe = workers
+        .all()
+        .into_iter()
+        .find(|w| w.role() != WorkerRole::Encode)
+        .context("no generating worker")?;
+    let ModelContext {
+        tokenizer,
+        model,
+        media,
+    } = model_context(args, &probe, args.served_model_name.clone()).await?;
+    let policies = role_policies(args);
+    if !args.disable_health_check {
+        spawn_health_checks(workers.all(), health_config(args));
+    }
+    start_load_polling(&workers, &policies, args);
     Ok(Router::new(RouterParts {
         mode,
         runtime,
@@ -273,14 +383,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         policies,
         tokenizer,
         model,
-        retry: RetryConfig {
-            max_retries: args.retry_max_retries,
-            initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
-            max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
-            multiplier: args.retry_backoff_multiplier,
-            jitter_factor: args.retry_jitter_factor,
-            disabled: args.disable_retries,
-        },
+        retry: retry_config(args),
         request_timeout: Duration::from_secs(args.request_timeout_secs.max(1)),
         media,
     }))
@@ -289,9 +392,37 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
 /// Runs the gateway until a shutdown signal.
 pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
-    let router = build_router(&args).await?;
-    let mode = router.mode();
-    let state = Arc::new(AppState::new(router));
+    let aliases = named_values("model-alias", &args.model_alias, |model| {
+        Ok(model.to_owned())
+    })
+    .map_err(anyhow::Error::msg)?;
+    let (fleet, label) = if args.enable_igw {
+        if !args.worker_urls.is_empty()
+            || !args.prefill.is_empty()
+            || !args.decode.is_empty()
+            || !args.encode.is_empty()
+        {
+            bail!("--enable-igw starts with no workers: register them with POST /workers");
+        }
+        let args = Arc::new(args.clone());
+        (Fleet::Models(Arc::new(ModelTable::new(args)?)), "igw")
+    } else {
+        let router = build_router(&args).await?;
+        let mode = router.mode();
+        let registry = WorkerRegistry::new(
+            router.model().name.clone(),
+            router.runtime(),
+            mode.spec().required_roles.to_vec(),
+            router.workers().clone(),
+            lifecycle(&args),
+        );
+        let fleet = Fleet::Single {
+            router: Arc::new(router),
+            registry: Arc::new(registry),
+        };
+        (fleet, mode.metrics_label())
+    };
+    let state = Arc::new(AppState::of(fleet).with_aliases(aliases));
 
     let http = TcpListener::bind((args.host.as_str(), args.port))
         .await
@@ -312,11 +443,8 @@ pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
     let metrics_addr: SocketAddr = metrics_listener.local_addr()?;
 
     tokio::spawn(api::serve_metrics(metrics_listener, metrics));
-    println!(
-        "smg ready http={http_addr} metrics={metrics_addr} mode={}",
-        mode.metrics_label()
-    );
-    tracing::info!(%http_addr, %metrics_addr, ?mode, "smg serving");
+    println!("smg ready http={http_addr} metrics={metrics_addr} mode={label}");
+    tracing::info!(%http_addr, %metrics_addr, mode = label, "smg serving");
     api::serve(http, state, shutdown_signal()).await?;
     Ok(())
 }

@@ -40,7 +40,7 @@ fn routing_key(headers: &HeaderMap) -> Option<String> {
 
 fn limits(state: &SharedState) -> Limits {
     Limits {
-        max_output_tokens: Some(state.router.model().max_context_length),
+        max_output_tokens: state.output_limit(),
     }
 }
 
@@ -110,13 +110,15 @@ async fn run<D: Dialect>(
     make_dialect: impl FnOnce(&crate::api::types::spec::GenerationSpec) -> D,
 ) -> Response {
     let started = Instant::now();
-    let router_label = state.router.mode().metrics_label();
+    let mut router_label = state.default_label();
     let outcome = async {
-        let spec = spec?;
+        let mut spec = spec?;
+        let (router, model) = state.router_for(spec.model.as_deref())?;
+        spec.model = model;
+        router_label = router.mode().metrics_label();
         let stream = spec.stream;
         let dialect = make_dialect(&spec);
-        let generation = state
-            .router
+        let generation = router
             .generate(endpoint, spec, routing_key(headers))
             .await?;
         Ok::<_, Error>((stream, dialect, generation))
@@ -145,7 +147,7 @@ async fn run<D: Dialect>(
         tokenizer,
     };
     if stream {
-        return stream_response(state, endpoint, info, output, dialect);
+        return stream_response(router_label, endpoint, info, output, dialect);
     }
     match collect(output, n).await {
         Ok(collected) => {
@@ -177,13 +179,12 @@ fn error_for(endpoint: Endpoint, err: &Error) -> Response {
 }
 
 fn stream_response<D: Dialect>(
-    state: SharedState,
+    router_label: &'static str,
     endpoint: Endpoint,
     info: GenerationInfo,
     mut output: crate::pipeline::respond::OutputStream,
     mut dialect: D,
 ) -> Response {
-    let router_label = state.router.mode().metrics_label();
     let frames = async_frames(move |sender| async move {
         let mut first_token: Option<Instant> = None;
         let mut completion_tokens = 0u32;
@@ -866,15 +867,15 @@ pub async fn embeddings(
     body: Bytes,
 ) -> Response {
     let started = Instant::now();
-    let router_label = state.router.mode().metrics_label();
+    let mut router_label = state.default_label();
     let outcome = async {
         let request = parse_json::<embeddings::EmbeddingRequest>(&body)?;
         let inputs = request.to_inputs()?;
         let format = request.encoding_format.unwrap_or_default();
-        let (_, vectors) = state
-            .router
-            .embed(Endpoint::Embeddings, &request.model, inputs)
-            .await?;
+        let (router, model) = state.router_for(Some(&request.model))?;
+        router_label = router.mode().metrics_label();
+        let model = model.unwrap_or_else(|| request.model.clone());
+        let (_, vectors) = router.embed(Endpoint::Embeddings, &model, inputs).await?;
         let prompt_tokens = vectors.iter().map(|v| v.prompt_tokens).sum();
         let data = vectors
             .iter()
@@ -947,10 +948,9 @@ pub async fn classify(
     let outcome = async {
         let request = parse_json::<embeddings::ClassifyRequest>(&body)?;
         let inputs = request.to_inputs()?;
-        let (id, outputs) = state
-            .router
-            .embed(Endpoint::Classify, &request.model, inputs)
-            .await?;
+        let (router, model) = state.router_for(Some(&request.model))?;
+        let model = model.unwrap_or_else(|| request.model.clone());
+        let (id, outputs) = router.embed(Endpoint::Classify, &model, inputs).await?;
         let prompt_tokens = outputs.iter().map(|v| v.prompt_tokens).sum();
         Ok::<_, Error>(embeddings::ClassifyResponse {
             id,
@@ -975,20 +975,23 @@ pub async fn classify(
 }
 
 pub async fn models(State(state): State<SharedState>) -> Response {
-    let model = state.router.model();
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
         - state.started.elapsed().as_secs();
     axum::Json(openai::ModelList {
         object: super::types::forms::ListObject,
-        data: vec![openai::ModelCard {
-            id: model.name.clone(),
-            object: openai::ModelObject,
-            created,
-            owned_by: "smg".to_owned(),
-            max_model_len: Some(model.max_context_length),
-        }],
+        data: state
+            .served_models()
+            .into_iter()
+            .map(|model| openai::ModelCard {
+                id: model.name,
+                object: openai::ModelObject,
+                created,
+                owned_by: "smg".to_owned(),
+                max_model_len: Some(model.max_context_length),
+            })
+            .collect(),
     })
     .into_response()
 }

@@ -5,7 +5,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router as HttpRouter;
 use axum::body::{Body, Bytes};
@@ -18,25 +17,10 @@ use futures::{Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
+pub use super::state::AppState;
+
 use super::endpoints;
 use crate::error::Error;
-use crate::router::Router;
-
-/// What every handler shares.
-#[derive(Debug)]
-pub struct AppState {
-    pub router: Router,
-    pub started: Instant,
-}
-
-impl AppState {
-    pub fn new(router: Router) -> Self {
-        Self {
-            router,
-            started: Instant::now(),
-        }
-    }
-}
 
 pub type SharedState = Arc<AppState>;
 
@@ -53,6 +37,7 @@ pub fn app(state: SharedState) -> HttpRouter {
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness))
+        .merge(super::admin::routes())
         .fallback(not_found)
         .with_state(state)
 }
@@ -149,35 +134,15 @@ async fn liveness() -> Response {
         .into_response()
 }
 
-/// Ready when a healthy worker exists for every role the mode needs.
+/// Ready when a healthy worker exists for every role the mode needs (with
+/// several models: when at least one model can serve).
 async fn readiness(State(state): State<SharedState>) -> Response {
-    let router = &state.router;
-    let roles: serde_json::Map<String, serde_json::Value> = router
-        .mode()
-        .spec()
-        .required_roles
-        .iter()
-        .map(|&role| {
-            (
-                role.name().to_owned(),
-                serde_json::json!({
-                    "healthy": router.workers().healthy(role).len(),
-                    "total": router.workers().of_role(role).len(),
-                }),
-            )
-        })
-        .collect();
-    let ready = router.ready();
+    let (ready, body) = state.readiness();
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = serde_json::json!({
-        "status": if ready { "ready" } else { "not_ready" },
-        "mode": router.mode().metrics_label(),
-        "workers": roles,
-    });
     (status, axum::Json(body)).into_response()
 }
 

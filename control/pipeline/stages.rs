@@ -11,7 +11,7 @@ use crate::engine::{
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::{ExecutionPlan as PlanShape, Mode};
-use crate::policies::{Policy, SelectionRequest};
+use crate::policies::{Policy, Pool, SelectionRequest};
 use crate::workers::{LoadGuard, Worker, WorkerRole, WorkerSet};
 
 use super::execution::{ExecutionPlan, Leg, SideCall};
@@ -27,7 +27,7 @@ pub struct RolePolicies {
 }
 
 impl RolePolicies {
-    fn of(&self, role: WorkerRole) -> &Arc<dyn Policy> {
+    pub fn of(&self, role: WorkerRole) -> &Arc<dyn Policy> {
         match role {
             WorkerRole::Regular => &self.regular,
             WorkerRole::Prefill => &self.prefill,
@@ -47,28 +47,39 @@ pub struct Selection {
     pub encoders: Vec<LoadGuard>,
 }
 
-/// Picks one healthy worker of `role` with the role's policy.
+/// Picks one available worker of `role` with the role's policy and holds it
+/// (counting the prompt's tokens against it).
 pub fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
     request: &SelectionRequest<'_>,
 ) -> Result<LoadGuard> {
-    let candidates = workers.healthy(role);
-    if candidates.is_empty() {
+    let (members, generation) = workers.members(role);
+    let available: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].is_available())
+        .collect();
+    if available.is_empty() {
         return Err(Error::new(
             ErrorCode::NoHealthyWorker,
             format!("no healthy {role} worker is available"),
         ));
     }
     let policy = policies.of(role);
-    let index = policy
-        .select(&candidates, request)
-        .min(candidates.len() - 1);
-    let worker: &Arc<Worker> = &candidates[index];
+    let pool = Pool::new(&members, &available, generation);
+    let mut index = policy.select(&pool, request);
+    if !pool.is_available(index) {
+        tracing::error!(
+            policy = policy.name(),
+            index,
+            "a policy chose an unavailable worker"
+        );
+        index = available[0];
+    }
+    let worker: &Arc<Worker> = &members[index];
     policy.on_routed(worker, request);
     metrics::record_selection(worker.url(), role.name(), policy.name());
-    Ok(worker.acquire())
+    Ok(worker.acquire_tokens(request.input_ids.len() as u64))
 }
 
 /// WorkerSelection: one worker, or prefill + decode, plus an encode worker
@@ -220,7 +231,14 @@ pub fn build_plan(
     encodes: EncodeDispatch,
     engine_request_id: String,
 ) -> Result<ExecutionPlan> {
+    let rank_of = |guard: &LoadGuard| {
+        guard
+            .worker()
+            .dp_rank()
+            .and_then(|rank| i32::try_from(rank).ok())
+    };
     let base = GenerateRequest {
+        data_parallel_rank: rank_of(&selection.primary),
         request_id: engine_request_id,
         input_ids: request.input_ids.clone(),
         original_text: request.prompt_text.clone(),
@@ -265,6 +283,9 @@ pub fn build_plan(
     };
     let encoded = mode.spec().encodes_media && !encodes.bootstrap.is_empty();
     let prefill_request = GenerateRequest {
+        data_parallel_rank: prefill_worker
+            .dp_rank()
+            .and_then(|rank| i32::try_from(rank).ok()),
         kv_bootstrap: Some(kv.clone()),
         media: if encoded {
             base.media.iter().map(metadata_only).collect()

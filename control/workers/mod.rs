@@ -1,18 +1,33 @@
-//! The engine workers a router can send to: their role, client, in-flight
-//! load and health.
+//! The engine workers a router can send to: their identity and role, client,
+//! in-flight load, health, circuit breaker and reported load, and the shared
+//! membership ([`WorkerSet`]) that routers select from and the admin API
+//! changes at run time.
 //!
 //! A request that picks a worker holds a [`LoadGuard`] for as long as it uses
 //! it; the guard's `Drop` gives the slot back, so a cancelled or failed
 //! request can never leak a load count.
 
+mod breaker;
 mod health;
+mod loads;
+mod registry;
 
-pub use health::{HealthConfig, spawn_health_checks};
+pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use health::{
+    HealthConfig, HealthState, HealthTracker, probe, spawn_health_checks, spawn_probe_loop,
+};
+pub use loads::{LoadCell, LoadReading, spawn_load_polling};
+pub use registry::{
+    Lifecycle, LoadStatus, WorkerRegistry, WorkerSpec, WorkerStatus, advertised_bootstrap_port,
+};
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
 
 use crate::engine::EngineClient;
 use crate::error::{Error, ErrorCode, Result};
@@ -43,17 +58,54 @@ impl fmt::Display for WorkerRole {
     }
 }
 
+impl std::str::FromStr for WorkerRole {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        match text {
+            "regular" => Ok(WorkerRole::Regular),
+            "prefill" => Ok(WorkerRole::Prefill),
+            "decode" => Ok(WorkerRole::Decode),
+            "encode" => Ok(WorkerRole::Encode),
+            other => Err(format!(
+                "unknown worker role {other:?} (regular, prefill, decode, encode)"
+            )),
+        }
+    }
+}
+
+/// A process-unique number per worker, so policies can key their memory by
+/// a `u64` instead of a URL.
+fn next_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// One engine worker.
 #[derive(Debug)]
 pub struct Worker {
+    /// A short stable id derived from the URL (safe in an admin API path).
+    id: String,
+    /// Unique in a gateway.
     url: String,
+    serial: u64,
     role: WorkerRole,
     /// Host of the worker's rendezvous (bootstrap) server: the worker's host.
     bootstrap_host: String,
     bootstrap_port: Option<u16>,
+    /// The data-parallel rank this logical worker stands for (`--dp-aware`).
+    dp_rank: Option<u32>,
     client: EngineClient,
     in_flight: AtomicUsize,
-    healthy: AtomicBool,
+    /// Prompt tokens of the requests in flight.
+    in_flight_tokens: AtomicU64,
+    health: AtomicU8,
+    /// Removed from the fleet: finishes what it has, takes nothing new.
+    draining: AtomicBool,
+    breaker: CircuitBreaker,
+    load: LoadCell,
+    /// Cancelled when the worker leaves the fleet; stops its probe loop.
+    retired: CancellationToken,
 }
 
 impl Worker {
@@ -70,18 +122,60 @@ impl Worker {
             )
         })?;
         Ok(Self {
+            id: worker_id(&url),
             url,
+            serial: next_serial(),
             role,
             bootstrap_host,
             bootstrap_port,
+            dp_rank: None,
             client,
             in_flight: AtomicUsize::new(0),
-            healthy: AtomicBool::new(true),
+            in_flight_tokens: AtomicU64::new(0),
+            health: AtomicU8::new(HealthState::Ready as u8),
+            draining: AtomicBool::new(false),
+            breaker: CircuitBreaker::new(BreakerConfig::default()),
+            load: LoadCell::default(),
+            retired: CancellationToken::new(),
         })
+    }
+
+    /// The worker with this circuit-breaker configuration.
+    pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = CircuitBreaker::new(config);
+        self
+    }
+
+    /// The logical worker for one data-parallel rank of the engine (its id
+    /// names the rank; the URL stays the engine's).
+    pub fn with_dp_rank(mut self, rank: u32) -> Self {
+        self.id = worker_id(&format!("{}#dp{rank}", self.url));
+        self.dp_rank = Some(rank);
+        self
+    }
+
+    pub fn dp_rank(&self) -> Option<u32> {
+        self.dp_rank
+    }
+
+    /// The worker starting in this health state.
+    pub fn with_health(self, state: HealthState) -> Self {
+        self.health.store(state as u8, Ordering::Relaxed);
+        self
+    }
+
+    /// The worker's id in the fleet: stable for a URL, URL-safe.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// A process-unique number for this worker.
+    pub fn serial(&self) -> u64 {
+        self.serial
     }
 
     pub fn role(&self) -> WorkerRole {
@@ -105,21 +199,105 @@ impl Worker {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed)
+    /// Prompt tokens of the requests currently holding this worker.
+    pub fn in_flight_tokens(&self) -> u64 {
+        self.in_flight_tokens.load(Ordering::Relaxed)
     }
 
+    pub fn health(&self) -> HealthState {
+        HealthState::from_u8(self.health.load(Ordering::Relaxed))
+    }
+
+    pub fn set_health(&self, state: HealthState) {
+        let before = self.health.swap(state as u8, Ordering::Relaxed);
+        if before != state as u8 {
+            crate::metrics::record_health(self.url(), self.role.name(), state.name());
+        }
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        self.health() == HealthState::Ready
+    }
+
+    /// Marks the worker ready or not ready (tests, and health without probes).
     pub fn set_healthy(&self, healthy: bool) {
-        self.healthy.store(healthy, Ordering::Relaxed);
+        self.set_health(if healthy {
+            HealthState::Ready
+        } else {
+            HealthState::NotReady
+        });
+    }
+
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
+    /// Feeds an RPC outcome to the circuit breaker.
+    pub fn record_outcome(&self, success: bool) {
+        if let Some(state) = self.breaker.record(success) {
+            tracing::warn!(worker = self.url(), state = state.name(), "circuit breaker");
+            crate::metrics::record_breaker(self.url(), self.role.name(), state.name());
+        }
+    }
+
+    pub fn load_cell(&self) -> &LoadCell {
+        &self.load
+    }
+
+    /// The engine-reported load if it is fresh.
+    pub fn reported_load(&self) -> Option<LoadReading> {
+        self.load.fresh_at(Instant::now())
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Takes the worker out of rotation for good; requests in flight finish.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Stops the worker's background tasks (its probe loop).
+    pub fn retire(&self) {
+        self.start_draining();
+        self.retired.cancel();
+    }
+
+    pub fn retired_token(&self) -> CancellationToken {
+        self.retired.clone()
+    }
+
+    /// Whether a new request may go here: ready, not draining, circuit not
+    /// open.
+    pub fn is_available(&self) -> bool {
+        self.is_healthy() && !self.is_draining() && self.breaker.allows()
     }
 
     /// Counts a request against this worker until the guard drops.
     pub fn acquire(self: &Arc<Self>) -> LoadGuard {
+        self.acquire_tokens(0)
+    }
+
+    /// Counts a request of `tokens` prompt tokens against this worker until
+    /// the guard drops.
+    pub fn acquire_tokens(self: &Arc<Self>, tokens: u64) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         LoadGuard {
             worker: Arc::clone(self),
+            tokens,
         }
     }
+}
+
+/// The id of the worker at `url`: 16 hex digits of its blake3 hash.
+pub fn worker_id(url: &str) -> String {
+    let digest = blake3::hash(url.as_bytes());
+    digest.as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The host part of a worker URL (`grpc://host:port`, `http://host:port`,
@@ -141,6 +319,7 @@ fn host_of(url: &str) -> Option<String> {
 #[derive(Debug)]
 pub struct LoadGuard {
     worker: Arc<Worker>,
+    tokens: u64,
 }
 
 impl LoadGuard {
@@ -152,43 +331,133 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.worker
+            .in_flight_tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 
-/// The workers of one router, by role.
+/// One immutable view of the membership.
+#[derive(Debug, Default)]
+struct Members {
+    by_role: HashMap<WorkerRole, Arc<[Arc<Worker>]>>,
+    /// Changes whenever the membership does (process-unique).
+    generation: u64,
+}
+
+/// The workers of one router (or one model), by role: a shared handle, so
+/// the admin API's changes reach the router at once. Readers take a snapshot
+/// (an `Arc` clone); writers replace it.
 #[derive(Debug, Default, Clone)]
 pub struct WorkerSet {
-    by_role: HashMap<WorkerRole, Vec<Arc<Worker>>>,
+    members: Arc<RwLock<Arc<Members>>>,
+}
+
+fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl WorkerSet {
-    pub fn add(&mut self, worker: Worker) {
-        self.by_role
-            .entry(worker.role)
-            .or_default()
-            .push(Arc::new(worker));
+    fn snapshot(&self) -> Arc<Members> {
+        Arc::clone(&self.members.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Every worker of `role`, healthy or not.
-    pub fn of_role(&self, role: WorkerRole) -> &[Arc<Worker>] {
-        self.by_role.get(&role).map_or(&[], Vec::as_slice)
+    fn update(&self, change: impl FnOnce(&mut HashMap<WorkerRole, Vec<Arc<Worker>>>)) {
+        let mut guard = self.members.write().unwrap_or_else(PoisonError::into_inner);
+        let mut by_role: HashMap<WorkerRole, Vec<Arc<Worker>>> = guard
+            .by_role
+            .iter()
+            .map(|(role, workers)| (*role, workers.to_vec()))
+            .collect();
+        change(&mut by_role);
+        *guard = Arc::new(Members {
+            by_role: by_role
+                .into_iter()
+                .filter(|(_, workers)| !workers.is_empty())
+                .map(|(role, workers)| (role, Arc::from(workers)))
+                .collect(),
+            generation: next_generation(),
+        });
     }
 
-    /// The healthy workers of `role`.
+    /// Adds a worker; returns the shared handle to it.
+    pub fn add(&self, worker: Worker) -> Arc<Worker> {
+        let worker = Arc::new(worker);
+        self.insert(Arc::clone(&worker));
+        worker
+    }
+
+    pub fn insert(&self, worker: Arc<Worker>) {
+        self.update(|by_role| by_role.entry(worker.role).or_default().push(worker));
+    }
+
+    /// Takes the worker with `id` out of the membership (it stops getting
+    /// new requests); returns it.
+    pub fn remove(&self, id: &str) -> Option<Arc<Worker>> {
+        let mut removed = None;
+        self.update(|by_role| {
+            for workers in by_role.values_mut() {
+                if let Some(at) = workers.iter().position(|w| w.id() == id) {
+                    removed = Some(workers.remove(at));
+                }
+            }
+        });
+        removed
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Worker>> {
+        self.snapshot()
+            .by_role
+            .values()
+            .flat_map(|workers| workers.iter())
+            .find(|w| w.id() == id)
+            .cloned()
+    }
+
+    /// Every worker of `role`, available or not.
+    pub fn of_role(&self, role: WorkerRole) -> Arc<[Arc<Worker>]> {
+        self.snapshot()
+            .by_role
+            .get(&role)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()))
+    }
+
+    /// Every worker of `role` and the membership generation they belong to.
+    pub fn members(&self, role: WorkerRole) -> (Arc<[Arc<Worker>]>, u64) {
+        let members = self.snapshot();
+        let workers = members
+            .by_role
+            .get(&role)
+            .cloned()
+            .unwrap_or_else(|| Arc::from(Vec::new()));
+        (workers, members.generation)
+    }
+
+    /// The workers of `role` that may take a new request now.
     pub fn healthy(&self, role: WorkerRole) -> Vec<Arc<Worker>> {
         self.of_role(role)
             .iter()
-            .filter(|w| w.is_healthy())
+            .filter(|w| w.is_available())
             .cloned()
             .collect()
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
-        self.by_role.values().flatten()
+    /// Every worker, in role order.
+    pub fn all(&self) -> Vec<Arc<Worker>> {
+        let members = self.snapshot();
+        let mut roles: Vec<&WorkerRole> = members.by_role.keys().collect();
+        roles.sort();
+        roles
+            .into_iter()
+            .flat_map(|role| members.by_role[role].iter().cloned())
+            .collect()
     }
 
+    /// The roles with at least one worker.
     pub fn roles(&self) -> Vec<WorkerRole> {
-        let mut roles: Vec<WorkerRole> = self.by_role.keys().copied().collect();
+        let mut roles: Vec<WorkerRole> = self.snapshot().by_role.keys().copied().collect();
         roles.sort();
         roles
     }
@@ -197,7 +466,6 @@ impl WorkerSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Runtime;
 
     #[test]
     fn hosts_are_parsed_from_worker_urls() {
@@ -215,25 +483,57 @@ mod tests {
     #[test]
     fn load_guards_count_exactly_once() {
         let worker = crate::policies::test_support::workers(1).remove(0);
-        let a = worker.acquire();
-        let b = worker.acquire();
+        let a = worker.acquire_tokens(100);
+        let b = worker.acquire_tokens(20);
         assert_eq!(worker.in_flight(), 2);
+        assert_eq!(worker.in_flight_tokens(), 120);
         drop(a);
         assert_eq!(worker.in_flight(), 1);
+        assert_eq!(worker.in_flight_tokens(), 20);
         drop(b);
         assert_eq!(worker.in_flight(), 0);
+        assert_eq!(worker.in_flight_tokens(), 0);
     }
 
     #[test]
-    fn unhealthy_workers_are_not_offered() {
-        let mut set = WorkerSet::default();
-        let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-        let _entered = runtime.enter();
-        let client = EngineClient::new("grpc://127.0.0.1:1", Runtime::TokenSpeed).expect("client");
-        set.add(Worker::new(client, WorkerRole::Decode, None).expect("worker"));
-        assert_eq!(set.healthy(WorkerRole::Decode).len(), 1);
-        set.of_role(WorkerRole::Decode)[0].set_healthy(false);
-        assert!(set.healthy(WorkerRole::Decode).is_empty());
+    fn only_available_workers_are_offered() {
+        let set = WorkerSet::default();
+        for worker in crate::policies::test_support::workers(4) {
+            set.insert(worker);
+        }
+        let all = set.of_role(WorkerRole::Regular);
+        assert_eq!(set.healthy(WorkerRole::Regular).len(), 4);
+        all[0].set_healthy(false);
+        all[1].start_draining();
+        for _ in 0..BreakerConfig::default().failure_threshold {
+            all[2].record_outcome(false);
+        }
+        let offered = set.healthy(WorkerRole::Regular);
+        assert_eq!(offered.len(), 1);
+        assert_eq!(offered[0].id(), all[3].id());
         assert!(set.healthy(WorkerRole::Prefill).is_empty());
+    }
+
+    #[test]
+    fn membership_changes_are_shared_and_bump_the_generation() {
+        let set = WorkerSet::default();
+        let view = set.clone();
+        let fleet = crate::policies::test_support::workers(2);
+        set.insert(Arc::clone(&fleet[0]));
+        let (_, first) = view.members(WorkerRole::Regular);
+        set.insert(Arc::clone(&fleet[1]));
+        let (members, second) = view.members(WorkerRole::Regular);
+        assert_eq!(members.len(), 2);
+        assert_ne!(first, second);
+        let removed = set.remove(fleet[0].id()).expect("present");
+        assert_eq!(removed.id(), fleet[0].id());
+        assert_eq!(view.of_role(WorkerRole::Regular).len(), 1);
+        assert!(view.get(fleet[0].id()).is_none());
+        assert!(view.get(fleet[1].id()).is_some());
+        assert!(set.remove(&worker_id("grpc://nowhere:1")).is_none());
+        assert_eq!(fleet[0].id(), worker_id(fleet[0].url()));
+        assert_eq!(fleet[0].id().len(), 16);
+        set.remove(fleet[1].id());
+        assert!(view.roles().is_empty());
     }
 }

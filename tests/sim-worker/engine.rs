@@ -85,6 +85,8 @@ pub struct Faults {
     pub keep_shm_names: bool,
     /// Report unhealthy in HealthCheck.
     pub unhealthy: bool,
+    /// Report unhealthy in HealthCheck while this file exists (flapping).
+    pub unhealthy_while_exists: Option<std::path::PathBuf>,
 }
 
 /// Static engine settings.

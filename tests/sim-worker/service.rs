@@ -20,6 +20,9 @@ pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send
 #[derive(Debug, Clone)]
 pub struct Worker {
     pub engine: SharedEngine,
+    /// Requests running per data-parallel rank (`--dp-size`; one rank by
+    /// default), as GetLoads reports them per rank.
+    pub dp_running: Arc<Vec<std::sync::atomic::AtomicI32>>,
     pub recorder: Option<Arc<Recorder>>,
     pub shm_namespace_id: String,
     pub port: u16,
@@ -28,6 +31,25 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// Counts a request on data-parallel `rank` until the guard drops;
+    /// refuses a rank the worker does not have.
+    pub fn enter_rank(&self, rank: i32) -> Result<RankGuard, Status> {
+        let slot = usize::try_from(rank)
+            .ok()
+            .filter(|&r| r < self.dp_running.len())
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "data_parallel_rank {rank} is out of range (dp size {})",
+                    self.dp_running.len()
+                ))
+            })?;
+        self.dp_running[slot].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(RankGuard {
+            counters: Arc::clone(&self.dp_running),
+            slot,
+        })
+    }
+
     /// The worker's launch arguments, as `GetServerInfo.server_args`.
     pub fn server_args(&self) -> prost_types::Struct {
         let model = &self.engine.model;
@@ -99,7 +121,12 @@ impl Worker {
     }
 
     pub fn health(&self) -> (bool, String) {
-        if self.engine.config.faults.unhealthy {
+        let faults = &self.engine.config.faults;
+        let flagged = faults
+            .unhealthy_while_exists
+            .as_ref()
+            .is_some_and(|path| path.exists());
+        if faults.unhealthy || flagged {
             (false, "unhealthy (fault injection)".to_owned())
         } else {
             (true, format!("{} worker ready", self.engine.role().name()))
@@ -221,4 +248,17 @@ pub async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| Status::internal(format!("tensor reader failed: {err}")))?
+}
+
+/// One request's count on its data-parallel rank; released on drop.
+#[derive(Debug)]
+pub struct RankGuard {
+    counters: Arc<Vec<std::sync::atomic::AtomicI32>>,
+    slot: usize,
+}
+
+impl Drop for RankGuard {
+    fn drop(&mut self) {
+        self.counters[self.slot].fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

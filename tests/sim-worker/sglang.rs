@@ -152,8 +152,10 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
             kv,
         };
         let request_id = job.request_id.clone();
+        let rank = self.0.enter_rank(request.data_parallel_rank)?;
         let events = self.0.engine.generate(job)?;
         Ok(Response::new(service::event_stream(events, move |event| {
+            let _counted_until_the_stream_drops = &rank;
             response(&request_id, event)
         })))
     }
@@ -284,10 +286,30 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
             }),
             ..Default::default()
         };
+        // With several ranks: the engine's figures on rank 0's entry and
+        // each rank's own running count (the gateway sums ranks).
+        let ranks: Vec<sg::SchedulerLoad> = if self.0.dp_running.len() == 1 {
+            vec![load.clone()]
+        } else {
+            self.0
+                .dp_running
+                .iter()
+                .enumerate()
+                .map(|(rank, running)| sg::SchedulerLoad {
+                    dp_rank: rank as i32,
+                    num_running_reqs: running.load(std::sync::atomic::Ordering::Relaxed),
+                    ..if rank == 0 {
+                        load.clone()
+                    } else {
+                        sg::SchedulerLoad::default()
+                    }
+                })
+                .collect()
+        };
         Ok(Response::new(sg::GetLoadsResponse {
             timestamp: service::now_rfc3339(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            dp_rank_count: 1,
+            dp_rank_count: ranks.len() as i32,
             aggregate: Some(sg::AggregateMetrics {
                 total_running_reqs: load.num_running_reqs,
                 total_waiting_reqs: load.num_waiting_reqs,
@@ -296,7 +318,7 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
                 avg_throughput: load.gen_throughput,
                 avg_utilization: load.utilization,
             }),
-            loads: vec![load],
+            loads: ranks,
         }))
     }
 

@@ -141,6 +141,13 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck.
     #[arg(long)]
     unhealthy: bool,
+    /// Data-parallel ranks (SGLang): GetLoads reports each, Generate takes
+    /// `data_parallel_rank` below it.
+    #[arg(long, default_value_t = 1)]
+    dp_size: u32,
+    /// Fault: report unhealthy in HealthCheck while this file exists.
+    #[arg(long, value_name = "PATH")]
+    unhealthy_while_exists: Option<std::path::PathBuf>,
 
     /// Write every received tensor here (raw bytes + JSON sidecar).
     #[arg(long)]
@@ -177,6 +184,7 @@ impl Args {
                 withhold_bootstrap: self.withhold_bootstrap,
                 keep_shm_names: self.keep_shm_names,
                 unhealthy: self.unhealthy,
+                unhealthy_while_exists: self.unhealthy_while_exists.clone(),
             },
             bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
             default_max_new_tokens: self.default_max_new_tokens,
@@ -239,6 +247,11 @@ async fn main() -> Result<()> {
         .map(Arc::new);
     let worker = Worker {
         engine,
+        dp_running: Arc::new(
+            (0..args.dp_size.max(1))
+                .map(|_| std::sync::atomic::AtomicI32::new(0))
+                .collect(),
+        ),
         recorder,
         shm_namespace_id,
         port: grpc_addr.port(),

@@ -1,0 +1,230 @@
+//! What every handler shares: the routers and the admin API's registries.
+//!
+//! A gateway serves one model through one router, or (`--enable-igw`)
+//! several models through a [`ModelTable`] that builds a router per model
+//! and mode. Handlers ask [`AppState::router_for`] for the router of the
+//! model a request names (after resolving `--model-alias`), so both shapes
+//! serve through the same code.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::models::ModelTable;
+use crate::pipeline::prepare::ServedModel;
+use crate::router::Router;
+use crate::workers::{BreakerConfig, Lifecycle, WorkerRegistry, WorkerSpec, WorkerStatus};
+
+/// The routers a gateway serves with.
+#[derive(Debug)]
+pub enum Fleet {
+    /// One model, one mode.
+    Single {
+        router: Arc<Router>,
+        registry: Arc<WorkerRegistry>,
+    },
+    /// Several models, each in the mode its workers imply.
+    Models(Arc<ModelTable>),
+}
+
+/// The metrics `router` label of IGW requests that fail before a model's
+/// router is known.
+const IGW_LABEL: &str = "igw";
+
+#[derive(Debug)]
+pub struct AppState {
+    pub fleet: Fleet,
+    /// `--model-alias ALIAS=MODEL`.
+    pub aliases: HashMap<String, String>,
+    pub started: Instant,
+}
+
+impl AppState {
+    /// One router; its admin API registers workers without health probes.
+    pub fn new(router: Router) -> Self {
+        let registry = WorkerRegistry::new(
+            router.model().name.clone(),
+            router.runtime(),
+            router.mode().spec().required_roles.to_vec(),
+            router.workers().clone(),
+            Lifecycle {
+                health: None,
+                breaker: BreakerConfig::default(),
+                probe_timeout: Duration::from_secs(5),
+            },
+        );
+        Self::with_registry(router, Arc::new(registry))
+    }
+
+    pub fn with_registry(router: Router, registry: Arc<WorkerRegistry>) -> Self {
+        Self::of(Fleet::Single {
+            router: Arc::new(router),
+            registry,
+        })
+    }
+
+    pub fn of(fleet: Fleet) -> Self {
+        Self {
+            fleet,
+            aliases: HashMap::new(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn with_aliases(mut self, aliases: HashMap<String, String>) -> Self {
+        self.aliases = aliases;
+        self
+    }
+
+    fn resolve<'a>(&'a self, model: &'a str) -> &'a str {
+        self.aliases.get(model).map_or(model, String::as_str)
+    }
+
+    /// The router for a request naming `model` (or none), and the model's
+    /// canonical name to put on the request.
+    pub fn router_for(&self, model: Option<&str>) -> Result<(Arc<Router>, Option<String>)> {
+        let model = model.map(|m| self.resolve(m));
+        match &self.fleet {
+            Fleet::Single { router, .. } => Ok((Arc::clone(router), model.map(str::to_owned))),
+            Fleet::Models(table) => {
+                let name = match model {
+                    Some(name) => name.to_owned(),
+                    None => table.sole_model().ok_or_else(|| {
+                        Error::invalid_request("name the model: this gateway serves several")
+                            .with_param("model")
+                    })?,
+                };
+                Ok((table.router_for(&name)?, Some(name)))
+            }
+        }
+    }
+
+    /// The largest `max_tokens` a request may ask for before its model is
+    /// known (`None` with several models: each router checks its own).
+    pub fn output_limit(&self) -> Option<u32> {
+        match &self.fleet {
+            Fleet::Single { router, .. } => Some(router.model().max_context_length),
+            Fleet::Models(_) => None,
+        }
+    }
+
+    /// The metrics label for failures before a router is chosen.
+    pub fn default_label(&self) -> &'static str {
+        match &self.fleet {
+            Fleet::Single { router, .. } => router.mode().metrics_label(),
+            Fleet::Models(_) => IGW_LABEL,
+        }
+    }
+
+    /// The models `/v1/models` lists.
+    pub fn served_models(&self) -> Vec<ServedModel> {
+        match &self.fleet {
+            Fleet::Single { router, .. } => vec![router.model().clone()],
+            Fleet::Models(table) => table.served(),
+        }
+    }
+
+    pub fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
+        match &self.fleet {
+            Fleet::Single { registry, .. } => {
+                let spec = WorkerSpec {
+                    model_id: spec.model_id.map(|m| self.resolve(&m).to_owned()),
+                    ..spec
+                };
+                registry.register(spec)
+            }
+            Fleet::Models(table) => table.register(spec),
+        }
+    }
+
+    pub fn remove(&self, id: &str) -> Result<WorkerStatus> {
+        match &self.fleet {
+            Fleet::Single { registry, .. } => registry.remove(id),
+            Fleet::Models(table) => table.remove(id),
+        }
+    }
+
+    pub fn status(&self, id: &str) -> Result<WorkerStatus> {
+        let found = match &self.fleet {
+            Fleet::Single { registry, .. } => registry.status(id),
+            Fleet::Models(table) => table.status(id),
+        };
+        found.ok_or_else(|| {
+            Error::new(
+                ErrorCode::WorkerNotFound,
+                format!("no worker has id {id:?}"),
+            )
+        })
+    }
+
+    pub fn list(&self) -> Vec<WorkerStatus> {
+        match &self.fleet {
+            Fleet::Single { registry, .. } => registry.list(),
+            Fleet::Models(table) => table.list(),
+        }
+    }
+
+    /// `/readiness`: whether the gateway can serve, and the details.
+    pub fn readiness(&self) -> (bool, serde_json::Value) {
+        match &self.fleet {
+            Fleet::Single { router, .. } => {
+                let roles: serde_json::Map<String, serde_json::Value> = router
+                    .mode()
+                    .spec()
+                    .required_roles
+                    .iter()
+                    .map(|&role| {
+                        (
+                            role.name().to_owned(),
+                            serde_json::json!({
+                                "healthy": router.workers().healthy(role).len(),
+                                "total": router.workers().of_role(role).len(),
+                            }),
+                        )
+                    })
+                    .collect();
+                let ready = router.ready();
+                let body = serde_json::json!({
+                    "status": if ready { "ready" } else { "not_ready" },
+                    "mode": router.mode().metrics_label(),
+                    "workers": roles,
+                });
+                (ready, body)
+            }
+            Fleet::Models(table) => {
+                let models: serde_json::Map<String, serde_json::Value> = table
+                    .readiness()
+                    .into_iter()
+                    .map(|model| {
+                        let workers: serde_json::Map<String, serde_json::Value> = model
+                            .workers
+                            .into_iter()
+                            .map(|(role, healthy, total)| {
+                                (
+                                    role.name().to_owned(),
+                                    serde_json::json!({"healthy": healthy, "total": total}),
+                                )
+                            })
+                            .collect();
+                        (
+                            model.name,
+                            serde_json::json!({
+                                "status": if model.mode.is_some() { "ready" } else { "not_ready" },
+                                "mode": model.mode,
+                                "workers": workers,
+                            }),
+                        )
+                    })
+                    .collect();
+                let ready = models.values().any(|m| m["status"] == "ready");
+                let body = serde_json::json!({
+                    "status": if ready { "ready" } else { "not_ready" },
+                    "mode": IGW_LABEL,
+                    "models": models,
+                });
+                (ready, body)
+            }
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! A circuit breaker per worker, fed by the outcomes of real RPCs.
+//!
+//! Closed (traffic flows) → open after `failure_threshold` consecutive
+//! failures within `window` (no traffic) → half-open once `open_for` has
+//! passed (traffic flows again, on trial) → closed after `success_threshold`
+//! successes in a row, or open again on the first failure.
+//!
+//! The state machine takes the current time as an argument, so tests drive
+//! it with a fake clock; the hot-path check ([`CircuitBreaker::allows`]) is a
+//! single atomic load while the circuit is closed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// SMG's `--cb-*` flags.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    /// How long the circuit stays open before a trial.
+    pub open_for: Duration,
+    /// Consecutive failures count only within this window.
+    pub window: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            failure_threshold: 10,
+            success_threshold: 3,
+            open_for: Duration::from_secs(60),
+            window: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Where a circuit stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    pub const fn name(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Core {
+    state: BreakerState,
+    failures: u32,
+    first_failure: Option<Instant>,
+    opened_at: Option<Instant>,
+    trial_successes: u32,
+}
+
+/// One worker's breaker.
+#[derive(Debug)]
+pub struct CircuitBreaker {
+    config: BreakerConfig,
+    /// Mirrors `core.state != Closed`, so a closed circuit costs one load.
+    tripped: AtomicBool,
+    core: Mutex<Core>,
+}
+
+impl CircuitBreaker {
+    pub fn new(config: BreakerConfig) -> Self {
+        Self {
+            config,
+            tripped: AtomicBool::new(false),
+            core: Mutex::new(Core {
+                state: BreakerState::Closed,
+                failures: 0,
+                first_failure: None,
+                opened_at: None,
+                trial_successes: 0,
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &BreakerConfig {
+        &self.config
+    }
+
+    /// Whether a request may go to the worker now.
+    pub fn allows(&self) -> bool {
+        !self.tripped.load(Ordering::Relaxed) || self.allows_at(Instant::now())
+    }
+
+    /// Whether a request may go at `now`; an open circuit whose time is up
+    /// turns half-open.
+    pub fn allows_at(&self, now: Instant) -> bool {
+        if !self.config.enabled {
+            return true;
+        }
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        if core.state == BreakerState::Open
+            && core
+                .opened_at
+                .is_some_and(|at| now.saturating_duration_since(at) >= self.config.open_for)
+        {
+            self.transition(&mut core, BreakerState::HalfOpen);
+        }
+        core.state != BreakerState::Open
+    }
+
+    pub fn state(&self) -> BreakerState {
+        self.core
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state
+    }
+
+    /// Records an RPC outcome now; returns the new state if it changed.
+    pub fn record(&self, success: bool) -> Option<BreakerState> {
+        self.record_at(success, Instant::now())
+    }
+
+    /// Records an RPC outcome at `now`; returns the new state if it changed.
+    pub fn record_at(&self, success: bool, now: Instant) -> Option<BreakerState> {
+        if !self.config.enabled {
+            return None;
+        }
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = core.state;
+        match (core.state, success) {
+            (BreakerState::Closed, true) => {
+                core.failures = 0;
+                core.first_failure = None;
+            }
+            (BreakerState::Closed, false) => {
+                let in_window = core.first_failure.is_some_and(|first| {
+                    now.saturating_duration_since(first) <= self.config.window
+                });
+                if in_window {
+                    core.failures += 1;
+                } else {
+                    core.failures = 1;
+                    core.first_failure = Some(now);
+                }
+                if core.failures >= self.config.failure_threshold.max(1) {
+                    core.opened_at = Some(now);
+                    self.transition(&mut core, BreakerState::Open);
+                }
+            }
+            (BreakerState::HalfOpen, true) => {
+                core.trial_successes += 1;
+                if core.trial_successes >= self.config.success_threshold.max(1) {
+                    self.transition(&mut core, BreakerState::Closed);
+                }
+            }
+            (BreakerState::HalfOpen, false) => {
+                core.opened_at = Some(now);
+                self.transition(&mut core, BreakerState::Open);
+            }
+            // Outcomes of requests sent before the circuit opened.
+            (BreakerState::Open, _) => {}
+        }
+        (core.state != before).then_some(core.state)
+    }
+
+    fn transition(&self, core: &mut Core, to: BreakerState) {
+        core.state = to;
+        core.failures = 0;
+        core.first_failure = None;
+        core.trial_successes = 0;
+        self.tripped
+            .store(to != BreakerState::Closed, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker() -> CircuitBreaker {
+        CircuitBreaker::new(BreakerConfig {
+            enabled: true,
+            failure_threshold: 3,
+            success_threshold: 2,
+            open_for: Duration::from_secs(30),
+            window: Duration::from_secs(10),
+        })
+    }
+
+    #[test]
+    fn opens_after_consecutive_failures_then_recovers_through_half_open() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        assert_eq!(cb.record_at(false, t0), None);
+        assert_eq!(cb.record_at(false, t0 + Duration::from_secs(1)), None);
+        assert!(cb.allows_at(t0 + Duration::from_secs(1)));
+        assert_eq!(
+            cb.record_at(false, t0 + Duration::from_secs(2)),
+            Some(BreakerState::Open)
+        );
+        assert!(!cb.allows_at(t0 + Duration::from_secs(3)));
+        assert!(!cb.allows(), "the fast path sees the open circuit");
+        assert!(!cb.allows_at(t0 + Duration::from_secs(31)));
+        assert!(cb.allows_at(t0 + Duration::from_secs(32)));
+        assert_eq!(cb.state(), BreakerState::HalfOpen);
+        assert_eq!(cb.record_at(true, t0 + Duration::from_secs(33)), None);
+        assert_eq!(
+            cb.record_at(true, t0 + Duration::from_secs(34)),
+            Some(BreakerState::Closed)
+        );
+        assert!(cb.allows());
+    }
+
+    #[test]
+    fn a_failed_trial_reopens_for_a_full_timeout() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            cb.record_at(false, t0);
+        }
+        assert!(cb.allows_at(t0 + Duration::from_secs(30)));
+        assert_eq!(
+            cb.record_at(false, t0 + Duration::from_secs(31)),
+            Some(BreakerState::Open)
+        );
+        assert!(!cb.allows_at(t0 + Duration::from_secs(60)));
+        assert!(cb.allows_at(t0 + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn failures_outside_the_window_or_broken_by_success_do_not_open() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        cb.record_at(false, t0);
+        cb.record_at(false, t0 + Duration::from_secs(5));
+        // The window (10 s from the first failure) has passed: count restarts.
+        assert_eq!(cb.record_at(false, t0 + Duration::from_secs(11)), None);
+        assert_eq!(cb.record_at(false, t0 + Duration::from_secs(12)), None);
+        assert_eq!(cb.record_at(true, t0 + Duration::from_secs(13)), None);
+        assert_eq!(cb.record_at(false, t0 + Duration::from_secs(14)), None);
+        assert_eq!(cb.record_at(false, t0 + Duration::from_secs(15)), None);
+        assert_eq!(cb.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_disabled_breaker_never_opens() {
+        let cb = CircuitBreaker::new(BreakerConfig {
+            enabled: false,
+            failure_threshold: 1,
+            ..BreakerConfig::default()
+        });
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            assert_eq!(cb.record_at(false, t0), None);
+        }
+        assert!(cb.allows_at(t0));
+        assert_eq!(cb.state(), BreakerState::Closed);
+    }
+}

@@ -1,0 +1,382 @@
+//! The worker registry behind the admin API: registers workers at run time
+//! (asynchronously, with probing), lists them with their health, circuit and
+//! load, and removes them by draining (requests in flight finish; no new
+//! ones start).
+//!
+//! A registration is validated at once (URL shape, role, duplicates) and
+//! then runs in the background: bootstrap-port discovery for prefill and
+//! encode workers that name none, then the worker joins the membership as
+//! `pending` and its health probes make it `ready` (or, with health checks
+//! disabled, one successful probe does).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{
+    BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
+    spawn_probe_loop, worker_id,
+};
+use crate::engine::{EngineClient, Runtime, ServerInfo};
+use crate::error::{Error, ErrorCode, Result};
+
+/// How long a registration waits for the worker's discovery RPCs.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a draining worker is checked for its last request.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
+
+/// How registered workers are watched.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifecycle {
+    /// Periodic probes; `None` with `--disable-health-check`.
+    pub health: Option<HealthConfig>,
+    pub breaker: BreakerConfig,
+    /// Timeout of the one-shot probe when health checks are disabled.
+    pub probe_timeout: Duration,
+}
+
+/// A worker to register.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    pub url: String,
+    #[serde(default = "regular")]
+    pub role: String,
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
+    /// The model it serves; defaults to the gateway's (only model).
+    #[serde(default)]
+    pub model_id: Option<String>,
+    /// `tokenspeed` or `sglang` (IGW; defaults to `--runtime`, else
+    /// tokenspeed). A single-model gateway uses its own runtime.
+    #[serde(default)]
+    pub runtime: Option<String>,
+}
+
+fn regular() -> String {
+    WorkerRole::Regular.name().to_owned()
+}
+
+/// What the admin API shows of a worker.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerStatus {
+    pub id: String,
+    pub url: String,
+    pub role: &'static str,
+    pub model_id: String,
+    /// registering | pending | ready | not_ready | failed | draining |
+    /// registration_failed
+    pub status: &'static str,
+    pub circuit: &'static str,
+    pub in_flight: usize,
+    pub bootstrap_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The last `GetLoads` reading and its age.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LoadStatus {
+    pub requests: u32,
+    pub waiting_uncached_tokens: u32,
+    pub kv_usage: f32,
+    pub throughput: f32,
+    pub age_ms: u64,
+}
+
+/// A registration still under way, or one that failed.
+#[derive(Debug, Clone)]
+struct Job {
+    url: String,
+    role: WorkerRole,
+    bootstrap_port: Option<u16>,
+    error: Option<String>,
+}
+
+/// The workers of one model and how they are managed.
+#[derive(Debug)]
+pub struct WorkerRegistry {
+    model: String,
+    runtime: Runtime,
+    roles: Vec<WorkerRole>,
+    set: WorkerSet,
+    lifecycle: Lifecycle,
+    jobs: Mutex<HashMap<String, Job>>,
+    draining: Mutex<HashMap<String, Arc<Worker>>>,
+}
+
+impl WorkerRegistry {
+    /// A registry over `set` for `model`, admitting workers of `roles`.
+    pub fn new(
+        model: String,
+        runtime: Runtime,
+        roles: Vec<WorkerRole>,
+        set: WorkerSet,
+        lifecycle: Lifecycle,
+    ) -> Self {
+        Self {
+            model,
+            runtime,
+            roles,
+            set,
+            lifecycle,
+            jobs: Mutex::default(),
+            draining: Mutex::default(),
+        }
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub fn workers(&self) -> &WorkerSet {
+        &self.set
+    }
+
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Job>> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn draining(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Worker>>> {
+        self.draining.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Validates `spec` and starts registering it in the background.
+    pub fn register(self: &Arc<Self>, spec: WorkerSpec) -> Result<WorkerStatus> {
+        let role: WorkerRole = spec
+            .role
+            .parse()
+            .map_err(|why: String| Error::invalid_parameter("role", why))?;
+        if !self.roles.contains(&role) {
+            return Err(Error::invalid_parameter(
+                "role",
+                format!(
+                    "this gateway serves {} workers, not {role}",
+                    self.roles
+                        .iter()
+                        .map(|r| r.name())
+                        .collect::<Vec<_>>()
+                        .join("/")
+                ),
+            ));
+        }
+        if let Some(model) = &spec.model_id
+            && model != &self.model
+        {
+            return Err(Error::invalid_parameter(
+                "model_id",
+                format!("this gateway serves {:?}, not {model:?}", self.model),
+            ));
+        }
+        let client = EngineClient::new(&spec.url, self.runtime)?;
+        let id = worker_id(client.url());
+        {
+            let mut jobs = self.jobs();
+            let taken = self.set.get(&id).is_some()
+                || self.draining().contains_key(&id)
+                || jobs.get(&id).is_some_and(|job| job.error.is_none());
+            if taken {
+                return Err(Error::new(
+                    ErrorCode::WorkerAlreadyExists,
+                    format!("worker {} is already registered (id {id})", spec.url),
+                )
+                .with_param("url"));
+            }
+            jobs.insert(
+                id.clone(),
+                Job {
+                    url: client.url().to_owned(),
+                    role,
+                    bootstrap_port: spec.bootstrap_port,
+                    error: None,
+                },
+            );
+        }
+        let registry = Arc::clone(self);
+        let job_id = id.clone();
+        tokio::spawn(async move {
+            match registry.admit(client, role, spec.bootstrap_port).await {
+                Ok(()) => {
+                    registry.jobs().remove(&job_id);
+                }
+                Err(why) => {
+                    tracing::warn!(id = %job_id, %why, "worker registration failed");
+                    if let Some(job) = registry.jobs().get_mut(&job_id) {
+                        job.error = Some(why);
+                    }
+                }
+            }
+        });
+        self.status(&id)
+            .ok_or_else(|| Error::internal("a registration vanished"))
+    }
+
+    /// Discovery and probing, then joining the membership.
+    async fn admit(
+        &self,
+        client: EngineClient,
+        role: WorkerRole,
+        bootstrap_port: Option<u16>,
+    ) -> std::result::Result<(), String> {
+        let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
+        let port = match (bootstrap_port, needs_bootstrap) {
+            (Some(port), _) => Some(port),
+            (None, false) => None,
+            (None, true) => {
+                let info = tokio::time::timeout(DISCOVERY_TIMEOUT, client.server_info())
+                    .await
+                    .map_err(|_| "GetServerInfo timed out".to_owned())?
+                    .map_err(|err| format!("GetServerInfo failed: {err}"))?;
+                Some(advertised_bootstrap_port(&info).ok_or_else(|| {
+                    format!("the {role} worker advertises no bootstrap port: give bootstrap_port")
+                })?)
+            }
+        };
+        let worker = Worker::new(client, role, port)
+            .map_err(|err| err.message)?
+            .with_breaker(self.lifecycle.breaker)
+            .with_health(HealthState::Pending);
+        let worker = Arc::new(worker);
+        match self.lifecycle.health {
+            Some(config) => {
+                self.set.insert(Arc::clone(&worker));
+                spawn_probe_loop(worker, config);
+            }
+            None => {
+                if !probe(&worker, self.lifecycle.probe_timeout).await {
+                    return Err("the worker failed its health check".to_owned());
+                }
+                worker.set_health(HealthState::Ready);
+                self.set.insert(worker);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a worker out of rotation and drops it once its requests in
+    /// flight have finished. Forgets a failed registration.
+    pub fn remove(self: &Arc<Self>, id: &str) -> Result<WorkerStatus> {
+        if let Some(worker) = self.set.remove(id) {
+            worker.start_draining();
+            self.draining().insert(id.to_owned(), Arc::clone(&worker));
+            let status = self.describe(&worker);
+            let registry = Arc::clone(self);
+            tokio::spawn(async move {
+                while worker.in_flight() > 0 {
+                    tokio::time::sleep(DRAIN_POLL).await;
+                }
+                worker.retire();
+                registry.draining().remove(worker.id());
+                tracing::info!(worker = worker.url(), "worker drained and removed");
+            });
+            return Ok(status);
+        }
+        let mut jobs = self.jobs();
+        if jobs.get(id).is_some_and(|job| job.error.is_some()) {
+            let job = jobs.remove(id).map(|job| self.job_status(id, &job));
+            return job.ok_or_else(|| Error::internal("a job vanished"));
+        }
+        if let Some(job) = jobs.get(id) {
+            return Err(Error::invalid_request(format!(
+                "worker {} is still registering; delete it once it is registered",
+                job.url
+            )));
+        }
+        drop(jobs);
+        if let Some(worker) = self.draining().get(id) {
+            return Ok(self.describe(worker));
+        }
+        Err(Error::new(
+            ErrorCode::WorkerNotFound,
+            format!("no worker has id {id:?}"),
+        ))
+    }
+
+    /// One worker's status, registered, draining or registering.
+    pub fn status(&self, id: &str) -> Option<WorkerStatus> {
+        if let Some(worker) = self.set.get(id) {
+            return Some(self.describe(&worker));
+        }
+        if let Some(worker) = self.draining().get(id) {
+            return Some(self.describe(worker));
+        }
+        self.jobs().get(id).map(|job| self.job_status(id, job))
+    }
+
+    /// Every worker: members, draining ones, registrations.
+    pub fn list(&self) -> Vec<WorkerStatus> {
+        let mut all: Vec<WorkerStatus> = self
+            .set
+            .all()
+            .iter()
+            .map(|worker| self.describe(worker))
+            .collect();
+        all.extend(self.draining().values().map(|worker| self.describe(worker)));
+        all.extend(self.jobs().iter().map(|(id, job)| self.job_status(id, job)));
+        all
+    }
+
+    fn describe(&self, worker: &Worker) -> WorkerStatus {
+        let status = if worker.is_draining() {
+            "draining"
+        } else {
+            worker.health().name()
+        };
+        WorkerStatus {
+            id: worker.id().to_owned(),
+            url: worker.url().to_owned(),
+            role: worker.role().name(),
+            model_id: self.model.clone(),
+            status,
+            circuit: worker.breaker().state().name(),
+            in_flight: worker.in_flight(),
+            bootstrap_port: worker.bootstrap_port(),
+            load: worker
+                .load_cell()
+                .last(Instant::now())
+                .map(|(reading, age)| LoadStatus {
+                    requests: reading.requests,
+                    waiting_uncached_tokens: reading.waiting_uncached_tokens,
+                    kv_usage: reading.kv_usage,
+                    throughput: reading.throughput,
+                    age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+                }),
+            error: None,
+        }
+    }
+
+    fn job_status(&self, id: &str, job: &Job) -> WorkerStatus {
+        WorkerStatus {
+            id: id.to_owned(),
+            url: job.url.clone(),
+            role: job.role.name(),
+            model_id: self.model.clone(),
+            status: if job.error.is_some() {
+                "registration_failed"
+            } else {
+                "registering"
+            },
+            circuit: "closed",
+            in_flight: 0,
+            bootstrap_port: job.bootstrap_port,
+            load: None,
+            error: job.error.clone(),
+        }
+    }
+}
+
+/// The bootstrap port a worker advertises when it is not given.
+pub fn advertised_bootstrap_port(info: &ServerInfo) -> Option<u16> {
+    [
+        info.scheduler_info.get("bootstrap_port"),
+        info.server_args.get("disaggregation_bootstrap_port"),
+    ]
+    .into_iter()
+    .flatten()
+    .find_map(serde_json::Value::as_u64)
+    .and_then(|port| u16::try_from(port).ok())
+}

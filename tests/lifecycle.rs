@@ -1,0 +1,595 @@
+//! End-to-end tests of the worker lifecycle through real `smg` and
+//! `smg-sim-worker` processes: the admin API (registration at run time,
+//! refusals, draining removal), health transitions of a flapping worker, and
+//! the circuit breaker opening on failed RPCs and closing after recovery.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use support::{Gateway, SimWorker, bounded};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut request = client().request(method, url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(gateway: &Gateway, path: &str) -> (u16, Value) {
+    call(reqwest::Method::GET, gateway.url(path), None).await
+}
+
+async fn chat(gateway: &Gateway, extra: Value) -> (u16, Value) {
+    let mut body = json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, fleet."}],
+        "max_tokens": 8,
+    });
+    body.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    call(
+        reqwest::Method::POST,
+        gateway.url("/v1/chat/completions"),
+        Some(body),
+    )
+    .await
+}
+
+/// Polls `GET /workers/{id}` until `done` accepts the status.
+async fn wait_status(gateway: &Gateway, id: &str, what: &str, done: impl Fn(u16, &Value) -> bool) {
+    bounded(what, async {
+        loop {
+            let (code, body) = get(gateway, &format!("/workers/{id}")).await;
+            if done(code, &body) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// The id the gateway gives the worker at `url` (from `GET /workers`).
+async fn id_of(gateway: &Gateway, url: &str) -> String {
+    let (_, body) = get(gateway, "/workers").await;
+    body["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("{url} is not listed: {body}"))
+}
+
+/// `smg_worker_selection_total` summed over the lines naming `worker_url`.
+async fn selections_of(gateway: &Gateway, worker_url: &str) -> f64 {
+    let text = client()
+        .get(format!("http://{}/metrics", gateway.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("worker=\"{worker_url}\"");
+    text.lines()
+        .filter(|line| line.starts_with("smg_worker_selection_total") && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_refused() {
+    let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &first.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--policy",
+        "power_of_two",
+        "--health-check-interval-secs",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--load-check-interval-secs",
+        "1",
+    ]);
+    let (code, listed) = get(&gateway, "/workers").await;
+    assert_eq!(code, 200);
+    let workers = listed["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1, "{listed}");
+    assert_eq!(workers[0]["status"], "ready");
+    assert_eq!(workers[0]["role"], "regular");
+    assert_eq!(workers[0]["circuit"], "closed");
+
+    let second = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let (code, accepted) = post(json!({"url": second.grpc_url()})).await;
+    assert_eq!(code, 202, "{accepted}");
+    assert!(
+        ["registering", "pending", "ready"].contains(&accepted["status"].as_str().unwrap()),
+        "{accepted}"
+    );
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    wait_status(
+        &gateway,
+        &id,
+        "the new worker becomes ready",
+        |code, body| code == 200 && body["status"] == "ready",
+    )
+    .await;
+
+    // Refusals, each with its stable code.
+    let refusals = [
+        (
+            json!({"url": second.grpc_url()}),
+            409,
+            "worker_already_exists",
+        ),
+        (json!({"url": "grpc://"}), 400, "invalid_parameter"),
+        (
+            json!({"url": "grpc://127.0.0.1:1", "role": "chef"}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"url": "grpc://127.0.0.1:1", "role": "prefill"}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json!({"url": "grpc://127.0.0.1:1", "model_id": "other"}),
+            400,
+            "invalid_parameter",
+        ),
+        (json!({"url": 5}), 400, "invalid_request"),
+    ];
+    for (body, status, code) in refusals {
+        let (got, answer) = post(body.clone()).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body} → {answer}"
+        );
+    }
+    let (code, missing) = get(&gateway, "/workers/0123456789abcdef").await;
+    assert_eq!(
+        (code, missing["error"]["code"].as_str()),
+        (404, Some("worker_not_found"))
+    );
+
+    // Traffic reaches the new worker.
+    for _ in 0..30 {
+        let (code, body) = chat(&gateway, json!({})).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let to_second = selections_of(&gateway, &second.grpc_url()).await;
+    let to_first = selections_of(&gateway, &first.grpc_url()).await;
+    assert!(
+        to_second >= 1.0 && to_first >= 1.0,
+        "{to_first} / {to_second}"
+    );
+    assert_eq!(to_first + to_second, 30.0);
+
+    // power_of_two reads engine load: the gateway polls GetLoads.
+    wait_status(&gateway, &id, "a GetLoads reading", |_, body| {
+        body["load"]["age_ms"]
+            .as_u64()
+            .is_some_and(|age| age < 5000)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_deleted_worker_finishes_its_stream_and_takes_no_new_requests() {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--decode-ms-per-token",
+            "25",
+            "--prefill-tokens-per-sec",
+            "1000000",
+        ],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+    ]);
+    let id = id_of(&gateway, &worker.grpc_url()).await;
+    let body = json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, fleet."}],
+        "max_tokens": 40,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let response = client()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    // The first chunk proves the request is under way on the worker.
+    text.push_str(&String::from_utf8_lossy(
+        &stream.next().await.unwrap().unwrap(),
+    ));
+
+    let (code, removed) = call(
+        reqwest::Method::DELETE,
+        gateway.url(&format!("/workers/{id}")),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{removed}");
+    assert_eq!(removed["status"], "draining");
+    assert_eq!(removed["in_flight"], 1);
+    let (code, refused) = chat(&gateway, json!({})).await;
+    assert_eq!(
+        (code, refused["error"]["code"].as_str()),
+        (503, Some("no_healthy_worker")),
+        "{refused}"
+    );
+
+    bounded("the drained stream ends", async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+    })
+    .await;
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    let tokens = text.matches("\"delta\"").count();
+    assert!(tokens >= 40, "{tokens} chunks: the stream was cut short");
+    wait_status(&gateway, &id, "the drained worker is gone", |code, _| {
+        code == 404
+    })
+    .await;
+    let (_, listed) = get(&gateway, "/workers").await;
+    assert_eq!(listed["workers"], json!([]));
+}
+
+#[tokio::test]
+async fn a_flapping_worker_leaves_and_rejoins_rotation() {
+    let flag = tempfile::NamedTempFile::new().unwrap();
+    let flag_path = flag.path().to_str().unwrap().to_owned();
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--unhealthy-while-exists", &flag_path],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--health-success-threshold",
+        "1",
+    ]);
+    let id = id_of(&gateway, &worker.grpc_url()).await;
+    // The flag file exists: the worker reports unhealthy.
+    wait_status(&gateway, &id, "the worker turns not_ready", |_, body| {
+        body["status"] == "not_ready"
+    })
+    .await;
+    let (code, _) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 503);
+    let (code, body) = chat(&gateway, json!({})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (503, Some("no_healthy_worker"))
+    );
+
+    flag.close().unwrap();
+    wait_status(&gateway, &id, "the worker is ready again", |_, body| {
+        body["status"] == "ready"
+    })
+    .await;
+    let (code, _) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 200);
+    let (code, body) = chat(&gateway, json!({})).await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test]
+async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
+    let mut failing = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--fail-after-tokens", "0"],
+    );
+    let port = failing.grpc.port().to_string();
+    let url = failing.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &url,
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+        "--disable-retries",
+        "--cb-failure-threshold",
+        "2",
+        "--cb-success-threshold",
+        "1",
+        "--cb-timeout-duration-secs",
+        "1",
+    ]);
+    let id = id_of(&gateway, &url).await;
+    for _ in 0..2 {
+        let (code, body) = chat(&gateway, json!({})).await;
+        assert_eq!(
+            (code, body["error"]["code"].as_str()),
+            (502, Some("worker_error")),
+            "{body}"
+        );
+    }
+    let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+    assert_eq!(status["circuit"], "open", "{status}");
+    // Open: the worker is skipped, so no worker is left.
+    let (code, body) = chat(&gateway, json!({})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (503, Some("no_healthy_worker"))
+    );
+
+    // The worker is replaced by a healthy one on the same address.
+    failing.kill();
+    let healthy = SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--port", &port]);
+    assert_eq!(healthy.grpc_url(), url);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Half-open: a trial request goes through and closes the circuit.
+    let messages = json!([{"role": "user", "content": "Hello, fleet."}]);
+    let (code, body) = chat(&gateway, json!({"messages": messages})).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("digest="),
+        "{body}"
+    );
+    let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+    assert_eq!(status["circuit"], "closed", "{status}");
+}
+
+/// Asks for `model` until it stops answering 503 (its mode or tokenizer is
+/// still settling); returns the first other answer.
+async fn once_served(gateway: &Gateway, model: &str) -> (u16, Value) {
+    bounded("the model serves", async {
+        loop {
+            let (code, body) = chat(gateway, json!({"model": model})).await;
+            if code != 503 {
+                return (code, body);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
+    let gateway = Gateway::start(&[
+        "--enable-igw",
+        "--health-check-interval-secs",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--model-alias",
+        "small=alpha",
+        "--model-policy",
+        "beta=round_robin",
+        "--model-max-retries",
+        "beta=1",
+    ]);
+    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let ask = |model: &'static str| chat(&gateway, json!({"model": model}));
+    let (code, _) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 503, "no workers yet");
+    let (code, body) = ask("alpha").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+
+    // beta: prefill alone makes no mode.
+    let prefill = SimWorker::start("tokenspeed", "prefill", &["--zero-delay"]);
+    let (code, body) =
+        post(json!({"url": prefill.grpc_url(), "role": "prefill", "model_id": "beta"})).await;
+    assert_eq!(code, 202, "{body}");
+    let prefill_id = body["id"].as_str().unwrap().to_owned();
+    wait_status(&gateway, &prefill_id, "prefill ready", |_, b| {
+        b["status"] == "ready"
+    })
+    .await;
+    let (code, body) = ask("beta").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (503, Some("model_not_ready")),
+        "{body}"
+    );
+
+    // Adding decode makes beta a PD model.
+    let decode = SimWorker::start("tokenspeed", "decode", &["--zero-delay"]);
+    let (code, body) =
+        post(json!({"url": decode.grpc_url(), "role": "decode", "model_id": "beta"})).await;
+    assert_eq!(code, 202, "{body}");
+    let decode_id = body["id"].as_str().unwrap().to_owned();
+    wait_status(&gateway, &decode_id, "decode ready", |_, b| {
+        b["status"] == "ready"
+    })
+    .await;
+    let (code, body) = once_served(&gateway, "beta").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["model"], "beta");
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("digest=")
+    );
+
+    // alpha: one regular worker, reached through its alias.
+    let regular = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let (code, body) = post(json!({"url": regular.grpc_url(), "model_id": "alpha"})).await;
+    assert_eq!(code, 202, "{body}");
+    let (code, body) = once_served(&gateway, "small").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["model"], "alpha");
+
+    let (code, ready) = get(&gateway, "/readiness").await;
+    assert_eq!(code, 200, "{ready}");
+    assert_eq!(ready["models"]["alpha"]["mode"], "grpc");
+    assert_eq!(ready["models"]["beta"]["mode"], "grpc_pd");
+    let (_, models) = get(&gateway, "/v1/models").await;
+    let mut names: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["alpha", "beta"]);
+    let (_, listed) = get(&gateway, "/workers").await;
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 3, "{listed}");
+    let (_, beta) = get(&gateway, "/workers?model_id=beta").await;
+    assert_eq!(beta["workers"].as_array().unwrap().len(), 2, "{beta}");
+    let (_, decodes) = get(&gateway, "/workers?model_id=beta&role=decode").await;
+    assert_eq!(decodes["workers"][0]["id"], decode_id.as_str(), "{decodes}");
+    let (code, body) = get(&gateway, "/workers?colour=red").await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (400, Some("invalid_parameter"))
+    );
+
+    // A worker without a model, or a duplicate across models, is refused.
+    let (code, body) = post(json!({"url": "grpc://127.0.0.1:1"})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (400, Some("invalid_parameter"))
+    );
+    let (code, body) = post(json!({"url": regular.grpc_url(), "model_id": "beta"})).await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (409, Some("worker_already_exists"))
+    );
+    // Without a model name a request is ambiguous now.
+    let mut bare = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+    bare.as_object_mut().unwrap().remove("model");
+    let (code, body) = call(
+        reqwest::Method::POST,
+        gateway.url("/v1/chat/completions"),
+        Some(bare),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+}
+
+#[tokio::test]
+async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
+    use smg::proto::sglang_scheduler as sg;
+    use smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
+
+    let worker = SimWorker::start(
+        "sglang",
+        "regular",
+        &[
+            "--dp-size",
+            "2",
+            "--decode-ms-per-token",
+            "40",
+            "--prefill-tokens-per-sec",
+            "1000000",
+        ],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--dp-aware",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+    ]);
+    let (_, listed) = get(&gateway, "/workers").await;
+    let workers = listed["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "one logical worker per rank: {listed}");
+    assert_eq!(workers[0]["url"], workers[1]["url"]);
+    assert_ne!(workers[0]["id"], workers[1]["id"]);
+
+    let body = json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, ranks."}],
+        "max_tokens": 20,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let response = client()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let mut stream = response.bytes_stream();
+        stream.next().await.unwrap().unwrap();
+        streams.push(stream);
+    }
+    // Both requests run now, one on each rank.
+    let mut engine = SglangSchedulerClient::connect(worker.url()).await.unwrap();
+    let loads = engine
+        .get_loads(sg::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(loads.dp_rank_count, 2);
+    let running: Vec<(i32, i32)> = loads
+        .loads
+        .iter()
+        .map(|l| (l.dp_rank, l.num_running_reqs))
+        .collect();
+    assert_eq!(running, [(0, 1), (1, 1)]);
+    for mut stream in streams {
+        let mut text = String::new();
+        bounded("a rank's stream ends", async {
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+        })
+        .await;
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+}
