@@ -105,11 +105,22 @@ impl Doorbell {
     /// blocking (a nonblocking eventfd), or after a poll said it is readable.
     /// Returns how many rings were pending (0 if none).
     pub fn drain(&self) -> u64 {
+        self.try_drain().unwrap_or(0)
+    }
+
+    /// Like [`drain`](Self::drain), but reports a nonblocking eventfd with
+    /// nothing pending as `WouldBlock` (what tokio's `AsyncFd::try_io` needs
+    /// to clear its readiness only when the count really is zero).
+    pub fn try_drain(&self) -> io::Result<u64> {
         let mut count: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
         let read = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
         self.sleeping.store(false, Ordering::Relaxed);
-        if read == 8 { count } else { 0 }
+        if read == 8 {
+            Ok(count)
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 
     /// Blocks until the eventfd is readable or `timeout_ms` passes (`-1`:

@@ -219,7 +219,9 @@ impl<T> RingReceiver<T> {
         // SAFETY: `seq == pos + 1` means the producer of `pos` has written the
         // value and released it; this is the only consumer, and producers will
         // not touch the slot until `seq` moves on below.
-        let value = slot.value.with_mut(|cell| unsafe { (*cell).assume_init_read() });
+        let value = slot
+            .value
+            .with_mut(|cell| unsafe { (*cell).assume_init_read() });
         slot.seq
             .store(pos.wrapping_add(shared.mask + 1), Ordering::Release);
         self.head = pos.wrapping_add(1);
