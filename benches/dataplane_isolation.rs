@@ -201,8 +201,9 @@ fn main() {
     }
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-results");
     if std::fs::create_dir_all(&out).is_ok() {
-        let json = serde_json::to_string_pretty(&json!({"cores": cores, "seconds": secs, "rows": rows}))
-            .unwrap_or_default();
+        let json =
+            serde_json::to_string_pretty(&json!({"cores": cores, "seconds": secs, "rows": rows}))
+                .unwrap_or_default();
         let _ = std::fs::write(out.join("dataplane_isolation.json"), json);
     }
 }

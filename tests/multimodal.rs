@@ -401,7 +401,10 @@ async fn the_data_plane_keeps_serving_after_bad_inputs() {
             .as_str()
             .expect("content");
         let header = expected(&["palette_97x61.png"], &good);
-        assert!(content.starts_with(&header), "{io}: {content:?} vs {header}");
+        assert!(
+            content.starts_with(&header),
+            "{io}: {content:?} vs {header}"
+        );
     }
 }
 
@@ -446,7 +449,10 @@ async fn a_saturated_data_plane_answers_dataplane_busy() {
         }
     }
     assert!(served >= 1, "the first images are served");
-    assert!(busy >= 1, "eight images against one core and two slots: some are refused");
+    assert!(
+        busy >= 1,
+        "eight images against one core and two slots: some are refused"
+    );
     let (status, body) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
     assert_eq!(status, 200, "serving again after the burst: {body}");
 }

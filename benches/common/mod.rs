@@ -17,7 +17,11 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 
 /// Runs `op` from `concurrency` loops for `duration`; returns latencies (ms)
 /// and the wall time.
-pub async fn closed_loop<F, Fut>(concurrency: usize, duration: Duration, op: F) -> (Vec<f64>, Duration)
+pub async fn closed_loop<F, Fut>(
+    concurrency: usize,
+    duration: Duration,
+    op: F,
+) -> (Vec<f64>, Duration)
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = bool> + Send,
@@ -69,4 +73,3 @@ pub fn pin(pid: u32, core: usize) {
         .stderr(std::process::Stdio::null())
         .status();
 }
-

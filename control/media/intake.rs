@@ -944,7 +944,11 @@ mod tests {
         for (name, code, fragment) in [
             ("big.png", ErrorCode::MediaTooLarge, "has 2048 bytes"),
             ("empty.png", ErrorCode::MediaFetchFailed, "is empty"),
-            ("dir.png", ErrorCode::MediaUrlForbidden, "not a regular file"),
+            (
+                "dir.png",
+                ErrorCode::MediaUrlForbidden,
+                "not a regular file",
+            ),
         ] {
             expect_error(fetch(&confined, &[url(name)]).await, code, fragment);
         }

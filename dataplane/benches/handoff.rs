@@ -126,7 +126,10 @@ fn main() {
     );
     println!("| hand-off | round trips | p50 µs | p99 µs | p99.9 µs |");
     println!("|---|---:|---:|---:|---:|");
-    report("ring ping-pong, two spinning threads", ring_ping_pong(200_000, far_core));
+    report(
+        "ring ping-pong, two spinning threads",
+        ring_ping_pong(200_000, far_core),
+    );
     let pin: Vec<CoreId> = far_core.into_iter().collect();
     for (io, name) in [(IoBackend::Uring, "io_uring"), (IoBackend::Plain, "plain")] {
         report(
