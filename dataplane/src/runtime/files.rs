@@ -75,8 +75,8 @@ pub(crate) fn read_blocking(request: &FileRead) -> Result<FileContents, FileRead
         .map_err(|error| io_error(&error))?;
     let metadata = file.metadata().map_err(|error| io_error(&error))?;
     check_metadata(metadata.is_file(), metadata.len(), request.max_bytes)?;
-    let mut contents = Vec::with_capacity(metadata.len() as usize + 1);
-    file.take(request.max_bytes as u64 + 1)
+    let mut contents = Vec::with_capacity((metadata.len() as usize).saturating_add(1));
+    file.take((request.max_bytes as u64).saturating_add(1))
         .read_to_end(&mut contents)
         .map_err(|error| io_error(&error))?;
     finish_read(contents, request.max_bytes)

@@ -227,7 +227,8 @@ impl FileOps {
         // One byte beyond the declared size, so growth shows up as a full
         // buffer instead of going unnoticed.
         let expected = op.statx.stx_size as usize;
-        op.data = Vec::with_capacity(expected.saturating_add(1).min(op.max_bytes + 1).max(1));
+        let limit = op.max_bytes.saturating_add(1);
+        op.data = Vec::with_capacity(expected.saturating_add(1).min(limit).max(1));
         op.stage = Stage::Reading;
         Self::queue_read(ring, index, op);
         Ok(())
