@@ -329,6 +329,17 @@ async fn dropping_the_last_handle_shuts_down_and_joins_the_threads() {
         let dataplane = start(io, |config| config.threads = 2);
         let names = dataplane.thread_names().to_vec();
         assert_eq!(names.len(), 2);
+        // A new thread names itself once it runs: wait for that.
+        let named = || {
+            let live = live_thread_names();
+            names.iter().all(|name| live.contains(name))
+        };
+        for _ in 0..500 {
+            if named() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let live = live_thread_names();
         assert!(
             names.iter().all(|name| live.contains(name)),
