@@ -39,6 +39,24 @@ pub enum RuntimeArg {
     Sglang,
 }
 
+/// `--dataplane-io`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DataplaneIo {
+    Auto,
+    Uring,
+    Plain,
+}
+
+impl DataplaneIo {
+    pub fn backend(self) -> smg_dataplane::IoBackend {
+        match self {
+            DataplaneIo::Auto => smg_dataplane::IoBackend::Auto,
+            DataplaneIo::Uring => smg_dataplane::IoBackend::Uring,
+            DataplaneIo::Plain => smg_dataplane::IoBackend::Plain,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogLevel {
     Trace,
@@ -152,6 +170,22 @@ pub struct LaunchArgs {
     /// public addresses (repeatable); everything else private is refused.
     #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append)]
     pub media_allow_private_host: Vec<String>,
+
+    /// Data-plane threads, each pinned to a core of its own (default: a
+    /// quarter of the cores, at least one). The tokio runtime keeps the rest.
+    #[arg(long, value_name = "N")]
+    pub dataplane_cores: Option<usize>,
+    /// Jobs each data-plane core's ring holds; a full ring is backpressure.
+    #[arg(long, default_value_t = 64)]
+    pub dataplane_ring_capacity: usize,
+    /// How long an image waits for room on a full data plane before the
+    /// request fails with `dataplane_busy` (503).
+    #[arg(long, default_value_t = 1000)]
+    pub dataplane_submit_timeout_ms: u64,
+    /// The data plane's I/O loop: io_uring if it can be set up (auto), io_uring
+    /// or refuse to start (uring), or the plain fallback loop (plain).
+    #[arg(long, value_enum, default_value_t = DataplaneIo::Auto)]
+    pub dataplane_io: DataplaneIo,
 
     #[arg(long)]
     pub disable_health_check: bool,

@@ -34,6 +34,9 @@ pub struct DemoArgs {
     pub port: u16,
     #[arg(long, default_value_t = 29000)]
     pub prometheus_port: u16,
+    /// Data-plane threads (as `smg launch --dataplane-cores`).
+    #[arg(long, value_name = "N")]
+    pub dataplane_cores: Option<usize>,
 }
 
 /// A fleet process that is killed when dropped.
@@ -134,8 +137,8 @@ fn start_worker(
     })
 }
 
-/// Runs the demo until Ctrl-C.
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+/// Runs the demo until Ctrl-C; `cores` is the start-up core split.
+pub async fn run(args: DemoArgs, cores: smg_dataplane::runtime::CorePlan) -> anyhow::Result<()> {
     let binary = sim_worker_binary()?;
     let model = args.model_path.clone().unwrap_or_else(bundled_model);
     let protocol = args.protocol.as_str();
@@ -179,6 +182,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "--prometheus-port".into(),
         args.prometheus_port.to_string(),
     ]);
+    if let Some(n) = args.dataplane_cores {
+        line.extend(["--dataplane-cores".into(), n.to_string()]);
+    }
     let launch: LaunchArgs = match clap::Parser::try_parse_from(&line)
         .map(|cli: Cli| cli.command)
         .context("building the launch line")?
@@ -195,7 +201,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "try:\n  curl -s http://127.0.0.1:{}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
         args.port
     );
-    let result = crate::server::launch(launch).await;
+    let result = crate::server::launch(launch, cores).await;
     drop(fleet);
     result
 }

@@ -104,6 +104,12 @@ error_codes! {
     NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
     /// The gateway is at capacity (a full queue or ring).
     Overloaded => ("overloaded", 503, Gateway, true),
+    /// Every data-plane core's job ring stayed full for the submit deadline
+    /// (`--dataplane-submit-timeout-ms`): images arrive faster than the data
+    /// plane preprocesses them.
+    DataplaneBusy => ("dataplane_busy", 503, Gateway, true),
+    /// The data plane is shutting down.
+    DataplaneUnavailable => ("dataplane_unavailable", 503, Gateway, true),
     /// The request took longer than the configured timeout.
     RequestTimeout => ("request_timeout", 504, Gateway, true),
     /// A worker could not be reached.
@@ -192,6 +198,21 @@ impl Error {
                 "code": self.code.as_str(),
             }
         })
+    }
+
+    /// A data-plane job that failed for the runtime's reasons (busy,
+    /// stopping, a bug), not because of its input; callers map input errors
+    /// (an image, a file) themselves.
+    pub fn from_dataplane(error: &smg_dataplane::JobError) -> Self {
+        use smg_dataplane::JobError;
+        let code = match error {
+            JobError::Busy { .. } => ErrorCode::DataplaneBusy,
+            JobError::ShuttingDown => ErrorCode::DataplaneUnavailable,
+            JobError::Image(_) | JobError::File(_) | JobError::Panicked(_) => {
+                ErrorCode::InternalError
+            }
+        };
+        Self::new(code, error.to_string())
     }
 
     /// Maps a worker's gRPC status to a code.

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use smg::cli::{Cli, Command};
+use smg_dataplane::runtime::CorePlan;
 
 /// Under load the request path is dominated by small, short-lived
 /// allocations (tokenizer pieces, JSON values, HTTP/2 frames); mimalloc's
@@ -27,17 +28,16 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Launch(args) => {
             init_logging(args.log_level.as_filter(), args.log_json);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(smg::server::launch(*args))
+            // Enumerate the cores once, before any thread is pinned.
+            let cores = CorePlan::enumerate(args.dataplane_cores);
+            let runtime = smg::server::control_runtime(&cores)?;
+            runtime.block_on(smg::server::launch(*args, cores))
         }
         Command::Demo(args) => {
             init_logging("info", false);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(smg::demo::run(args))
+            let cores = CorePlan::enumerate(args.dataplane_cores);
+            let runtime = smg::server::control_runtime(&cores)?;
+            runtime.block_on(smg::demo::run(args, cores))
         }
     }
 }

@@ -30,6 +30,8 @@ use crate::router::{RetryConfig, Router, RouterParts};
 use crate::server::{
     ModelContext, lifecycle, model_context, retry_config, role_policies_with, start_load_polling,
 };
+use smg_dataplane::runtime::DataPlane;
+
 use crate::workers::{WorkerRegistry, WorkerRole, WorkerSet, WorkerSpec, WorkerStatus};
 
 /// How often a model without a discovered context looks for a ready worker.
@@ -117,13 +119,15 @@ impl ModelEntry {
 #[derive(Debug)]
 pub struct ModelTable {
     args: Arc<LaunchArgs>,
+    /// Where every model's images are preprocessed.
+    dataplane: DataPlane,
     model_policies: HashMap<String, PolicyKind>,
     model_retries: HashMap<String, u32>,
     models: RwLock<HashMap<String, Arc<ModelEntry>>>,
 }
 
 impl ModelTable {
-    pub fn new(args: Arc<LaunchArgs>) -> anyhow::Result<Self> {
+    pub fn new(args: Arc<LaunchArgs>, dataplane: DataPlane) -> anyhow::Result<Self> {
         let model_policies = named_values("model-policy", &args.model_policy, |v| {
             <PolicyKind as clap::ValueEnum>::from_str(v, false)
         })
@@ -134,6 +138,7 @@ impl ModelTable {
         .map_err(anyhow::Error::msg)?;
         Ok(Self {
             args,
+            dataplane,
             model_policies,
             model_retries,
             models: RwLock::default(),
@@ -196,6 +201,7 @@ impl ModelTable {
         start_load_polling(entry.workers(), &entry.policies, args);
         tokio::spawn(discover(
             Arc::clone(args),
+            self.dataplane.clone(),
             name.to_owned(),
             Arc::clone(&entry),
         ));
@@ -365,7 +371,12 @@ impl ModelTable {
 
 /// Waits for a ready generating worker of the model, then discovers the
 /// model's tokenizer and limits from it (retrying on failure).
-async fn discover(args: Arc<LaunchArgs>, name: String, entry: Arc<ModelEntry>) {
+async fn discover(
+    args: Arc<LaunchArgs>,
+    dataplane: DataPlane,
+    name: String,
+    entry: Arc<ModelEntry>,
+) {
     loop {
         let probe = entry
             .workers()
@@ -376,7 +387,7 @@ async fn discover(args: Arc<LaunchArgs>, name: String, entry: Arc<ModelEntry>) {
             tokio::time::sleep(DISCOVERY_POLL).await;
             continue;
         };
-        match model_context(&args, &probe, Some(name.clone())).await {
+        match model_context(&args, &probe, Some(name.clone()), &dataplane).await {
             Ok(context) => {
                 tracing::info!(model = %name, "model discovered");
                 let _ = entry.context.set(context);

@@ -1,7 +1,9 @@
-//! Start-up: from `smg launch` flags to a serving gateway. Builds the workers
-//! and detects their runtime, loads the tokenizer, assembles the router for
-//! the chosen mode, starts health probes and the metrics listener, and serves
-//! the HTTP API until SIGTERM or Ctrl-C.
+//! Start-up: from `smg launch` flags to a serving gateway. Splits the cores
+//! between tokio and the data plane and starts the data plane, builds the
+//! workers and detects their runtime, loads the tokenizer, assembles the
+//! router for the chosen mode (or the model table with `--enable-igw`),
+//! starts health probes and the metrics listener, and serves the HTTP API
+//! until SIGTERM or Ctrl-C; then stops the data plane.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use smg_dataplane::runtime::{CorePlan, DataPlane, DataPlaneConfig, confine_current_thread};
 use tokio::net::TcpListener;
 
 use crate::api::{self, AppState, Fleet};
@@ -139,6 +142,32 @@ fn media_config(args: &LaunchArgs) -> anyhow::Result<MediaConfig> {
     })
 }
 
+/// The tokio runtime for the control plane: confined to the cores the data
+/// plane does not own, one worker thread per core, when `cores` splits them.
+pub fn control_runtime(cores: &CorePlan) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if cores.exclusive {
+        let control = cores.control.clone();
+        builder
+            .worker_threads(control.len())
+            .on_thread_start(move || {
+                confine_current_thread(&control);
+            });
+    }
+    builder.build()
+}
+
+/// The data plane `args` and the core split describe.
+pub fn dataplane_config(args: &LaunchArgs, cores: &CorePlan) -> DataPlaneConfig {
+    DataPlaneConfig {
+        ring_capacity: args.dataplane_ring_capacity.max(1),
+        submit_wait: Duration::from_millis(args.dataplane_submit_timeout_ms),
+        io: args.dataplane_io.backend(),
+        ..DataPlaneConfig::for_plan(cores)
+    }
+}
+
 /// The circuit breaker every worker gets (`--cb-*`).
 pub fn breaker_config(args: &LaunchArgs) -> BreakerConfig {
     BreakerConfig {
@@ -225,11 +254,13 @@ pub struct ModelContext {
 
 /// Discovers a model from one of its generating workers: its info, its
 /// tokenizer (flags first, then what the worker offers) and its vision
-/// preprocessing. `name` overrides the served name.
+/// preprocessing, whose images run on `dataplane`. `name` overrides the
+/// served name.
 pub async fn model_context(
     args: &LaunchArgs,
     probe: &Worker,
     name: Option<String>,
+    dataplane: &DataPlane,
 ) -> anyhow::Result<ModelContext> {
     let info = match discover("GetModelInfo", probe.url(), probe.client().model_info()).await {
         Ok(info) => Some(info),
@@ -274,7 +305,7 @@ pub async fn model_context(
     };
 
     let media = match args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
-        Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?)
+        Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?, dataplane)
             .map_err(|err| anyhow::anyhow!("{err}"))?,
         None => None,
     };
@@ -300,8 +331,8 @@ pub fn retry_config(args: &LaunchArgs) -> RetryConfig {
     }
 }
 
-/// Builds the router that `args` describe.
-pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
+/// Builds the router that `args` describe; images run on `dataplane`.
+pub async fn build_router(args: &LaunchArgs, dataplane: &DataPlane) -> anyhow::Result<Router> {
     let (mode, fleet) = fleet_from_flags(args)?;
     let first_url = &fleet[0].0;
     let runtime = match args.runtime {
@@ -370,7 +401,7 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
         tokenizer,
         model,
         media,
-    } = model_context(args, &probe, args.served_model_name.clone()).await?;
+    } = model_context(args, &probe, args.served_model_name.clone(), dataplane).await?;
     let policies = role_policies(args);
     if !args.disable_health_check {
         spawn_health_checks(workers.all(), health_config(args));
@@ -389,9 +420,31 @@ pub async fn build_router(args: &LaunchArgs) -> anyhow::Result<Router> {
     }))
 }
 
-/// Runs the gateway until a shutdown signal.
-pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
+/// Runs the gateway until a shutdown signal. `cores` is the split made at
+/// start-up, before anything was pinned (see [`control_runtime`]).
+pub async fn launch(args: LaunchArgs, cores: CorePlan) -> anyhow::Result<()> {
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
+    tracing::info!(
+        dataplane = ?cores.dataplane.iter().map(|c| c.id).collect::<Vec<_>>(),
+        control = ?cores.control.iter().map(|c| c.id).collect::<Vec<_>>(),
+        exclusive = cores.exclusive,
+        "core split"
+    );
+    let dataplane = DataPlane::start(dataplane_config(&args, &cores))
+        .map_err(|err| anyhow::anyhow!("data plane: {err}"))?;
+    let served = serve_with(args, &dataplane, metrics).await;
+    // In-flight images finish or fail; the cores' threads join.
+    let stopping = dataplane.clone();
+    drop(dataplane);
+    let _ = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
+    served
+}
+
+async fn serve_with(
+    args: LaunchArgs,
+    dataplane: &DataPlane,
+    metrics: metrics_exporter_prometheus::PrometheusHandle,
+) -> anyhow::Result<()> {
     let aliases = named_values("model-alias", &args.model_alias, |model| {
         Ok(model.to_owned())
     })
@@ -405,9 +458,12 @@ pub async fn launch(args: LaunchArgs) -> anyhow::Result<()> {
             bail!("--enable-igw starts with no workers: register them with POST /workers");
         }
         let args = Arc::new(args.clone());
-        (Fleet::Models(Arc::new(ModelTable::new(args)?)), "igw")
+        (
+            Fleet::Models(Arc::new(ModelTable::new(args, dataplane.clone())?)),
+            "igw",
+        )
     } else {
-        let router = build_router(&args).await?;
+        let router = build_router(&args, dataplane).await?;
         let mode = router.mode();
         let registry = WorkerRegistry::new(
             router.model().name.clone(),

@@ -361,3 +361,98 @@ async fn bad_images_get_stable_codes() {
     let (status, _) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
     assert_eq!(status, 200);
 }
+
+/// The data plane in both loops (io_uring and the forced plain fallback):
+/// corrupt images and unreadable files fail their request with a stable
+/// code, and the same core then serves a good image byte-exactly.
+#[tokio::test]
+async fn the_data_plane_keeps_serving_after_bad_inputs() {
+    let dir = tempfile::tempdir_in(images_dir()).expect("tempdir inside the allowed dir");
+    let photo = std::fs::read(images_dir().join("photo_640x480.jpg")).expect("fixture");
+    let mut garbage = photo[..64].to_vec();
+    garbage.extend(std::iter::repeat_n(0x5Au8, 4096));
+    std::fs::write(dir.path().join("garbage.jpg"), &garbage).expect("write");
+    std::fs::write(dir.path().join("truncated.jpg"), &photo[..photo.len() / 2]).expect("write");
+    std::fs::write(dir.path().join("empty.png"), b"").expect("write");
+    std::fs::create_dir(dir.path().join("folder.png")).expect("mkdir");
+    let in_dir = |name: &str| format!("file://{}", dir.path().join(name).display());
+    let bad = [
+        (in_dir("garbage.jpg"), "invalid_image"),
+        (in_dir("truncated.jpg"), "invalid_image"),
+        (in_dir("empty.png"), "media_fetch_failed"),
+        (in_dir("folder.png"), "media_url_forbidden"),
+        (in_dir("missing.png"), "media_fetch_failed"),
+    ];
+    let fleet = fleet("tokenspeed", "regular", 0, &[]);
+    for io in ["uring", "plain"] {
+        let gateway = gateway(&fleet, &["--dataplane-cores", "1", "--dataplane-io", io]);
+        for (url, code) in &bad {
+            let (status, body) = chat(&gateway, &messages(std::slice::from_ref(url))).await;
+            assert_eq!(
+                (status, body["error"]["code"].as_str()),
+                (400, Some(*code)),
+                "{io} {url}: {body}"
+            );
+        }
+        let good = messages(&[image_url("palette_97x61.png")]);
+        let (status, body) = chat(&gateway, &good).await;
+        assert_eq!(status, 200, "{io}: {body}");
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content");
+        let header = expected(&["palette_97x61.png"], &good);
+        assert!(
+            content.starts_with(&header),
+            "{io}: {content:?} vs {header}"
+        );
+    }
+}
+
+/// A data plane whose ring is full past the submit deadline answers 503
+/// `dataplane_busy` instead of queueing without bound, and serves again
+/// once the burst has passed.
+#[tokio::test]
+async fn a_saturated_data_plane_answers_dataplane_busy() {
+    let fleet = fleet("tokenspeed", "regular", 0, &[]);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--dataplane-cores",
+            "1",
+            "--dataplane-ring-capacity",
+            "2",
+            "--dataplane-submit-timeout-ms",
+            "0",
+        ],
+    );
+    let gateway = std::sync::Arc::new(gateway);
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let gateway = std::sync::Arc::clone(&gateway);
+            tokio::spawn(async move {
+                let messages = messages(&[image_url("photo_640x480.jpg")]);
+                chat(&gateway, &messages).await
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    let mut served = 0;
+    for task in burst {
+        let (status, body) = task.await.expect("request task");
+        match status {
+            200 => served += 1,
+            503 => {
+                assert_eq!(body["error"]["code"], "dataplane_busy", "{body}");
+                busy += 1;
+            }
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert!(served >= 1, "the first images are served");
+    assert!(
+        busy >= 1,
+        "eight images against one core and two slots: some are refused"
+    );
+    let (status, body) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
+    assert_eq!(status, 200, "serving again after the burst: {body}");
+}

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use reqwest::Url;
+use smg_dataplane::runtime::{DataPlane, FileReadError, JobError};
 
 use super::HashedBytes;
 use super::guard::{DestinationPolicy, PrivateHostAllowance};
@@ -86,16 +87,18 @@ pub struct FetchedMedia {
 }
 
 /// Fetches the images of requests. Build one per gateway and share it: it
-/// holds the HTTP connection pool.
+/// holds the HTTP connection pool, and reads `file://` images through the
+/// data plane.
 #[derive(Debug, Clone)]
 pub struct MediaFetcher {
     config: MediaConfig,
     remote: RemoteFetcher,
     file_roots: Arc<FileRoots>,
+    dataplane: DataPlane,
 }
 
 impl MediaFetcher {
-    pub fn new(config: MediaConfig) -> Result<Self, MediaConfigError> {
+    pub fn new(config: MediaConfig, dataplane: DataPlane) -> Result<Self, MediaConfigError> {
         let file_roots = FileRoots::new(&config.allowed_file_dirs)
             .map_err(|(path, source)| MediaConfigError::AllowedFileDir { path, source })?;
         let policy = Arc::new(DestinationPolicy::new(config.allow_private_hosts.clone()));
@@ -104,6 +107,7 @@ impl MediaFetcher {
             config,
             remote,
             file_roots: Arc::new(file_roots),
+            dataplane,
         })
     }
 
@@ -178,11 +182,26 @@ impl MediaFetcher {
                     .map_err(|problem| remote_error(problem, max_bytes, &shown))
             }
             ImageReference::File(url) => {
+                // The allow-list check resolves links (a few metadata calls,
+                // off the async threads); the read itself runs on a
+                // data-plane core through io_uring.
                 let roots = Arc::clone(&self.file_roots);
-                tokio::task::spawn_blocking(move || roots.read(&url, max_bytes))
+                let path = tokio::task::spawn_blocking(move || roots.resolve(&url))
                     .await
-                    .map_err(|join| Error::internal(format!("reading a file image: {join}")))?
-                    .map_err(|problem| file_error(problem, max_bytes))
+                    .map_err(|join| Error::internal(format!("resolving a file image: {join}")))?
+                    .map_err(|problem| file_error(problem, max_bytes))?;
+                let contents = self
+                    .dataplane
+                    .read_file(path.clone(), max_bytes)
+                    .await
+                    .map_err(|error| match error {
+                        JobError::File(error) => file_error(file_problem(&path, error), max_bytes),
+                        other => Error::from_dataplane(&other),
+                    })?;
+                Ok(HashedBytes {
+                    bytes: contents.bytes,
+                    content_hash: contents.content_hash,
+                })
             }
         }
     }
@@ -303,6 +322,17 @@ fn remote_error(problem: RemoteProblem, max_bytes: usize, url: &str) -> Error {
     }
 }
 
+/// A data-plane read failure in the allow-list's terms.
+fn file_problem(path: &std::path::Path, error: FileReadError) -> FileProblem {
+    match error {
+        FileReadError::NotRegular => {
+            FileProblem::Forbidden(format!("{} is not a regular file", path.display()))
+        }
+        FileReadError::TooLarge { len, .. } => FileProblem::TooLarge { len },
+        other => FileProblem::Unreadable(format!("{}: {other}", path.display())),
+    }
+}
+
 fn file_error(problem: FileProblem, max_bytes: usize) -> Error {
     match problem {
         FileProblem::Malformed(reason) => invalid_url(reason),
@@ -333,10 +363,15 @@ mod tests {
 
     const PNG_LIKE: &[u8] = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR a small test image";
 
+    /// A fetcher with its own one-core data plane (call inside a runtime).
     fn fetcher(configure: impl FnOnce(&mut MediaConfig)) -> MediaFetcher {
         let mut config = MediaConfig::default();
         configure(&mut config);
-        MediaFetcher::new(config).expect("test config is valid")
+        MediaFetcher::new(config, test_dataplane()).expect("test config is valid")
+    }
+
+    fn test_dataplane() -> DataPlane {
+        DataPlane::start(smg_dataplane::DataPlaneConfig::default()).expect("data plane")
     }
 
     fn allow(text: &str) -> PrivateHostAllowance {
@@ -891,15 +926,43 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_missing_allowed_dir_fails_construction() {
+    #[tokio::test]
+    async fn what_the_data_plane_finds_in_an_allowed_file_maps_to_stable_codes() {
+        let allowed = tempfile::tempdir().expect("tempdir");
+        std::fs::write(allowed.path().join("big.png"), vec![7u8; 2048]).expect("write");
+        std::fs::write(allowed.path().join("empty.png"), b"").expect("write");
+        std::fs::create_dir(allowed.path().join("dir.png")).expect("mkdir");
+        let confined = fetcher(|config| {
+            config.allowed_file_dirs = vec![allowed.path().into()];
+            config.max_bytes = 1024;
+        });
+        let url = |name: &str| {
+            Url::from_file_path(allowed.path().join(name))
+                .expect("absolute path")
+                .to_string()
+        };
+        for (name, code, fragment) in [
+            ("big.png", ErrorCode::MediaTooLarge, "has 2048 bytes"),
+            ("empty.png", ErrorCode::MediaFetchFailed, "is empty"),
+            (
+                "dir.png",
+                ErrorCode::MediaUrlForbidden,
+                "not a regular file",
+            ),
+        ] {
+            expect_error(fetch(&confined, &[url(name)]).await, code, fragment);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_allowed_dir_fails_construction() {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = MediaConfig {
             allowed_file_dirs: vec![dir.path().join("absent")],
             ..MediaConfig::default()
         };
         assert!(matches!(
-            MediaFetcher::new(config),
+            MediaFetcher::new(config, test_dataplane()),
             Err(MediaConfigError::AllowedFileDir { .. })
         ));
     }

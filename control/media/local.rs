@@ -10,19 +10,19 @@
 //! following symlinks, and only regular files are read (a FIFO or a device
 //! would block or never end).
 //!
+//! This module decides *whether* a path may be read ([`FileRoots::resolve`]);
+//! the read itself (open without following the last component, regular files
+//! only, the byte cap, hashing) is per-byte work and runs on the data plane
+//! (`smg_dataplane::runtime::DataPlane::read_file`, through io_uring).
+//!
 //! What remains trusted: whoever can rename directories inside an allowed
 //! tree between the check and the open could swap one for a symlink. Those
 //! directories belong to the operator.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use bytes::Bytes;
 use reqwest::Url;
-
-use super::HashedBytes;
 
 /// Why a `file://` image was refused or could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,9 +72,10 @@ impl FileRoots {
         Ok(Self { dirs })
     }
 
-    /// Reads the file a `file://` URL names, within the rules above. Blocks:
-    /// run it off the async runtime.
-    pub fn read(&self, url: &Url, max_bytes: usize) -> Result<HashedBytes, FileProblem> {
+    /// The fully resolved path a `file://` URL may be read from, within the
+    /// rules above. Touches the file system (resolving links): run it off
+    /// the async runtime.
+    pub fn resolve(&self, url: &Url) -> Result<PathBuf, FileProblem> {
         if self.dirs.is_empty() {
             return Err(FileProblem::Forbidden(
                 "file:// URLs are disabled (no allowed file directories are configured)".to_owned(),
@@ -105,7 +106,7 @@ impl FileRoots {
                 resolved.display()
             )));
         }
-        read_regular_file(&resolved, max_bytes)
+        Ok(resolved)
     }
 }
 
@@ -125,63 +126,6 @@ fn local_path(url: &Url) -> Result<PathBuf, FileProblem> {
         )));
     }
     Ok(path)
-}
-
-fn read_regular_file(path: &Path, max_bytes: usize) -> Result<HashedBytes, FileProblem> {
-    // O_NOFOLLOW: the last component must not have become a symlink since it
-    // was resolved. O_NONBLOCK: opening a FIFO must not wait for a writer.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|error| unreadable(path, &error))?;
-    let metadata = file.metadata().map_err(|error| unreadable(path, &error))?;
-    if !metadata.is_file() {
-        return Err(FileProblem::Forbidden(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    let max_len = u64::try_from(max_bytes).unwrap_or(u64::MAX);
-    if metadata.len() > max_len {
-        return Err(FileProblem::TooLarge {
-            len: metadata.len(),
-        });
-    }
-    let read = read_capped(file, metadata.len(), max_len).map_err(|problem| match problem {
-        ReadCapped::Io(error) => unreadable(path, &error),
-        ReadCapped::Grew(len) => FileProblem::TooLarge { len },
-    })?;
-    if read.bytes.is_empty() {
-        return Err(FileProblem::Unreadable(format!(
-            "{} is empty",
-            path.display()
-        )));
-    }
-    Ok(read)
-}
-
-enum ReadCapped {
-    Io(io::Error),
-    /// The file grew past the cap while being read.
-    Grew(u64),
-}
-
-fn read_capped(file: File, expected_len: u64, max_len: u64) -> Result<HashedBytes, ReadCapped> {
-    let capacity = usize::try_from(expected_len).unwrap_or(0);
-    let mut contents = Vec::with_capacity(capacity);
-    file.take(max_len.saturating_add(1))
-        .read_to_end(&mut contents)
-        .map_err(ReadCapped::Io)?;
-    let len = u64::try_from(contents.len()).unwrap_or(u64::MAX);
-    if len > max_len {
-        return Err(ReadCapped::Grew(len));
-    }
-    let content_hash = *blake3::hash(&contents).as_bytes();
-    Ok(HashedBytes {
-        bytes: Bytes::from(contents),
-        content_hash,
-    })
 }
 
 fn unreadable(path: &Path, error: &io::Error) -> FileProblem {
@@ -215,11 +159,10 @@ mod tests {
         let image = nested.join("cat.png");
         std::fs::write(&image, b"cat pixels").expect("write image");
 
-        let read = roots(allowed.path())
-            .read(&file_url(&image), 1024)
+        let resolved = roots(allowed.path())
+            .resolve(&file_url(&image))
             .expect("inside the allowed dir");
-        assert_eq!(read.bytes.as_ref(), b"cat pixels");
-        assert_eq!(read.content_hash, *blake3::hash(b"cat pixels").as_bytes());
+        assert_eq!(resolved, image.canonicalize().expect("exists"));
     }
 
     #[test]
@@ -241,7 +184,7 @@ mod tests {
         );
         let escape = Url::parse(&escape).expect("file URL parses");
         for url in [file_url(&secret), escape] {
-            match roots.read(&url, 1024) {
+            match roots.resolve(&url) {
                 Err(FileProblem::Forbidden(text)) => assert!(text.contains("outside"), "{text}"),
                 other => panic!("{url}: {other:?}"),
             }
@@ -249,7 +192,7 @@ mod tests {
         // Refused without looking: a missing file outside is just as forbidden.
         let missing = outside.path().join("nothing-here.png");
         assert!(matches!(
-            roots.read(&file_url(&missing), 1024),
+            roots.resolve(&file_url(&missing)),
             Err(FileProblem::Forbidden(_))
         ));
     }
@@ -267,7 +210,7 @@ mod tests {
 
         let roots = roots(allowed.path());
         for url in [file_url(&link), file_url(&dir_link.join("secret.png"))] {
-            match roots.read(&url, 1024) {
+            match roots.resolve(&url) {
                 Err(FileProblem::Forbidden(text)) => {
                     assert!(text.contains("resolves to"), "{text}")
                 }
@@ -283,10 +226,10 @@ mod tests {
         std::fs::write(&image, b"real").expect("write image");
         let link = allowed.path().join("alias.png");
         symlink(&image, &link).expect("symlink");
-        let read = roots(allowed.path())
-            .read(&file_url(&link), 1024)
+        let resolved = roots(allowed.path())
+            .resolve(&file_url(&link))
             .expect("the link stays inside");
-        assert_eq!(read.bytes.as_ref(), b"real");
+        assert_eq!(resolved, image.canonicalize().expect("exists"));
     }
 
     #[test]
@@ -294,51 +237,26 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let image = dir.path().join("a.png");
         std::fs::write(&image, b"a").expect("write image");
-        match FileRoots::default().read(&file_url(&image), 1024) {
+        match FileRoots::default().resolve(&file_url(&image)) {
             Err(FileProblem::Forbidden(text)) => assert!(text.contains("disabled"), "{text}"),
             other => panic!("{other:?}"),
         }
     }
 
     #[test]
-    fn missing_oversized_and_special_files() {
+    fn a_missing_file_is_unreadable_and_a_directory_resolves() {
         let allowed = tempfile::tempdir().expect("tempdir");
         let roots = roots(allowed.path());
-
         let missing = allowed.path().join("missing.png");
-        match roots.read(&file_url(&missing), 1024) {
+        match roots.resolve(&file_url(&missing)) {
             Err(FileProblem::Unreadable(text)) => assert!(text.contains("no such file"), "{text}"),
             other => panic!("{other:?}"),
         }
-
-        let big = allowed.path().join("big.png");
-        std::fs::write(&big, vec![7u8; 2048]).expect("write big");
-        assert_eq!(
-            roots.read(&file_url(&big), 2047),
-            Err(FileProblem::TooLarge { len: 2048 })
-        );
-        assert_eq!(
-            roots
-                .read(&file_url(&big), 2048)
-                .expect("at the cap")
-                .bytes
-                .len(),
-            2048
-        );
-
-        let empty = allowed.path().join("empty.png");
-        std::fs::write(&empty, b"").expect("write empty");
-        assert!(matches!(
-            roots.read(&file_url(&empty), 1024),
-            Err(FileProblem::Unreadable(text)) if text.ends_with("empty.png is empty")
-        ));
-
+        // What the path is (directory, FIFO, empty, too big) is the data
+        // plane's read to find out; resolving only confines it.
         let sub = allowed.path().join("sub");
         std::fs::create_dir(&sub).expect("mkdir");
-        assert!(matches!(
-            roots.read(&file_url(&sub), 1024),
-            Err(FileProblem::Forbidden(text)) if text.contains("not a regular file")
-        ));
+        assert!(roots.resolve(&file_url(&sub)).is_ok());
     }
 
     #[test]
@@ -346,7 +264,7 @@ mod tests {
         let allowed = tempfile::tempdir().expect("tempdir");
         let url = Url::parse("file://fileserver/share/a.png").expect("parses");
         assert!(matches!(
-            roots(allowed.path()).read(&url, 1024),
+            roots(allowed.path()).resolve(&url),
             Err(FileProblem::Malformed(_))
         ));
     }

@@ -3,9 +3,10 @@
 //! kernel, expand its `<|image_pad|>` placeholder to the number of tokens the
 //! image takes, and record where those tokens sit.
 //!
-//! The kernel runs on a blocking thread for now, off the tokio workers;
-//! moving it onto the data plane's pinned cores behind the rings is the data
-//! plane's job, and this is the one place that will change.
+//! The kernel runs on the data plane's pinned cores: each image is a job
+//! submitted through the rings, naming its destination (the inline buffer
+//! that becomes the gRPC payload); the kernel writes the tensor into it once.
+//! The control plane only waits for the result.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use bytes::Bytes;
 use smg_dataplane::preprocess::{
     ImageLimits, PreprocessError, PreprocessedImage, Qwen2VlImageProcessor, VisionPreprocessConfig,
 };
+use smg_dataplane::runtime::{DataPlane, Destination, JobError};
 use smg_shared::tensor::DType;
 
 use crate::engine::{MediaItem, Modality, Tensor, TensorPayload};
@@ -32,6 +34,7 @@ pub struct MediaPlanner {
     fetcher: Arc<MediaFetcher>,
     processor: Arc<Qwen2VlImageProcessor>,
     image_pad_id: u32,
+    dataplane: DataPlane,
 }
 
 impl MediaPlanner {
@@ -41,6 +44,7 @@ impl MediaPlanner {
         model_dir: &Path,
         tokenizer: &Tokenizer,
         config: MediaConfig,
+        dataplane: &DataPlane,
     ) -> Result<Option<Self>> {
         if !model_dir.join("preprocessor_config.json").is_file() {
             return Ok(None);
@@ -57,11 +61,12 @@ impl MediaPlanner {
             .ok_or_else(|| Error::internal(format!("the tokenizer has no {IMAGE_PAD} token")))?;
         Ok(Some(Self {
             fetcher: Arc::new(
-                MediaFetcher::new(config)
+                MediaFetcher::new(config, dataplane.clone())
                     .map_err(|err| Error::internal(format!("bad media settings: {err}")))?,
             ),
             processor: Arc::new(processor),
             image_pad_id,
+            dataplane: dataplane.clone(),
         }))
     }
 
@@ -84,18 +89,24 @@ impl MediaPlanner {
             .with_param("messages"));
         }
         let fetched = self.fetcher.fetch_all(images).await?;
-        // One blocking job per image, all at once: a request's images are
-        // preprocessed in parallel, not one after another.
+        // One data-plane job per image, all submitted at once: a request's
+        // images spread over the cores instead of queueing one by one.
         let jobs = fetched.into_iter().enumerate().map(|(index, media)| {
             let processor = Arc::clone(&self.processor);
             async move {
-                let bytes = media.bytes.clone();
-                let image = tokio::task::spawn_blocking(move || {
-                    processor.preprocess(&bytes, DType::BFloat16)
-                })
-                .await
-                .map_err(|err| Error::internal(format!("image preprocessing failed: {err}")))?
-                .map_err(|err| image_error(index, &err))?;
+                let image = self
+                    .dataplane
+                    .preprocess_image(
+                        processor,
+                        media.bytes.clone(),
+                        DType::BFloat16,
+                        Destination::Inline,
+                    )
+                    .await
+                    .map_err(|err| match err {
+                        JobError::Image(err) => image_error(index, &err),
+                        other => Error::from_dataplane(&other),
+                    })?;
                 Ok::<_, Error>((media, image))
             }
         });

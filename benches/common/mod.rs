@@ -1,0 +1,75 @@
+//! Helpers the scripted end-to-end benchmarks share: a closed-loop load
+//! driver, percentiles, per-process CPU time and core pinning.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Runs `op` from `concurrency` loops for `duration`; returns latencies (ms)
+/// and the wall time.
+pub async fn closed_loop<F, Fut>(
+    concurrency: usize,
+    duration: Duration,
+    op: F,
+) -> (Vec<f64>, Duration)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (op, stop) = (Arc::clone(&op), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let begin = Instant::now();
+                    if op().await {
+                        latencies.push(begin.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap_or_default());
+    }
+    (all, started.elapsed())
+}
+
+/// CPU seconds (user + system) a process has used so far, from
+/// `/proc/<pid>/stat`; `None` where procfs is unavailable.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) follow ")".
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let user: f64 = fields.get(11)?.parse().ok()?;
+    let system: f64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on the Linux builds this runs on (x86_64, arm64).
+    Some((user + system) / 100.0)
+}
+
+/// Pins every thread of process `pid` to `core` (`taskset`, when present).
+pub fn pin(pid: u32, core: usize) {
+    let _ = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", &core.to_string(), &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
