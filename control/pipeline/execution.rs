@@ -163,7 +163,7 @@ async fn supervise(
             event = next_prefill(prefill), if !prefill_done => match event {
                 Some(Ok(_)) => {}
                 Some(Err(err)) => {
-                    let _ = sender.send(Err(err)).await;
+                    let _ = sender.send(Err(root_cause(err, side).await)).await;
                     return Supervised::Stopped;
                 }
                 None => prefill_done = true,
@@ -178,7 +178,7 @@ async fn supervise(
                     }
                 }
                 Some(Err(err)) => {
-                    let _ = sender.send(Err(err)).await;
+                    let _ = sender.send(Err(root_cause(err, side).await)).await;
                     return Supervised::Stopped;
                 }
                 None => {
@@ -192,6 +192,31 @@ async fn supervise(
                     }
                     return Supervised::Finished { prefill_done };
                 }
+            },
+        }
+    }
+}
+
+/// How long a failed leg waits for still-running encodes to report.
+const ENCODE_BLAME_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A leg failed while encodes were still running. A dead or refusing encode
+/// worker breaks prefill's embedding rendezvous at once, so the leg's error
+/// may merely echo the encode's: give the encodes a moment, and report an
+/// encode failure as the cause when one arrives.
+async fn root_cause(leg_error: Error, side: &mut FuturesUnordered<SideCall>) -> Error {
+    if side.is_empty() {
+        return leg_error;
+    }
+    let grace = tokio::time::sleep(ENCODE_BLAME_GRACE);
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            () = &mut grace => return leg_error,
+            next = side.next() => match next {
+                Some(Err(encode_error)) => return encode_error,
+                Some(Ok(())) => {}
+                None => return leg_error,
             },
         }
     }
