@@ -24,7 +24,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -51,6 +51,8 @@ pub struct FixtureConfig {
     /// Request number `stall_request` waits `stall` before it starts.
     pub stall_request: u64,
     pub stall: Duration,
+    /// Close a keep-alive connection that stays idle this long.
+    pub idle_close: Option<Duration>,
 }
 
 /// A running fixture; stops when dropped.
@@ -79,8 +81,13 @@ impl FixtureServer {
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 tokio::spawn(async move {
+                    let idle_close = shared.config.idle_close;
                     let service = service_fn(move |req| handle(shared.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let mut builder = hyper::server::conn::http1::Builder::new();
+                    if let Some(idle) = idle_close {
+                        builder.timer(TokioTimer::new()).header_read_timeout(idle);
+                    }
+                    let _ = builder
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                 });

@@ -353,3 +353,34 @@ async fn multi_turn_sessions_send_turns_in_order_and_duration_bounds_a_run() {
     assert!(recs.iter().all(|r| r.scheduled_s <= 0.3));
     assert!(recs.iter().all(|r| r.ok));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_server_closed_while_idle_are_replaced() {
+    // The server drops keep-alive connections idle for 30 ms; requests come
+    // every ~100 ms on one slot, so each finds its connection closed.
+    let server = FixtureServer::start(FixtureConfig {
+        tokens: 1,
+        idle_close: Some(Duration::from_millis(30)),
+        ..FixtureConfig::default()
+    })
+    .await
+    .unwrap();
+    let report = run_against(
+        &server,
+        &[
+            "--num-prompts",
+            "4",
+            "--request-rate",
+            "10",
+            "--burstiness",
+            "1000",
+            "--max-concurrency",
+            "1",
+            "--model",
+            "m",
+        ],
+    )
+    .await;
+    let s = &report.points[0].summary;
+    assert_eq!((s.completed, s.failed), (4, 0), "{:?}", s.errors);
+}
