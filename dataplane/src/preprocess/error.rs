@@ -59,7 +59,23 @@ pub enum PreprocessError {
     InvalidConfig(String),
 }
 
+/// The codes an image's bytes alone can cause, whatever they hold. The others
+/// (`unsupported_dtype`, `buffer_size_mismatch`, `plan_mismatch`,
+/// `invalid_config`) mean the caller misused the kernel.
+pub const IMAGE_ERROR_CODES: &[&str] = &[
+    "unsupported_format",
+    "corrupt_image",
+    "image_too_large",
+    "image_too_small",
+    "bad_aspect_ratio",
+];
+
 impl PreprocessError {
+    /// Whether the image's bytes, not the caller, caused this error.
+    pub fn is_image_error(&self) -> bool {
+        IMAGE_ERROR_CODES.contains(&self.code())
+    }
+
     /// The stable, snake_case code for this error.
     pub fn code(&self) -> &'static str {
         match self {
@@ -128,6 +144,15 @@ mod tests {
         ];
         for (error, code) in cases {
             assert_eq!(error.code(), code, "{error}");
+            let caused_by_image = matches!(
+                error,
+                PreprocessError::UnsupportedFormat(_)
+                    | PreprocessError::CorruptImage(_)
+                    | PreprocessError::ImageTooLarge { .. }
+                    | PreprocessError::ImageTooSmall { .. }
+                    | PreprocessError::BadAspectRatio { .. }
+            );
+            assert_eq!(error.is_image_error(), caused_by_image, "{error}");
         }
     }
 }

@@ -152,10 +152,21 @@ fn libjpeg_error(payload: Box<dyn Any + Send>) -> PreprocessError {
 }
 
 /// libjpeg's message texts are its only stable error description here.
-/// Those for valid JPEGs this build does not handle (12-bit or lossless
-/// files, odd colour conversions) say "Unsupported" or "not implemented".
+/// Valid JPEGs this build does not handle (12-bit or lossless files, odd
+/// colour conversions, left-out features) are unsupported; everything else,
+/// including "Unsupported marker type" (a byte that is no marker at all), is
+/// damage.
 fn classify(message: String) -> PreprocessError {
-    if message.contains("Unsupported") || message.contains("not implemented") {
+    const UNSUPPORTED_FEATURE: [&str; 4] = [
+        "Unsupported JPEG",
+        "Unsupported color conversion",
+        "not implemented",
+        "omitted at compile time",
+    ];
+    if UNSUPPORTED_FEATURE
+        .iter()
+        .any(|phrase| message.contains(phrase))
+    {
         PreprocessError::UnsupportedFormat(format!("jpeg: {message}"))
     } else {
         PreprocessError::CorruptImage(format!("jpeg: {message}"))
@@ -229,7 +240,16 @@ mod tests {
             "unsupported_format"
         );
         assert_eq!(
+            classify("Unsupported JPEG process: SOF type 0xc3".into()).code(),
+            "unsupported_format"
+        );
+        assert_eq!(
             classify("Bogus marker length".into()).code(),
+            "corrupt_image"
+        );
+        // Found by the fuzzer: a stray byte after FF is damage, not a format.
+        assert_eq!(
+            classify("Unsupported marker type 0x3a".into()).code(),
             "corrupt_image"
         );
     }

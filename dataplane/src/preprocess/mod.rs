@@ -30,6 +30,6 @@ pub mod resize;
 
 pub use config::{ConfigError, VisionPreprocessConfig};
 pub use decode::{ImageLimits, SourceFormat};
-pub use error::PreprocessError;
+pub use error::{IMAGE_ERROR_CODES, PreprocessError};
 pub use qwen2_vl::{ImagePlan, PreprocessedImage, Qwen2VlImageProcessor, preprocess_image};
 pub use resize::{ResizeError, smart_resize};
