@@ -21,6 +21,7 @@ pub const WORKER_HEALTH: &str = "smg_worker_health_state";
 pub const BREAKER_STATE: &str = "smg_worker_cb_state";
 pub const BREAKER_TRANSITIONS: &str = "smg_worker_cb_transitions_total";
 pub const LOAD_READINGS: &str = "smg_worker_load_readings_total";
+pub const LOAD_AGE: &str = "smg_worker_load_age_seconds";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -102,6 +103,14 @@ pub fn record_breaker(worker: &str, role: &'static str, state: &'static str) {
     metrics::gauge!(BREAKER_STATE, "worker" => worker.to_owned(), "role" => role).set(code);
     metrics::counter!(BREAKER_TRANSITIONS, "worker" => worker.to_owned(), "role" => role, "to" => state)
         .increment(1);
+}
+
+/// How old the worker's latest `GetLoads` reading is after a poll round
+/// (+Inf before the first reading): a growing age means policies fall back
+/// to in-flight counts.
+pub fn record_load_age(worker: &str, role: &'static str, age: Option<Duration>) {
+    let seconds = age.map_or(f64::INFINITY, |age| age.as_secs_f64());
+    metrics::gauge!(LOAD_AGE, "worker" => worker.to_owned(), "role" => role).set(seconds);
 }
 
 /// A fresh `GetLoads` reading arrived (its age is 0 now).

@@ -195,6 +195,21 @@ async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_r
             .is_some_and(|age| age < 5000)
     })
     .await;
+    // ... and exports each reading's age.
+    let text = client()
+        .get(format!("http://{}/metrics", gateway.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let label = format!("worker=\"{}\"", second.grpc_url());
+    let age = text
+        .lines()
+        .find(|line| line.starts_with("smg_worker_load_age_seconds") && line.contains(&label))
+        .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(age.is_some_and(|age| age < 5.0), "{age:?}\n{text}");
 }
 
 #[tokio::test]

@@ -145,6 +145,8 @@ async fn poll_one(worker: Arc<super::Worker>, interval: Duration) {
         Ok(Err(err)) => tracing::debug!(worker = worker.url(), %err, "GetLoads failed"),
         Err(_) => tracing::debug!(worker = worker.url(), "GetLoads timed out"),
     }
+    let age = worker.load_cell().last(Instant::now()).map(|(_, age)| age);
+    crate::metrics::record_load_age(worker.url(), role_name(&worker), age);
 }
 
 fn role_name(worker: &super::Worker) -> &'static str {
