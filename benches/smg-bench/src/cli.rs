@@ -160,6 +160,11 @@ pub struct Args {
     #[arg(long, default_value_t = 600.0)]
     pub timeout_secs: f64,
 
+    /// For `https` base URLs: a PEM file of CA certificates to trust besides
+    /// the public web PKI roots (a private fleet's CA).
+    #[arg(long)]
+    pub ca_cert: Option<std::path::PathBuf>,
+
     /// Sent as `Authorization: Bearer ...`.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     #[serde(skip)]

@@ -9,7 +9,8 @@
 //! header-map building beyond the request's own few headers.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,30 +31,93 @@ use crate::workload::PreparedRequest;
 /// Largest error body read to find its code.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// An `http://host:port[/prefix]` URL, resolved once.
-#[derive(Debug, Clone)]
+/// An `http(s)://host:port[/prefix]` URL, resolved once.
+#[derive(Clone)]
 pub struct BaseUrl {
     pub addr: SocketAddr,
     pub host: HeaderValue,
     /// Path prefix without a trailing slash (usually empty).
     pub prefix: String,
+    /// For `https`: how to wrap each connection (set up once).
+    tls: Option<TlsTarget>,
+}
+
+/// The TLS client side of an `https` base URL.
+#[derive(Clone)]
+struct TlsTarget {
+    connector: tokio_rustls::TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for BaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BaseUrl")
+            .field("addr", &self.addr)
+            .field("host", &self.host)
+            .field("prefix", &self.prefix)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// A TLS client configuration trusting the public web PKI roots plus, if
+/// given, the CA certificates in a PEM file (private fleets' CAs).
+fn tls_config(ca_cert: Option<&Path>) -> SetupResult<rustls::ClientConfig> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_cert {
+        let bad = |why: String| {
+            SetupError::InvalidArgument(format!("--ca-cert {}: {why}", path.display()))
+        };
+        let certificates = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        if certificates.is_empty() {
+            return Err(bad("no certificate in the file".into()));
+        }
+        for certificate in certificates {
+            roots.add(certificate).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SetupError::InvalidArgument(format!("TLS set-up: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(config)
 }
 
 impl BaseUrl {
     pub async fn resolve(url: &str) -> SetupResult<Self> {
+        Self::resolve_with(url, None).await
+    }
+
+    /// Resolves `url`; `https` URLs trust the web PKI and `ca_cert`'s CAs.
+    pub async fn resolve_with(url: &str, ca_cert: Option<&Path>) -> SetupResult<Self> {
         let bad = |why: &str| SetupError::InvalidUrl(format!("`{url}`: {why}"));
         let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => {
-                return Err(bad(
-                    "https is not supported (put a TLS-terminating proxy in front, or use http)",
-                ));
-            }
-            _ => return Err(bad("expected http://host:port")),
-        }
+        let (default_port, https) = match uri.scheme_str() {
+            Some("http") => (80, false),
+            Some("https") => (443, true),
+            _ => return Err(bad("expected http(s)://host:port")),
+        };
         let authority = uri.authority().ok_or_else(|| bad("no host"))?;
-        let port = authority.port_u16().unwrap_or(80);
+        let tls = if https {
+            let server_name = rustls::pki_types::ServerName::try_from(authority.host().to_owned())
+                .map_err(|_| bad("the host is not a valid TLS server name"))?;
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(ca_cert)?));
+            Some(TlsTarget {
+                connector,
+                server_name,
+            })
+        } else {
+            None
+        };
+        let port = authority.port_u16().unwrap_or(default_port);
         let addr = tokio::net::lookup_host((authority.host(), port))
             .await
             .map_err(|e| bad(&format!("cannot resolve: {e}")))?
@@ -64,6 +128,7 @@ impl BaseUrl {
             addr,
             host,
             prefix: uri.path().trim_end_matches('/').to_string(),
+            tls,
         })
     }
 
@@ -76,10 +141,27 @@ impl BaseUrl {
     }
 }
 
-/// Opens one HTTP/1.1 connection (TCP_NODELAY) and spawns its driver.
-pub async fn connect(addr: SocketAddr) -> std::io::Result<SendRequest<Full<Bytes>>> {
-    let stream = TcpStream::connect(addr).await?;
+/// Opens one HTTP/1.1 connection to `base` (TCP_NODELAY, TLS for https)
+/// and spawns its driver.
+pub async fn connect(base: &BaseUrl) -> std::io::Result<SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(base.addr).await?;
     stream.set_nodelay(true)?;
+    match &base.tls {
+        None => handshake(stream).await,
+        Some(tls) => {
+            let stream = tls
+                .connector
+                .connect(tls.server_name.clone(), stream)
+                .await?;
+            handshake(stream).await
+        }
+    }
+}
+
+async fn handshake<S>(stream: S) -> std::io::Result<SendRequest<Full<Bytes>>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(std::io::Error::other)?;
@@ -146,7 +228,7 @@ impl Client {
     pub async fn preconnect(&self, count: usize) -> SetupResult<()> {
         let mut opened = Vec::with_capacity(count);
         for _ in 0..count {
-            let sender = connect(self.base.addr).await.map_err(|e| {
+            let sender = connect(&self.base).await.map_err(|e| {
                 SetupError::InvalidUrl(format!("cannot connect to {}: {e}", self.base.addr))
             })?;
             opened.push(sender);
@@ -199,7 +281,7 @@ impl Client {
             reused = idle.is_some();
             let mut sender = match idle {
                 Some(sender) => sender,
-                None => match connect(self.base.addr).await {
+                None => match connect(&self.base).await {
                     Ok(sender) => sender,
                     Err(e) => {
                         outcome.error = Some(ErrorClass::ConnectFailed);
@@ -450,7 +532,7 @@ fn snippet(bytes: &[u8]) -> String {
 /// GET `path` on `base` with a fresh connection: `(status, body)`.
 pub async fn get(base: &BaseUrl, path: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
     let fut = async {
-        let mut sender = connect(base.addr).await.map_err(|e| e.to_string())?;
+        let mut sender = connect(base).await.map_err(|e| e.to_string())?;
         let mut request = Request::new(Full::new(Bytes::new()));
         *request.uri_mut() = path.parse().map_err(|_| format!("bad path {path}"))?;
         request.headers_mut().insert(HOST, base.host.clone());

@@ -59,6 +59,7 @@ pub struct FixtureConfig {
 #[derive(Debug)]
 pub struct FixtureServer {
     pub addr: SocketAddr,
+    scheme: &'static str,
     requests: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -66,6 +67,22 @@ pub struct FixtureServer {
 impl FixtureServer {
     /// Binds 127.0.0.1 on a free port and serves on the current runtime.
     pub async fn start(config: FixtureConfig) -> std::io::Result<Self> {
+        Self::start_with(config, None).await
+    }
+
+    /// The same over TLS (`https`) with `tls`'s certificate.
+    pub async fn start_tls(
+        config: FixtureConfig,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<Self> {
+        Self::start_with(config, Some(tokio_rustls::TlsAcceptor::from(tls))).await
+    }
+
+    async fn start_with(
+        config: FixtureConfig,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> std::io::Result<Self> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let requests = Arc::new(AtomicU64::new(0));
@@ -80,6 +97,7 @@ impl FixtureServer {
                 };
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let idle_close = shared.config.idle_close;
                     let service = service_fn(move |req| handle(shared.clone(), req));
@@ -87,21 +105,33 @@ impl FixtureServer {
                     if let Some(idle) = idle_close {
                         builder.timer(TokioTimer::new()).header_read_timeout(idle);
                     }
-                    let _ = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match tls {
+                        None => {
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = builder
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             }
         });
         Ok(FixtureServer {
             addr,
+            scheme,
             requests,
             task,
         })
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// Completion requests received so far.

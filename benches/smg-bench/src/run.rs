@@ -155,7 +155,7 @@ async fn discover_model(base: &BaseUrl) -> SetupResult<String> {
 /// Validates flags, learns the model, builds every request and connects.
 pub async fn prepare(args: Args) -> SetupResult<Setup> {
     validate(&args)?;
-    let base = BaseUrl::resolve(&args.base_url).await?;
+    let base = BaseUrl::resolve_with(&args.base_url, args.ca_cert.as_deref()).await?;
     let model = match (&args.model, args.endpoint) {
         (Some(model), _) => model.clone(),
         (None, Endpoint::Generate) => String::new(),

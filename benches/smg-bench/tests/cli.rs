@@ -168,3 +168,96 @@ fn set_up_errors_exit_2_with_a_code() {
     let out = smg_bench(&["--base-url", "http://127.0.0.1:9"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("error[model_discovery_failed]"));
 }
+
+/// An https fixture with the test CA's server certificate (for 127.0.0.1).
+fn serve_tls(config: FixtureConfig) -> (String, std::sync::mpsc::Sender<()>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let chain = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let tls = std::sync::Arc::new(tls);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = FixtureServer::start_tls(config, tls).await.unwrap();
+            addr_tx.send(server.url()).unwrap();
+            let _ = tokio::task::spawn_blocking(move || stop_rx.recv()).await;
+        });
+    });
+    (addr_rx.recv().unwrap(), stop_tx)
+}
+
+#[test]
+fn https_endpoints_work_with_a_trusted_ca_and_are_refused_without_it() {
+    let (url, _stop) = serve_tls(FixtureConfig {
+        tokens: 3,
+        ..FixtureConfig::default()
+    });
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls/ca.pem");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("out.json");
+    let out = smg_bench(&[
+        "--base-url",
+        &url,
+        "--model",
+        "m",
+        "--stream",
+        "--num-prompts",
+        "6",
+        "--ca-cert",
+        ca.to_str().unwrap(),
+        "--output-json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["points"][0]["summary"]["completed"], 6, "{report}");
+
+    // The server's CA is not a public root: without --ca-cert every TLS
+    // handshake fails, and the failures are counted by class, not fatal.
+    let out = smg_bench(&[
+        "--base-url",
+        &url,
+        "--model",
+        "m",
+        "--num-prompts",
+        "2",
+        "--output-json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let summary = &report["points"][0]["summary"];
+    assert_eq!(summary["completed"], 0, "{summary}");
+    assert_eq!(summary["failed"], 2, "{summary}");
+    let classes: Vec<&String> = summary["errors"].as_object().unwrap().keys().collect();
+    assert_eq!(classes.len(), 1, "{summary}");
+    assert!(classes[0].starts_with("connect"), "{summary}");
+}
