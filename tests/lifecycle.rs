@@ -77,16 +77,21 @@ async fn id_of(gateway: &Gateway, url: &str) -> String {
         .unwrap_or_else(|| panic!("{url} is not listed: {body}"))
 }
 
-/// `smg_worker_selection_total` summed over the lines naming `worker_url`.
-async fn selections_of(gateway: &Gateway, worker_url: &str) -> f64 {
-    let text = client()
+/// The gateway's Prometheus exposition.
+async fn metrics_text(gateway: &Gateway) -> String {
+    client()
         .get(format!("http://{}/metrics", gateway.metrics))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// `smg_worker_selection_total` summed over the lines naming `worker_url`.
+async fn selections_of(gateway: &Gateway, worker_url: &str) -> f64 {
+    let text = metrics_text(gateway).await;
     let label = format!("worker=\"{worker_url}\"");
     text.lines()
         .filter(|line| line.starts_with("smg_worker_selection_total") && line.contains(&label))
@@ -196,14 +201,7 @@ async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_r
     })
     .await;
     // ... and exports each reading's age.
-    let text = client()
-        .get(format!("http://{}/metrics", gateway.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&gateway).await;
     let label = format!("worker=\"{}\"", second.grpc_url());
     let age = text
         .lines()
