@@ -317,7 +317,7 @@ impl ShmPool {
     }
 
     fn name(&self, hi: u64, lo: u64) -> String {
-        format!("{}{hi:016x}{lo:016x}", self.inner.name_stem)
+        self.inner.public_name(hi, lo)
     }
 
     fn release(&self, index: usize) {
@@ -630,6 +630,13 @@ impl Drop for PrivateNames<'_> {
     }
 }
 
+impl PoolInner {
+    /// The public name whose random part is `hi`, `lo`.
+    fn public_name(&self, hi: u64, lo: u64) -> String {
+        format!("{}{hi:016x}{lo:016x}", self.name_stem)
+    }
+}
+
 impl Drop for PoolInner {
     fn drop(&mut self) {
         // Every guard is gone (they hold the pool). Remove the slots' private
@@ -639,10 +646,7 @@ impl Drop for PoolInner {
             if slot.state.load(Ordering::Acquire) == RETURNED {
                 let hi = slot.name_hi.load(Ordering::Relaxed);
                 let lo = slot.name_lo.load(Ordering::Relaxed);
-                let _ = unlink_at(
-                    &self.dir_fd,
-                    &format!("{}{hi:016x}{lo:016x}", self.name_stem),
-                );
+                let _ = unlink_at(&self.dir_fd, &self.public_name(hi, lo));
             }
         }
     }
