@@ -12,6 +12,7 @@
 mod digest;
 mod engine;
 mod model;
+mod remote;
 mod rendezvous;
 mod service;
 mod sglang;

@@ -2,8 +2,8 @@
 //!
 //! A tensor arrives inline in the gRPC message, as a `/dev/shm` name (opened
 //! `O_RDONLY|O_NOFOLLOW`, regular files only, read with `pread`, then
-//! unlinked, as TokenSpeed workers do) or as a remote handle (not served yet:
-//! UNIMPLEMENTED). Size, shape and dtype must agree or the request fails with
+//! unlinked, as TokenSpeed workers do) or as a remote handle (the RDMA lane's
+//! loopback transport, see `remote`). Size, shape and dtype must agree or the request fails with
 //! INVALID_ARGUMENT. With `--record-dir`, every tensor read is written out
 //! with a JSON sidecar so people can inspect what the gateway sent.
 
@@ -21,6 +21,7 @@ use tonic::Status;
 pub enum Lane {
     Inline,
     Shm,
+    Remote,
 }
 
 impl Lane {
@@ -28,6 +29,7 @@ impl Lane {
         match self {
             Lane::Inline => "inline",
             Lane::Shm => "shm",
+            Lane::Remote => "remote",
         }
     }
 }
@@ -43,6 +45,8 @@ pub enum Payload<'a> {
     },
     Remote {
         transport: &'a str,
+        descriptor: &'a [u8],
+        nbytes: u64,
     },
 }
 
@@ -87,11 +91,14 @@ pub fn read_tensor(
             offset,
             nbytes,
         } => (read_shm(name, offset, nbytes, keep_shm_names)?, Lane::Shm),
-        Payload::Remote { transport } => {
-            return Err(Status::unimplemented(format!(
-                "remote tensor transport {transport:?} is not served by this worker yet"
-            )));
-        }
+        Payload::Remote {
+            transport,
+            descriptor,
+            nbytes,
+        } => (
+            crate::remote::read_remote(transport, descriptor, nbytes)?,
+            Lane::Remote,
+        ),
     };
     if bytes.len() != expected {
         return Err(Status::invalid_argument(format!(
@@ -309,14 +316,19 @@ mod tests {
     }
 
     #[test]
-    fn remote_is_unimplemented() {
-        let err = read_tensor(
-            "float32",
-            &[1],
-            Payload::Remote { transport: "rdma" },
-            false,
-        )
-        .expect_err("no remote lane yet");
+    fn remote_verbs_is_unimplemented_and_garbage_is_invalid() {
+        let payload = |transport| Payload::Remote {
+            transport,
+            descriptor: &[0; 68],
+            nbytes: 4,
+        };
+        let err = read_tensor("float32", &[1], payload("rdma"), false).expect_err("no NIC");
         assert_eq!(err.code(), tonic::Code::Unimplemented);
+        let err = read_tensor("float32", &[1], payload("loopback"), false).expect_err("garbage");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(
+            err.message().contains("rdma_descriptor_malformed"),
+            "{err:?}"
+        );
     }
 }

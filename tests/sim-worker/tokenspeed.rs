@@ -66,6 +66,8 @@ fn payload(tensor: &ts::TensorData) -> Option<Payload<'_>> {
         },
         ts::tensor_data::Payload::Remote(handle) => Payload::Remote {
             transport: &handle.transport,
+            descriptor: &handle.descriptor,
+            nbytes: handle.nbytes,
         },
     })
 }

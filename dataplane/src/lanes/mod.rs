@@ -7,4 +7,5 @@
 //!
 //! - `shm.rs`: pre-faulted `/dev/shm` slots with fresh public names.
 
+pub mod rdma;
 pub mod shm;

@@ -97,9 +97,9 @@ struct Slot {
 
 /// A shared, writable mapping of a whole file.
 #[derive(Debug)]
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
+pub(crate) struct Mapping {
+    pub(crate) ptr: NonNull<u8>,
+    pub(crate) len: usize,
 }
 
 // SAFETY: the mapping is plain memory; the slot state machine gives exactly
@@ -109,7 +109,7 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
-    fn new(file: &File, len: usize) -> io::Result<Self> {
+    pub(crate) fn new(file: &File, len: usize) -> io::Result<Self> {
         // SAFETY: mapping `len` bytes of a file we just sized to `len`; the
         // result is checked for MAP_FAILED before use.
         let ptr = unsafe {
@@ -510,19 +510,19 @@ fn parse_owner(name: &str) -> Option<(u32, u64)> {
 
 /// A process's start time in clock ticks since boot (`/proc/<pid>/stat`
 /// field 22), or `None` when no such process exists.
-fn process_start_time(pid: u32) -> Option<u64> {
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = stat.rsplit_once(')')?.1;
     // Field 3 (state) is the first after the name; start time is field 22.
     after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
-fn own_start_time() -> u64 {
+pub(crate) fn own_start_time() -> u64 {
     process_start_time(std::process::id()).unwrap_or(0)
 }
 
 /// Bytes an unprivileged writer may still allocate in `dir`'s filesystem.
-fn free_bytes(dir: &File) -> Result<u64, ShmError> {
+pub(crate) fn free_bytes(dir: &File) -> Result<u64, ShmError> {
     let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: fstatvfs fills the struct on success; it is read only then.
     let rc = unsafe { libc::fstatvfs(dir.as_raw_fd(), stats.as_mut_ptr()) };
@@ -539,7 +539,7 @@ fn free_bytes(dir: &File) -> Result<u64, ShmError> {
 
 /// A new 0600 file `<stem><random>` in `dir` of `len` bytes with its
 /// memory reserved; never replaces an existing file.
-fn create_named(dir: &File, stem: &str, len: usize) -> Result<(File, String), ShmError> {
+pub(crate) fn create_named(dir: &File, stem: &str, len: usize) -> Result<(File, String), ShmError> {
     let (file, name) = loop {
         let (hi, lo) = random_u128()?;
         let name = format!("{stem}{hi:016x}{lo:016x}");
@@ -652,7 +652,7 @@ impl Drop for PoolInner {
     }
 }
 
-fn unlink_at(dir: &File, name: &str) -> io::Result<()> {
+pub(crate) fn unlink_at(dir: &File, name: &str) -> io::Result<()> {
     let target = CString::new(name).map_err(io::Error::other)?;
     // SAFETY: a valid C string and an fd we own.
     let rc = unsafe { libc::unlinkat(dir.as_raw_fd(), target.as_ptr(), 0) };
@@ -664,7 +664,7 @@ fn unlink_at(dir: &File, name: &str) -> io::Result<()> {
 }
 
 /// 128 unguessable bits from the kernel.
-fn random_u128() -> Result<(u64, u64), ShmError> {
+pub(crate) fn random_u128() -> Result<(u64, u64), ShmError> {
     let mut bytes = [0u8; 16];
     // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
