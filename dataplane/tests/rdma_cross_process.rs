@@ -46,7 +46,8 @@ fn read_in_child(descriptors: &[(Vec<u8>, u64)]) -> Vec<String> {
     String::from_utf8(output.stdout)
         .unwrap()
         .lines()
-        .filter_map(|line| line.strip_prefix("read: ").map(str::to_owned))
+        // The harness prints "test reader_child ... " before the first line.
+        .filter_map(|line| line.split_once("read: ").map(|(_, read)| read.to_owned()))
         .collect()
 }
 
