@@ -4,8 +4,8 @@
 //!
 //! It generates deterministic text that starts with a digest of what it
 //! received (token ids, tensor bytes, shapes, dtypes; see `digest`), takes part
-//! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes or
-//! `/dev/shm` like a real worker, follows a simple timing model, and injects
+//! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes,
+//! `/dev/shm` or the RDMA lane's loopback arena like a real worker, follows a simple timing model, and injects
 //! faults on request. When it is listening it prints one line to stdout:
 //! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
 

@@ -160,9 +160,9 @@ pub(crate) struct SlotArena {
 impl SlotArena {
     /// Lays out `memory` (at least `layout.total_len` bytes) as an arena.
     pub fn new(memory: Box<dyn RemoteMemory>, layout: ArenaLayout) -> Self {
-        debug_assert!(memory.len() >= layout.total_len);
+        debug_assert!(memory.size() >= layout.total_len);
         let header = layout.header(memory.key());
-        // SAFETY: `RemoteMemory` guarantees `len()` writable bytes at
+        // SAFETY: `RemoteMemory` guarantees `size()` writable bytes at
         // `base()`; the header fits (HEADER_LEN <= data_offset <= len), and
         // nobody else has the arena yet.
         unsafe {

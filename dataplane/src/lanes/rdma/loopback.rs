@@ -100,7 +100,7 @@ impl Drop for LoopbackMemory {
     }
 }
 
-// SAFETY: `base()` and `len()` describe the writable shared mapping `map`,
+// SAFETY: `base()` and `size()` describe the writable shared mapping `map`,
 // which lives exactly as long as `self`.
 unsafe impl RemoteMemory for LoopbackMemory {
     fn transport(&self) -> &'static str {
@@ -111,7 +111,7 @@ unsafe impl RemoteMemory for LoopbackMemory {
         self.map.ptr
     }
 
-    fn len(&self) -> usize {
+    fn size(&self) -> usize {
         self.map.len
     }
 

@@ -71,14 +71,14 @@ const INFINIBAND_CLASS: &str = "/sys/class/infiniband";
 ///
 /// # Safety
 ///
-/// `base()` must point to `len()` bytes, page-aligned, mapped readable and
+/// `base()` must point to `size()` bytes, page-aligned, mapped readable and
 /// writable for as long as the value lives, and used by nobody but the
 /// [`RdmaArena`] that owns it (and remote readers).
 pub unsafe trait RemoteMemory: Send + Sync + fmt::Debug {
     /// The `RemoteTensorHandle.transport` of this backend's descriptors.
     fn transport(&self) -> &'static str;
     fn base(&self) -> NonNull<u8>;
-    fn len(&self) -> usize;
+    fn size(&self) -> usize;
     /// The key a descriptor must carry (the arena key, or the rkey).
     fn key(&self) -> u64;
     /// How a reader addresses byte `offset` of the arena: the offset itself
@@ -736,6 +736,38 @@ mod tests {
             reader.read(&descriptor, 3).unwrap_err().code(),
             "rdma_arena_not_found"
         );
+    }
+
+    #[test]
+    fn the_orphan_sweep_removes_a_dead_gateways_arena_and_spares_a_live_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let arena = RdmaArena::loopback(&RdmaConfig {
+            slot_bytes: 4096,
+            slots: 1,
+            loopback_dir: dir.path().to_path_buf(),
+        })
+        .unwrap();
+        let live = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect::<Vec<_>>();
+        assert_eq!(live.len(), 1);
+        // The same name from an earlier process that had our pid (another
+        // start time): what a gateway killed with -9 leaves behind.
+        let mut parts = live[0].splitn(4, '-');
+        let (prefix, pid, start, random) = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap().parse::<u64>().unwrap(),
+            parts.next().unwrap(),
+        );
+        let dead = format!("{prefix}-{pid}-{}-{random}", start + 1);
+        std::fs::hard_link(dir.path().join(&live[0]), dir.path().join(&dead)).unwrap();
+        assert_eq!(crate::lanes::shm::sweep_orphans(dir.path()).unwrap(), 1);
+        assert!(dir.path().join(&live[0]).exists());
+        assert!(!dir.path().join(&dead).exists());
+        drop(arena);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

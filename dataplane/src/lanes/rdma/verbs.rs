@@ -139,7 +139,7 @@ impl VerbsMemory {
     }
 }
 
-// SAFETY: `base()`/`len()` describe `region`, mapped read-write for as long
+// SAFETY: `base()`/`size()` describe `region`, mapped read-write for as long
 // as `self` lives and used only by the owning arena.
 unsafe impl RemoteMemory for VerbsMemory {
     fn transport(&self) -> &'static str {
@@ -150,7 +150,7 @@ unsafe impl RemoteMemory for VerbsMemory {
         self.region.ptr
     }
 
-    fn len(&self) -> usize {
+    fn size(&self) -> usize {
         self.region.len
     }
 
