@@ -251,24 +251,14 @@ impl SlotArena {
         })
     }
 
-    /// The writable bytes of slot `index`, `nbytes` <= slot capacity.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the slot in WRITING state (from `claim`) for as long
-    /// as the slice lives, and `nbytes <= layout.slot_bytes`.
-    pub unsafe fn slot_bytes_mut(&self, index: usize, nbytes: usize) -> &mut [u8] {
-        debug_assert!(nbytes <= self.layout.slot_bytes);
-        // SAFETY: the slot lies inside the arena; the caller's WRITING claim
-        // makes this the only reference into it in this process.
+    /// Where slot `index`'s bytes start (`layout.slot_bytes` of them).
+    pub fn slot_ptr(&self, index: usize) -> *mut u8 {
+        // SAFETY: the slot's offset lies inside the arena memory.
         unsafe {
-            std::slice::from_raw_parts_mut(
-                self.memory
-                    .base()
-                    .as_ptr()
-                    .add(self.layout.slot_offset(index)),
-                nbytes,
-            )
+            self.memory
+                .base()
+                .as_ptr()
+                .add(self.layout.slot_offset(index))
         }
     }
 

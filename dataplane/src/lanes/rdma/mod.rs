@@ -373,11 +373,11 @@ pub struct RdmaWriter {
 impl RdmaWriter {
     /// The tensor's `nbytes` bytes, to be written once.
     pub fn buffer(&mut self) -> &mut [u8] {
-        // SAFETY: this writer holds the slot in WRITING state until it is
-        // published or dropped, both of which need `self` by value, so the
-        // slice cannot outlive the claim; `nbytes` was checked against the
-        // slot size in `reserve`.
-        unsafe { self.arena.slot_bytes_mut(self.index, self.nbytes) }
+        // SAFETY: the slot holds at least `nbytes` (checked in `reserve`),
+        // and this writer holds it in WRITING state until it is published or
+        // dropped, both of which need `self` by value: the slice, borrowed
+        // from `&mut self`, is the only reference into the slot meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.arena.slot_ptr(self.index), self.nbytes) }
     }
 
     /// Publishes the written tensor. The guard must live until the RPC
