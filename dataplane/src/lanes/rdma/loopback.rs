@@ -51,8 +51,8 @@ pub(crate) struct LoopbackMemory {
 
 impl LoopbackMemory {
     pub fn create(dir: &Path, len: usize) -> Result<Self, RdmaError> {
-        let io = |action| move |source| RdmaError::Io { action, source };
-        let dir_fd = File::open(dir).map_err(io("opening the arena directory"))?;
+        let io_error = |action| move |source| RdmaError::Io { action, source };
+        let dir_fd = File::open(dir).map_err(io_error("opening the arena directory"))?;
         let available = free_bytes(&dir_fd)?;
         if len as u64 > available {
             return Err(RdmaError::NoSpace {
@@ -69,7 +69,7 @@ impl LoopbackMemory {
             err
         };
         let map = Mapping::new(&file, len)
-            .map_err(io("mapping the arena"))
+            .map_err(io_error("mapping the arena"))
             .map_err(remove_on_error)?;
         let hex = &name[stem.len()..];
         let arena_name = parse_hex16(hex).ok_or_else(|| {
