@@ -148,7 +148,6 @@ pub struct RdmaOccupancy {
 /// One arena: a backend's registered memory and its slots.
 #[derive(Debug)]
 pub(crate) struct SlotArena {
-    // Declared first so the memory outlives nothing that points into it.
     slots: Vec<SlotState>,
     layout: ArenaLayout,
     epoch: Instant,
