@@ -12,7 +12,10 @@
 //! on its own, `rounds` times: decode alone; the resize of an already decoded
 //! image, a band of `merge * patch` rows at a time as `write_into` pulls it;
 //! and the whole `write_into` into a reused (warm) destination. "rest" is the
-//! whole minus decode and resize medians. Machines are shared and noisy: the
+//! whole minus decode and resize medians. Each image gets two rows: `fresh`
+//! allocates the intermediate buffers (decoded pixels, resampler rows, band)
+//! per image, as `write_into` does; `pooled` reuses one `ScratchSpace`, as a
+//! data-plane core does (`write_into_with`). Machines are shared and noisy: the
 //! table shows medians, the minimum of the whole, and images per second of
 //! this thread's CPU time during the whole-kernel rounds (what one core does
 //! when it gets the core to itself, short of cache and memory contention).
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use smg_dataplane::preprocess::decode::{self, ImageLimits};
 use smg_dataplane::preprocess::resize::{BicubicRgbResampler, resize_to_rgb8};
-use smg_dataplane::preprocess::{Qwen2VlImageProcessor, VisionPreprocessConfig};
+use smg_dataplane::preprocess::{Qwen2VlImageProcessor, ScratchSpace, VisionPreprocessConfig};
 use smg_shared::tensor::DType;
 
 struct Options {
@@ -142,13 +145,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         options.rounds, options.dtype
     );
     println!(
-        "| image | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s |"
+        "| image | buffers | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, bytes) in &inputs {
         let plan = processor.plan(bytes, options.dtype)?;
-        let decode_median = median(time(options.rounds, || decode::decode(bytes, &limits)));
-
         let decoded = decode::decode(bytes, &limits)?;
         let pixels = decoded.pixels().ok_or("decoded buffer size")?;
         let (out_width, out_height) = (plan.resized_width as usize, plan.resized_height as usize);
@@ -160,39 +161,58 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             band[0]
         }));
-
         let mut dst = vec![0u8; plan.out_bytes];
         processor.write_into(&plan, bytes, &mut dst)?; // touch the pages once
-        let cpu_before = thread_cpu_time();
-        let totals = time(options.rounds, || {
-            processor.write_into(&plan, bytes, &mut dst)
-        });
-        let cpu_per_image = cpu_before
-            .zip(thread_cpu_time())
-            .map(|(before, after)| (after - before) / options.rounds as u32);
-        let min_total = totals.iter().min().copied().unwrap_or_default();
-        let total_median = median(totals);
-        let rest = total_median.saturating_sub(decode_median + resize_median);
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let per_cpu_second = cpu_per_image
-            .filter(|cpu| !cpu.is_zero())
-            .map_or("-".to_string(), |cpu| {
-                format!("{:.1}", 1.0 / cpu.as_secs_f64())
-            });
-        println!(
-            "| {name} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} |",
-            out_width,
-            out_height,
-            plan.out_shape,
-            plan.out_bytes as f64 / 1e6,
-            ms(decode_median),
-            ms(resize_median),
-            ms(rest),
-            ms(total_median),
-            ms(min_total),
-            1.0 / total_median.as_secs_f64(),
-            plan.out_bytes as f64 / total_median.as_secs_f64() / 1e9,
-        );
+        for pooled in [false, true] {
+            let mut scratch = ScratchSpace::default();
+            let mut reused = Vec::new();
+            let decode_median = median(time(options.rounds, || {
+                if !pooled {
+                    return decode::decode(bytes, &limits).map(|image| image.layout());
+                }
+                let image = decode::decode_into(bytes, &limits, std::mem::take(&mut reused))?;
+                let layout = image.layout();
+                reused = image.into_buffer();
+                Ok(layout)
+            }));
+            let mut write = || {
+                if pooled {
+                    processor.write_into_with(&plan, bytes, &mut dst, &mut scratch)
+                } else {
+                    processor.write_into(&plan, bytes, &mut dst)
+                }
+            };
+            write()?; // warm the scratch space
+            let cpu_before = thread_cpu_time();
+            let totals = time(options.rounds, &mut write);
+            let cpu_per_image = cpu_before
+                .zip(thread_cpu_time())
+                .map(|(before, after)| (after - before) / options.rounds as u32);
+            let min_total = totals.iter().min().copied().unwrap_or_default();
+            let total_median = median(totals);
+            let rest = total_median.saturating_sub(decode_median + resize_median);
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let per_cpu_second = cpu_per_image
+                .filter(|cpu| !cpu.is_zero())
+                .map_or("-".to_string(), |cpu| {
+                    format!("{:.1}", 1.0 / cpu.as_secs_f64())
+                });
+            println!(
+                "| {name} | {} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} |",
+                if pooled { "pooled" } else { "fresh" },
+                out_width,
+                out_height,
+                plan.out_shape,
+                plan.out_bytes as f64 / 1e6,
+                ms(decode_median),
+                ms(resize_median),
+                ms(rest),
+                ms(total_median),
+                ms(min_total),
+                1.0 / total_median.as_secs_f64(),
+                plan.out_bytes as f64 / total_median.as_secs_f64() / 1e9,
+            );
+        }
     }
     Ok(())
 }
