@@ -23,6 +23,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The gateway's allocator (`control/main.rs`), so per-image allocations
+/// cost here what they cost on a data-plane core.
+#[global_allocator]
+static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use smg_dataplane::preprocess::decode::{self, ImageLimits};
 use smg_dataplane::preprocess::resize::{BicubicRgbResampler, resize_to_rgb8};
 use smg_dataplane::preprocess::{Qwen2VlImageProcessor, ScratchSpace, VisionPreprocessConfig};
