@@ -4,7 +4,7 @@
 //! 1080p and a 4K photo at Qwen2-VL's default pixel limits.
 //!
 //!     taskset -c 1 cargo run --release -p smg-dataplane --example preprocess_bench
-//!     ... --example preprocess_bench -- [--rounds N] [--dtype bf16|f32] [IMAGE ...]
+//!     ... --example preprocess_bench -- [--rounds N] [--dtype bf16|f32] [--gap-ms MS] [IMAGE ...]
 //!
 //! Without IMAGE arguments it runs the committed 1920x1080 fixture and a
 //! 3840x2160 JPEG made from it (upscaled 2x by the kernel's own resampler,
@@ -35,6 +35,8 @@ use smg_shared::tensor::DType;
 
 struct Options {
     rounds: usize,
+    /// Idle time before each whole-kernel round (a core between images).
+    gap: Duration,
     dtype: DType,
     images: Vec<PathBuf>,
 }
@@ -42,6 +44,7 @@ struct Options {
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         rounds: 20,
+        gap: Duration::ZERO,
         dtype: DType::BFloat16,
         images: Vec::new(),
     };
@@ -54,6 +57,13 @@ fn parse_options() -> Result<Options, String> {
                     .and_then(|n| n.parse().ok())
                     .filter(|&n| n > 0)
                     .ok_or("--rounds takes a positive number")?;
+            }
+            "--gap-ms" => {
+                options.gap = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .map(Duration::from_millis)
+                    .ok_or("--gap-ms takes milliseconds")?;
             }
             "--dtype" => {
                 options.dtype = match args.next().as_deref() {
@@ -74,9 +84,17 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-fn time<T>(rounds: usize, mut work: impl FnMut() -> T) -> Vec<Duration> {
+fn time<T>(rounds: usize, work: impl FnMut() -> T) -> Vec<Duration> {
+    time_after_gap(rounds, Duration::ZERO, work)
+}
+
+/// As [`time`], idling `gap` (untimed) before each round.
+fn time_after_gap<T>(rounds: usize, gap: Duration, mut work: impl FnMut() -> T) -> Vec<Duration> {
     (0..rounds)
         .map(|_| {
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
+            }
             let start = Instant::now();
             std::hint::black_box(work());
             start.elapsed()
@@ -100,6 +118,15 @@ fn thread_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis(
         (user + system) * 1000 / TICKS_PER_SECOND,
     ))
+}
+
+/// Minor page faults this thread has taken (`/proc/thread-self/stat`, the
+/// 10th field): fresh pages the kernel had to map, which reused buffers
+/// avoid. Unlike times, a count the machine's load does not blur.
+fn thread_minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    after_name.split_whitespace().nth(7)?.parse().ok()
 }
 
 fn fixture_path(name: &str) -> PathBuf {
@@ -150,9 +177,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         options.rounds, options.dtype
     );
     println!(
-        "| image | buffers | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s |"
+        "| image | buffers | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s | faults/img |"
     );
-    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, bytes) in &inputs {
         let plan = processor.plan(bytes, options.dtype)?;
         let decoded = decode::decode(bytes, &limits)?;
@@ -189,7 +216,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             write()?; // warm the scratch space
             let cpu_before = thread_cpu_time();
-            let totals = time(options.rounds, &mut write);
+            let faults_before = thread_minor_faults();
+            let totals = time_after_gap(options.rounds, options.gap, &mut write);
+            let faults = faults_before
+                .zip(thread_minor_faults())
+                .map_or("-".to_string(), |(before, after)| {
+                    format!("{}", (after - before) / options.rounds as u64)
+                });
             let cpu_per_image = cpu_before
                 .zip(thread_cpu_time())
                 .map(|(before, after)| (after - before) / options.rounds as u32);
@@ -203,7 +236,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     format!("{:.1}", 1.0 / cpu.as_secs_f64())
                 });
             println!(
-                "| {name} | {} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} |",
+                "| {name} | {} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} | {faults} |",
                 if pooled { "pooled" } else { "fresh" },
                 out_width,
                 out_height,
