@@ -208,9 +208,10 @@ impl Error {
         let code = match error {
             JobError::Busy { .. } => ErrorCode::DataplaneBusy,
             JobError::ShuttingDown => ErrorCode::DataplaneUnavailable,
-            JobError::Image(_) | JobError::File(_) | JobError::Panicked(_) => {
-                ErrorCode::InternalError
-            }
+            JobError::Image(_)
+            | JobError::File(_)
+            | JobError::Base64(_)
+            | JobError::Panicked(_) => ErrorCode::InternalError,
         };
         Self::new(code, error.to_string())
     }

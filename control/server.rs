@@ -185,6 +185,7 @@ pub fn lifecycle(args: &LaunchArgs) -> Lifecycle {
         health: (!args.disable_health_check).then(|| health_config(args)),
         breaker: breaker_config(args),
         probe_timeout: Duration::from_secs(args.health_check_timeout_secs.max(1)),
+        dp_aware: args.dp_aware,
     }
 }
 
@@ -212,6 +213,7 @@ pub fn role_policies_with(args: &LaunchArgs, model_policy: Option<PolicyKind>) -
             balance_abs_threshold: args.balance_abs_threshold,
             balance_rel_threshold: args.balance_rel_threshold,
             max_pages: args.max_tree_size.max(64),
+            ..CacheAwareConfig::default()
         },
         ..PolicyTunables::default()
     };

@@ -372,14 +372,31 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
         (503, Some("no_healthy_worker"))
     );
 
-    // The worker is replaced by a healthy one on the same address.
+    // The worker is replaced by a healthy one on the same address, slow to
+    // its first token (a prompt of a dozen tokens or more takes over half a
+    // second to prefill).
     failing.kill();
-    let healthy = SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--port", &port]);
+    let healthy = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--port", &port, "--prefill-tokens-per-sec", "20"],
+    );
     assert_eq!(healthy.grpc_url(), url);
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    // Half-open: a trial request goes through and closes the circuit.
+    // Half-open: one trial request (the success threshold) goes through and
+    // closes the circuit; a request arriving while the trial is still
+    // without a verdict finds no trial slot.
     let messages = json!([{"role": "user", "content": "Hello, fleet."}]);
-    let (code, body) = chat(&gateway, json!({"messages": messages})).await;
+    let ((code, body), (second_code, second)) =
+        tokio::join!(chat(&gateway, json!({"messages": messages})), async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            chat(&gateway, json!({})).await
+        });
+    assert_eq!(
+        (second_code, second["error"]["code"].as_str()),
+        (503, Some("no_healthy_worker")),
+        "{second}"
+    );
     assert_eq!(code, 200, "{body}");
     assert!(
         body["choices"][0]["message"]["content"]
@@ -390,6 +407,8 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
     );
     let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
     assert_eq!(status["circuit"], "closed", "{status}");
+    let (code, body) = chat(&gateway, json!({})).await;
+    assert_eq!(code, 200, "closed: requests flow again: {body}");
 }
 
 /// Asks for `model` until it stops answering 503 (its mode or tokenizer is
@@ -605,4 +624,138 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
         .await;
         assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     }
+}
+
+/// `GetLoads` running requests per rank of the SGLang engine at `url`.
+async fn running_per_rank(url: String) -> Vec<(i32, i32)> {
+    use smg::proto::sglang_scheduler as sg;
+    use smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
+
+    let mut engine = SglangSchedulerClient::connect(url).await.unwrap();
+    let loads = engine
+        .get_loads(sg::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    loads
+        .loads
+        .iter()
+        .map(|l| (l.dp_rank, l.num_running_reqs))
+        .collect()
+}
+
+#[tokio::test]
+async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
+    let slow = [
+        "--decode-ms-per-token",
+        "40",
+        "--prefill-tokens-per-sec",
+        "1000000",
+    ];
+    let first = SimWorker::start("sglang", "regular", &slow);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &first.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--dp-aware",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+    ]);
+    let mut args = vec!["--dp-size", "3"];
+    args.extend(slow);
+    let ranked = SimWorker::start("sglang", "regular", &args);
+    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let (code, accepted) = post(json!({"url": ranked.grpc_url()})).await;
+    assert_eq!(code, 202, "{accepted}");
+    let id = accepted["id"].as_str().unwrap().to_owned();
+    // The engine's id names its first rank once the ranks have joined.
+    wait_status(&gateway, &id, "the ranks join", |code, body| {
+        code == 200 && body["status"] == "ready" && body["dp_rank"] == 0
+    })
+    .await;
+    let (_, listed) = get(&gateway, "/workers").await;
+    let mut ranks: Vec<(String, u64)> = listed["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["url"] == ranked.grpc_url())
+        .map(|w| {
+            assert_eq!(w["status"], "ready", "{w}");
+            (
+                w["id"].as_str().unwrap().to_owned(),
+                w["dp_rank"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    ranks.sort_by_key(|(_, rank)| *rank);
+    assert_eq!(
+        ranks.iter().map(|(_, rank)| *rank).collect::<Vec<_>>(),
+        [0, 1, 2],
+        "{listed}"
+    );
+    let mut ids: Vec<&String> = ranks.iter().map(|(id, _)| id).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "each rank has its own id: {listed}");
+    let (code, again) = post(json!({"url": ranked.grpc_url()})).await;
+    assert_eq!(
+        (code, again["error"]["code"].as_str()),
+        (409, Some("worker_already_exists"))
+    );
+
+    // Four logical workers in turn: one request on each rank of the new
+    // engine (and one on the first engine).
+    let body = json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, ranks."}],
+        "max_tokens": 20,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let response = client()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        let mut stream = response.bytes_stream();
+        stream.next().await.unwrap().unwrap();
+        streams.push(stream);
+    }
+    assert_eq!(
+        running_per_rank(ranked.url()).await,
+        [(0, 1), (1, 1), (2, 1)]
+    );
+
+    // Deleting the engine's id drains every rank; the streams finish.
+    let (code, removed) = call(
+        reqwest::Method::DELETE,
+        gateway.url(&format!("/workers/{id}")),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{removed}");
+    assert_eq!(removed["status"], "draining");
+    for mut stream in streams {
+        let mut text = String::new();
+        bounded("a rank's stream ends", async {
+            while let Some(chunk) = stream.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+        })
+        .await;
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    }
+    wait_status(&gateway, &id, "every rank is gone", |code, _| code == 404).await;
+    let (_, listed) = get(&gateway, "/workers").await;
+    let left: Vec<&Value> = listed["workers"].as_array().unwrap().iter().collect();
+    assert_eq!(left.len(), 1, "{listed}");
+    assert_eq!(left[0]["url"], first.grpc_url());
 }

@@ -52,6 +52,7 @@ impl AppState {
                 health: None,
                 breaker: BreakerConfig::default(),
                 probe_timeout: Duration::from_secs(5),
+                dp_aware: false,
             },
         );
         Self::with_registry(router, Arc::new(registry))

@@ -1,25 +1,23 @@
 //! Images carried inside the request: `data:` URLs and bare base64.
 //!
 //! A 32 MiB image is a 43 MiB base64 string, and decoding it is per-byte
-//! work on the tokio runtime. Two rules keep that cheap and fair: the size
-//! is checked from the encoded length before a single byte is decoded (an
-//! oversized string costs nothing), and decoding runs in slices with a
-//! yield between them, so a burst of large inline images does not stall the
-//! text requests sharing the worker thread. The content hash is computed in
-//! the same pass.
+//! work, which does not belong on the tokio runtime. Here the control plane
+//! does only the constant-time part: it checks a `data:` URL's header and
+//! the decoded size from the encoded length (an oversized string costs
+//! nothing), then copies the payload into a data-plane job, where a core
+//! validates, decodes and hashes it in one pass
+//! (`smg_dataplane::runtime::DataPlane::decode_base64`). The copy is a
+//! memcpy, an order of magnitude cheaper than decoding and hashing.
 //!
 //! The base64 dialect is the standard alphabet with canonical padding and no
 //! whitespace, which is what SGLang accepts (`b64decode(validate=True)`).
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use smg_dataplane::DataPlane;
+use smg_dataplane::runtime::{Base64Error, JobError, padded_decoded_len};
 
 use super::HashedBytes;
-
-/// Input bytes decoded between two yields: a multiple of 4 (whole base64
-/// quanta), about 50 µs of work.
-const DECODE_SLICE: usize = 64 * 1024;
+use crate::error::Error;
 
 /// Why inline image data was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,13 +28,19 @@ pub enum InlineProblem {
     InvalidBase64(String),
     /// The decoded size would exceed the cap.
     TooLarge { decoded_len: usize },
+    /// The data plane could not take the job (busy, stopping).
+    DataPlane(Error),
 }
 
 /// Decodes a `data:[<mime>][;param=value]*;base64,<payload>` URL.
 ///
 /// Only base64 payloads are taken (images are binary), and only image media
 /// types (`image/*`), `application/octet-stream` or none at all.
-pub async fn decode_data_url(url: &str, max_bytes: usize) -> Result<HashedBytes, InlineProblem> {
+pub async fn decode_data_url(
+    url: &str,
+    max_bytes: usize,
+    dataplane: &DataPlane,
+) -> Result<HashedBytes, InlineProblem> {
     let rest = url
         .get(..5)
         .filter(|scheme| scheme.eq_ignore_ascii_case("data:"))
@@ -66,90 +70,66 @@ pub async fn decode_data_url(url: &str, max_bytes: usize) -> Result<HashedBytes,
             "data: URL media type {media_type:?} is not an image type"
         )));
     }
-    decode_base64(payload, max_bytes).await
+    decode_base64(payload, max_bytes, dataplane).await
 }
 
-/// Decodes standard, padded base64 with the size cap checked first.
-pub async fn decode_base64(encoded: &str, max_bytes: usize) -> Result<HashedBytes, InlineProblem> {
-    let decoded_len = padded_decoded_len(encoded.as_bytes())?;
+/// Decodes standard, padded base64 on a data-plane core, with the size cap
+/// checked first from the encoded length.
+pub async fn decode_base64(
+    encoded: &str,
+    max_bytes: usize,
+    dataplane: &DataPlane,
+) -> Result<HashedBytes, InlineProblem> {
+    let decoded_len = padded_decoded_len(encoded.as_bytes()).map_err(problem)?;
     if decoded_len > max_bytes {
         return Err(InlineProblem::TooLarge { decoded_len });
     }
-    let mut output = vec![0u8; decoded_len];
-    let mut hasher = blake3::Hasher::new();
-    let mut written = 0;
-    for (index, slice) in encoded.as_bytes().chunks(DECODE_SLICE).enumerate() {
-        if index > 0 {
-            tokio::task::yield_now().await;
-        }
-        let produced = STANDARD
-            .decode_slice(slice, &mut output[written..])
-            .map_err(|error| describe_decode_error(error, index * DECODE_SLICE))?;
-        hasher.update(&output[written..written + produced]);
-        written += produced;
-    }
-    output.truncate(written);
+    let contents = dataplane
+        .decode_base64(Bytes::copy_from_slice(encoded.as_bytes()), max_bytes)
+        .await
+        .map_err(|error| match error {
+            JobError::Base64(error) => problem(error),
+            other => InlineProblem::DataPlane(Error::from_dataplane(&other)),
+        })?;
     Ok(HashedBytes {
-        bytes: Bytes::from(output),
-        content_hash: *hasher.finalize().as_bytes(),
+        bytes: contents.bytes,
+        content_hash: contents.content_hash,
     })
 }
 
-/// The exact decoded length of canonically padded base64, from its length
-/// and trailing `=` alone; refuses shapes that can never decode, so that
-/// decoding in slices cannot accept what decoding whole would not.
-fn padded_decoded_len(encoded: &[u8]) -> Result<usize, InlineProblem> {
-    if encoded.is_empty() {
-        return Err(InlineProblem::InvalidBase64("empty".to_owned()));
+fn problem(error: Base64Error) -> InlineProblem {
+    match error {
+        Base64Error::TooLarge { decoded_len, .. } => InlineProblem::TooLarge { decoded_len },
+        other => InlineProblem::InvalidBase64(other.to_string()),
     }
-    if !encoded.len().is_multiple_of(4) {
-        return Err(InlineProblem::InvalidBase64(format!(
-            "length {} is not a multiple of 4 (padding missing?)",
-            encoded.len()
-        )));
-    }
-    let padding = encoded.iter().rev().take(2).filter(|&&b| b == b'=').count();
-    let body = &encoded[..encoded.len() - padding];
-    if let Some(offset) = body.iter().position(|&b| b == b'=') {
-        return Err(InlineProblem::InvalidBase64(format!(
-            "padding '=' inside the data at offset {offset}"
-        )));
-    }
-    Ok(encoded.len() / 4 * 3 - padding)
-}
-
-fn describe_decode_error(error: base64::DecodeSliceError, slice_start: usize) -> InlineProblem {
-    use base64::{DecodeError, DecodeSliceError};
-    let reason = match error {
-        DecodeSliceError::DecodeError(DecodeError::InvalidByte(offset, byte)) => format!(
-            "invalid byte {:?} at offset {}",
-            char::from(byte),
-            slice_start + offset
-        ),
-        DecodeSliceError::DecodeError(DecodeError::InvalidLastSymbol(offset, byte)) => format!(
-            "invalid last symbol {:?} at offset {}",
-            char::from(byte),
-            slice_start + offset
-        ),
-        DecodeSliceError::DecodeError(other) => other.to_string(),
-        DecodeSliceError::OutputSliceTooSmall => "more data than its length implies".to_owned(),
-    };
-    InlineProblem::InvalidBase64(reason)
 }
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+
     use super::*;
+
+    /// Encoded bytes per data-plane slice (see `smg_dataplane`'s decoder).
+    const DECODE_SLICE: usize = 64 * 1024;
 
     fn encode(bytes: &[u8]) -> String {
         STANDARD.encode(bytes)
+    }
+
+    /// A one-core data plane (inside a runtime).
+    fn dataplane() -> DataPlane {
+        DataPlane::start(smg_dataplane::DataPlaneConfig::default()).expect("data plane")
     }
 
     #[tokio::test]
     async fn data_url_decodes_to_the_original_bytes() {
         let image = b"\x89PNG\r\n\x1a\n fake image body";
         let url = format!("data:image/png;base64,{}", encode(image));
-        let decoded = decode_data_url(&url, 1024).await.expect("valid data URL");
+        let decoded = decode_data_url(&url, 1024, &dataplane())
+            .await
+            .expect("valid data URL");
         assert_eq!(decoded.bytes.as_ref(), image);
         assert_eq!(decoded.content_hash, *blake3::hash(image).as_bytes());
     }
@@ -163,8 +143,9 @@ mod tests {
             format!("data:image/png;name=a.png;base64,{payload}"),
             format!("data:application/octet-stream;base64,{payload}"),
         ];
+        let dataplane = dataplane();
         for url in &accepted {
-            let decoded = decode_data_url(url, 1024).await.expect(url);
+            let decoded = decode_data_url(url, 1024, &dataplane).await.expect(url);
             assert_eq!(decoded.bytes.as_ref(), b"abc", "{url}");
         }
         let refused = [
@@ -177,7 +158,7 @@ mod tests {
         for url in &refused {
             assert!(
                 matches!(
-                    decode_data_url(url, 1024).await,
+                    decode_data_url(url, 1024, &dataplane).await,
                     Err(InlineProblem::Malformed(_))
                 ),
                 "{url}"
@@ -196,8 +177,9 @@ mod tests {
             ("QR==", "invalid last symbol"),
             ("", "empty"),
         ];
+        let dataplane = dataplane();
         for (input, reason) in cases {
-            match decode_base64(input, 1024).await {
+            match decode_base64(input, 1024, &dataplane).await {
                 Err(InlineProblem::InvalidBase64(text)) => {
                     assert!(text.contains(reason), "{input:?}: {text}")
                 }
@@ -210,13 +192,14 @@ mod tests {
     async fn size_is_refused_from_the_encoded_length_before_decoding() {
         // 9 bytes decode from 12 characters; the cap is checked on the
         // exact decoded length, so 8 is refused and 9 accepted.
+        let dataplane = dataplane();
         let nine = encode(b"123456789");
         assert_eq!(
-            decode_base64(&nine, 8).await,
+            decode_base64(&nine, 8, &dataplane).await,
             Err(InlineProblem::TooLarge { decoded_len: 9 })
         );
         assert_eq!(
-            decode_base64(&nine, 9)
+            decode_base64(&nine, 9, &dataplane)
                 .await
                 .expect("at the cap")
                 .bytes
@@ -227,7 +210,7 @@ mod tests {
         // as too large, proving no decoding happened.
         let huge_garbage = format!("QUJD{}", "!".repeat(4 * 1000));
         assert_eq!(
-            decode_base64(&huge_garbage, 100).await,
+            decode_base64(&huge_garbage, 100, &dataplane).await,
             Err(InlineProblem::TooLarge { decoded_len: 3003 })
         );
     }
@@ -237,7 +220,8 @@ mod tests {
         let image: Vec<u8> = (0..(3 * DECODE_SLICE + 7))
             .map(|i| (i * 31 % 251) as u8)
             .collect();
-        let decoded = decode_base64(&encode(&image), image.len())
+        let dataplane = dataplane();
+        let decoded = decode_base64(&encode(&image), image.len(), &dataplane)
             .await
             .expect("valid multi-slice base64");
         assert_eq!(decoded.bytes.as_ref(), image.as_slice());
@@ -247,7 +231,7 @@ mod tests {
         let mut spoiled = encode(&image);
         let bad_at = 2 * DECODE_SLICE + 10;
         spoiled.replace_range(bad_at..bad_at + 1, "*");
-        match decode_base64(&spoiled, image.len()).await {
+        match decode_base64(&spoiled, image.len(), &dataplane).await {
             Err(InlineProblem::InvalidBase64(text)) => {
                 assert!(text.contains(&format!("offset {bad_at}")), "{text}")
             }

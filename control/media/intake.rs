@@ -168,12 +168,16 @@ impl MediaFetcher {
     async fn resolve(&self, reference: ImageReference<'_>) -> Result<HashedBytes> {
         let max_bytes = self.config.max_bytes;
         match reference {
-            ImageReference::DataUrl(url) => inline::decode_data_url(url, max_bytes)
-                .await
-                .map_err(|problem| inline_error(problem, max_bytes, "the data: URL")),
-            ImageReference::Base64(encoded) => inline::decode_base64(encoded, max_bytes)
-                .await
-                .map_err(|problem| bare_base64_error(problem, max_bytes, encoded)),
+            ImageReference::DataUrl(url) => {
+                inline::decode_data_url(url, max_bytes, &self.dataplane)
+                    .await
+                    .map_err(|problem| inline_error(problem, max_bytes, "the data: URL"))
+            }
+            ImageReference::Base64(encoded) => {
+                inline::decode_base64(encoded, max_bytes, &self.dataplane)
+                    .await
+                    .map_err(|problem| bare_base64_error(problem, max_bytes, encoded))
+            }
             ImageReference::Http(url) => {
                 let shown = redacted(&url);
                 self.remote
@@ -284,6 +288,7 @@ fn inline_error(problem: InlineProblem, max_bytes: usize, what: &str) -> Error {
         InlineProblem::TooLarge { decoded_len } => {
             too_large(what, format!("decodes to {decoded_len} bytes"), max_bytes)
         }
+        InlineProblem::DataPlane(error) => error,
     }
 }
 

@@ -48,7 +48,8 @@ pub struct Selection {
 }
 
 /// Picks one available worker of `role` with the role's policy and holds it
-/// (counting the prompt's tokens against it).
+/// (counting the prompt's tokens against it). A worker whose half-open
+/// circuit gave its last trial slot away meanwhile is passed over.
 pub fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
@@ -56,30 +57,34 @@ pub fn pick(
     request: &SelectionRequest<'_>,
 ) -> Result<LoadGuard> {
     let (members, generation) = workers.members(role);
-    let available: Vec<usize> = (0..members.len())
+    let mut available: Vec<usize> = (0..members.len())
         .filter(|&i| members[i].is_available())
         .collect();
-    if available.is_empty() {
-        return Err(Error::new(
-            ErrorCode::NoHealthyWorker,
-            format!("no healthy {role} worker is available"),
-        ));
-    }
     let policy = policies.of(role);
-    let pool = Pool::new(&members, &available, generation);
-    let mut index = policy.select(&pool, request);
-    if !pool.is_available(index) {
-        tracing::error!(
-            policy = policy.name(),
-            index,
-            "a policy chose an unavailable worker"
-        );
-        index = available[0];
+    while !available.is_empty() {
+        let pool = Pool::new(&members, &available, generation);
+        let mut index = policy.select(&pool, request);
+        if !pool.is_available(index) {
+            tracing::error!(
+                policy = policy.name(),
+                index,
+                "a policy chose an unavailable worker"
+            );
+            index = available[0];
+        }
+        let worker: &Arc<Worker> = &members[index];
+        let Some(guard) = worker.try_acquire_tokens(request.input_ids.len() as u64) else {
+            available.retain(|&i| i != index);
+            continue;
+        };
+        policy.on_routed(worker, request);
+        metrics::record_selection(worker.url(), role.name(), policy.name());
+        return Ok(guard);
     }
-    let worker: &Arc<Worker> = &members[index];
-    policy.on_routed(worker, request);
-    metrics::record_selection(worker.url(), role.name(), policy.name());
-    Ok(worker.acquire_tokens(request.input_ids.len() as u64))
+    Err(Error::new(
+        ErrorCode::NoHealthyWorker,
+        format!("no healthy {role} worker is available"),
+    ))
 }
 
 /// WorkerSelection: one worker, or prefill + decode, plus an encode worker

@@ -103,6 +103,10 @@ pub trait Policy: Send + Sync + fmt::Debug {
     /// Learns the route taken (cache-aware policies remember prefixes).
     fn on_routed(&self, _worker: &Worker, _request: &SelectionRequest<'_>) {}
 
+    /// Waits until every route `on_routed` was told is learned (cache-aware
+    /// learns in the background); tests and benchmarks use it.
+    fn settle(&self) {}
+
     /// Whether the policy reads engine-reported load (so the gateway polls
     /// `GetLoads` for the workers it routes).
     fn needs_loads(&self) -> bool {
@@ -327,6 +331,7 @@ pub mod test_support {
     ) -> usize {
         let index = select(policy, fleet, request);
         policy.on_routed(&fleet[index], request);
+        policy.settle();
         index
     }
 

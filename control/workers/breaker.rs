@@ -2,12 +2,17 @@
 //!
 //! Closed (traffic flows) → open after `failure_threshold` consecutive
 //! failures within `window` (no traffic) → half-open once `open_for` has
-//! passed (traffic flows again, on trial) → closed after `success_threshold`
-//! successes in a row, or open again on the first failure.
+//! passed → closed after `success_threshold` successes in a row, or open
+//! again on the first failure. A half-open circuit admits at most
+//! `success_threshold` trial requests at a time: a request takes a trial
+//! slot when it is sent ([`CircuitBreaker::admit`]) and gives it back when
+//! it ends ([`CircuitBreaker::end_trial`], from the request's load guard),
+//! so a recovering worker is not flooded before it has proven itself.
 //!
 //! The state machine takes the current time as an argument, so tests drive
-//! it with a fake clock; the hot-path check ([`CircuitBreaker::allows`]) is a
-//! single atomic load while the circuit is closed.
+//! it with a fake clock; the hot-path checks ([`CircuitBreaker::allows`],
+//! [`CircuitBreaker::admit`]) are a single atomic load while the circuit is
+//! closed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -55,6 +60,23 @@ impl BreakerState {
     }
 }
 
+/// Whether a request may be sent, and on what terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The circuit is closed (or the breaker disabled).
+    Free,
+    /// A half-open trial: give the slot back with
+    /// [`CircuitBreaker::end_trial`] and this ticket when the request ends.
+    Trial(TrialTicket),
+    /// Open, or every trial slot is taken.
+    Refused,
+}
+
+/// Names the half-open period a trial slot was taken in, so a slot given
+/// back after the circuit moved on does not count against the next period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrialTicket(u64);
+
 #[derive(Debug)]
 struct Core {
     state: BreakerState,
@@ -62,6 +84,10 @@ struct Core {
     first_failure: Option<Instant>,
     opened_at: Option<Instant>,
     trial_successes: u32,
+    /// Trial requests sent and not yet ended (half-open only).
+    trials_in_flight: u32,
+    /// Counts transitions; a trial ticket holds the value it was taken at.
+    period: u64,
 }
 
 /// One worker's breaker.
@@ -84,6 +110,8 @@ impl CircuitBreaker {
                 first_failure: None,
                 opened_at: None,
                 trial_successes: 0,
+                trials_in_flight: 0,
+                period: 0,
             }),
         }
     }
@@ -97,21 +125,80 @@ impl CircuitBreaker {
         !self.tripped.load(Ordering::Relaxed) || self.allows_at(Instant::now())
     }
 
-    /// Whether a request may go at `now`; an open circuit whose time is up
-    /// turns half-open.
+    /// Whether a request may go at `now` (a half-open circuit with a free
+    /// trial slot allows one); an open circuit whose time is up turns
+    /// half-open. Takes no slot: see [`CircuitBreaker::admit_at`].
     pub fn allows_at(&self, now: Instant) -> bool {
         if !self.config.enabled {
             return true;
         }
         let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.refresh(&mut core, now);
+        self.has_room(&core)
+    }
+
+    /// Admits a request about to be sent now, taking a trial slot when the
+    /// circuit is half-open.
+    pub fn admit(&self) -> Admission {
+        if !self.tripped.load(Ordering::Relaxed) {
+            return Admission::Free;
+        }
+        self.admit_at(Instant::now())
+    }
+
+    /// Admits a request about to be sent at `now`.
+    pub fn admit_at(&self, now: Instant) -> Admission {
+        if !self.config.enabled {
+            return Admission::Free;
+        }
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        self.refresh(&mut core, now);
+        if !self.has_room(&core) {
+            return Admission::Refused;
+        }
+        match core.state {
+            BreakerState::Closed => Admission::Free,
+            BreakerState::HalfOpen => {
+                core.trials_in_flight += 1;
+                Admission::Trial(TrialTicket(core.period))
+            }
+            BreakerState::Open => Admission::Refused,
+        }
+    }
+
+    /// Gives back the trial slot `ticket` took (the request ended, however).
+    pub fn end_trial(&self, ticket: TrialTicket) {
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        if core.period == ticket.0 {
+            core.trials_in_flight = core.trials_in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Trial requests in flight now.
+    pub fn trials_in_flight(&self) -> u32 {
+        self.core
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .trials_in_flight
+    }
+
+    /// An open circuit whose time is up turns half-open.
+    fn refresh(&self, core: &mut Core, now: Instant) {
         if core.state == BreakerState::Open
             && core
                 .opened_at
                 .is_some_and(|at| now.saturating_duration_since(at) >= self.config.open_for)
         {
-            self.transition(&mut core, BreakerState::HalfOpen);
+            self.transition(core, BreakerState::HalfOpen);
         }
-        core.state != BreakerState::Open
+    }
+
+    fn has_room(&self, core: &Core) -> bool {
+        match core.state {
+            BreakerState::Closed => true,
+            BreakerState::Open => false,
+            BreakerState::HalfOpen => core.trials_in_flight < self.config.success_threshold.max(1),
+        }
     }
 
     pub fn state(&self) -> BreakerState {
@@ -174,6 +261,8 @@ impl CircuitBreaker {
         core.failures = 0;
         core.first_failure = None;
         core.trial_successes = 0;
+        core.trials_in_flight = 0;
+        core.period += 1;
         self.tripped
             .store(to != BreakerState::Closed, Ordering::Relaxed);
     }
@@ -215,6 +304,66 @@ mod tests {
             Some(BreakerState::Closed)
         );
         assert!(cb.allows());
+    }
+
+    fn open(cb: &CircuitBreaker, at: Instant) {
+        for _ in 0..cb.config().failure_threshold {
+            cb.record_at(false, at);
+        }
+        assert_eq!(cb.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn half_open_admits_only_as_many_trials_as_successes_needed() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        open(&cb, t0);
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(cb.admit_at(t0), Admission::Refused, "open: nothing goes");
+        let first = cb.admit_at(later);
+        let second = cb.admit_at(later);
+        assert!(matches!(first, Admission::Trial(_)), "{first:?}");
+        assert!(matches!(second, Admission::Trial(_)), "{second:?}");
+        assert_eq!(cb.state(), BreakerState::HalfOpen);
+        // success_threshold (2) trials are out: the next request waits.
+        assert_eq!(cb.admit_at(later), Admission::Refused);
+        assert!(!cb.allows_at(later));
+        assert_eq!(cb.trials_in_flight(), 2);
+        // A trial that ends (here without a verdict) frees its slot.
+        if let Admission::Trial(ticket) = first {
+            cb.end_trial(ticket);
+        }
+        assert!(cb.allows_at(later));
+        let third = cb.admit_at(later);
+        assert!(matches!(third, Admission::Trial(_)), "{third:?}");
+        assert_eq!(cb.admit_at(later), Admission::Refused);
+        // Two successes close the circuit: traffic is free again.
+        cb.record_at(true, later);
+        assert_eq!(cb.record_at(true, later), Some(BreakerState::Closed));
+        assert_eq!(cb.trials_in_flight(), 0);
+        for _ in 0..10 {
+            assert_eq!(cb.admit_at(later), Admission::Free);
+        }
+    }
+
+    #[test]
+    fn a_trial_ending_after_the_circuit_moved_on_frees_nothing_new() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        open(&cb, t0);
+        let half_open = t0 + Duration::from_secs(30);
+        let Admission::Trial(stale) = cb.admit_at(half_open) else {
+            panic!("no trial");
+        };
+        // The trial fails: open again, then half-open for a new period.
+        assert_eq!(cb.record_at(false, half_open), Some(BreakerState::Open));
+        let again = half_open + Duration::from_secs(30);
+        assert!(matches!(cb.admit_at(again), Admission::Trial(_)));
+        assert!(matches!(cb.admit_at(again), Admission::Trial(_)));
+        // The old trial's slot belonged to the old period.
+        cb.end_trial(stale);
+        assert_eq!(cb.trials_in_flight(), 2);
+        assert_eq!(cb.admit_at(again), Admission::Refused);
     }
 
     #[test]
@@ -260,6 +409,7 @@ mod tests {
             assert_eq!(cb.record_at(false, t0), None);
         }
         assert!(cb.allows_at(t0));
+        assert_eq!(cb.admit_at(t0), Admission::Free);
         assert_eq!(cb.state(), BreakerState::Closed);
     }
 }

@@ -12,7 +12,7 @@ mod health;
 mod loads;
 mod registry;
 
-pub use breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker, TrialTicket};
 pub use health::{
     HealthConfig, HealthState, HealthTracker, probe, spawn_health_checks, spawn_probe_loop,
 };
@@ -280,13 +280,30 @@ impl Worker {
     }
 
     /// Counts a request of `tokens` prompt tokens against this worker until
-    /// the guard drops.
+    /// the guard drops (whatever the circuit says: see
+    /// [`Worker::try_acquire_tokens`] for sending a request).
     pub fn acquire_tokens(self: &Arc<Self>, tokens: u64) -> LoadGuard {
+        self.hold(tokens, None)
+    }
+
+    /// Holds the worker for a request about to be sent, if its circuit
+    /// admits one: a half-open circuit gives out a limited number of trial
+    /// slots, and the guard gives its slot back when it drops.
+    pub fn try_acquire_tokens(self: &Arc<Self>, tokens: u64) -> Option<LoadGuard> {
+        match self.breaker.admit() {
+            Admission::Free => Some(self.hold(tokens, None)),
+            Admission::Trial(ticket) => Some(self.hold(tokens, Some(ticket))),
+            Admission::Refused => None,
+        }
+    }
+
+    fn hold(self: &Arc<Self>, tokens: u64, trial: Option<TrialTicket>) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         LoadGuard {
             worker: Arc::clone(self),
             tokens,
+            trial,
         }
     }
 }
@@ -320,6 +337,8 @@ fn host_of(url: &str) -> Option<String> {
 pub struct LoadGuard {
     worker: Arc<Worker>,
     tokens: u64,
+    /// The half-open trial slot this request holds.
+    trial: Option<TrialTicket>,
 }
 
 impl LoadGuard {
@@ -334,6 +353,9 @@ impl Drop for LoadGuard {
         self.worker
             .in_flight_tokens
             .fetch_sub(self.tokens, Ordering::Relaxed);
+        if let Some(ticket) = self.trial.take() {
+            self.worker.breaker.end_trial(ticket);
+        }
     }
 }
 
@@ -493,6 +515,42 @@ mod tests {
         drop(b);
         assert_eq!(worker.in_flight(), 0);
         assert_eq!(worker.in_flight_tokens(), 0);
+    }
+
+    #[test]
+    fn a_half_open_worker_takes_only_its_trial_requests() {
+        let plain = crate::policies::test_support::workers(1).remove(0);
+        let worker = Arc::new(Arc::try_unwrap(plain).expect("sole owner").with_breaker(
+            BreakerConfig {
+                failure_threshold: 1,
+                success_threshold: 2,
+                open_for: std::time::Duration::ZERO,
+                ..BreakerConfig::default()
+            },
+        ));
+        worker.record_outcome(false);
+        // open_for is zero: the next admission finds it half-open.
+        let first = worker.try_acquire_tokens(10).expect("trial 1");
+        let second = worker.try_acquire_tokens(10).expect("trial 2");
+        assert_eq!(worker.breaker().state(), BreakerState::HalfOpen);
+        assert!(worker.try_acquire_tokens(10).is_none(), "no third trial");
+        assert!(!worker.is_available());
+        // Load counted without the circuit's consent takes no trial slot.
+        drop(worker.acquire_tokens(5));
+        drop(first);
+        assert_eq!(worker.breaker().trials_in_flight(), 1);
+        assert!(worker.is_available());
+        let third = worker.try_acquire_tokens(10).expect("a freed slot");
+        worker.record_outcome(true);
+        worker.record_outcome(true);
+        assert_eq!(worker.breaker().state(), BreakerState::Closed);
+        let free: Vec<LoadGuard> = (0..5)
+            .filter_map(|_| worker.try_acquire_tokens(1))
+            .collect();
+        assert_eq!(free.len(), 5, "a closed circuit admits everything");
+        drop((second, third, free));
+        assert_eq!(worker.in_flight(), 0);
+        assert_eq!(worker.breaker().trials_in_flight(), 0);
     }
 
     #[test]

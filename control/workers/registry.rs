@@ -8,6 +8,12 @@
 //! encode workers that name none, then the worker joins the membership as
 //! `pending` and its health probes make it `ready` (or, with health checks
 //! disabled, one successful probe does).
+//!
+//! With `--dp-aware` a registration asks the engine (`GetLoads`) how many
+//! data-parallel ranks it runs and joins one logical worker per rank, each
+//! with its own id and load; the engine's own id (the one the registration
+//! answered) then names all of its ranks for `GET` (the first rank) and
+//! `DELETE` (every rank).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,6 +41,8 @@ pub struct Lifecycle {
     pub breaker: BreakerConfig,
     /// Timeout of the one-shot probe when health checks are disabled.
     pub probe_timeout: Duration,
+    /// One logical worker per data-parallel rank (`--dp-aware`).
+    pub dp_aware: bool,
 }
 
 /// A worker to register.
@@ -72,6 +80,9 @@ pub struct WorkerStatus {
     pub circuit: &'static str,
     pub in_flight: usize,
     pub bootstrap_port: Option<u16>,
+    /// The data-parallel rank this logical worker stands for (`--dp-aware`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<LoadStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -176,8 +187,7 @@ impl WorkerRegistry {
         let id = worker_id(client.url());
         {
             let mut jobs = self.jobs();
-            let taken = self.set.get(&id).is_some()
-                || self.draining().contains_key(&id)
+            let taken = !self.engine_workers(&id).is_empty()
                 || jobs.get(&id).is_some_and(|job| job.error.is_none());
             if taken {
                 return Err(Error::new(
@@ -236,34 +246,86 @@ impl WorkerRegistry {
                 })?)
             }
         };
-        let worker = Worker::new(client, role, port)
-            .map_err(|err| err.message)?
-            .with_breaker(self.lifecycle.breaker)
-            .with_health(HealthState::Pending);
-        let worker = Arc::new(worker);
-        match self.lifecycle.health {
-            Some(config) => {
-                self.set.insert(Arc::clone(&worker));
-                spawn_probe_loop(worker, config);
+        let ranks = if self.lifecycle.dp_aware {
+            let load = tokio::time::timeout(DISCOVERY_TIMEOUT, client.loads())
+                .await
+                .map_err(|_| "GetLoads timed out".to_owned())?
+                .map_err(|err| format!("GetLoads failed: {err}"))?;
+            Some(u32::try_from(load.dp_rank_count).unwrap_or(0).max(1))
+        } else {
+            None
+        };
+        let workers = (0..ranks.unwrap_or(1))
+            .map(|rank| {
+                let worker = Worker::new(client.clone(), role, port)
+                    .map_err(|err| err.message)?
+                    .with_breaker(self.lifecycle.breaker)
+                    .with_health(HealthState::Pending);
+                Ok(Arc::new(match ranks {
+                    Some(_) => worker.with_dp_rank(rank),
+                    None => worker,
+                }))
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        if self.lifecycle.health.is_none() {
+            // One engine, one probe: its ranks share its health.
+            if !probe(&workers[0], self.lifecycle.probe_timeout).await {
+                return Err("the worker failed its health check".to_owned());
             }
-            None => {
-                if !probe(&worker, self.lifecycle.probe_timeout).await {
-                    return Err("the worker failed its health check".to_owned());
+        }
+        for worker in workers {
+            match self.lifecycle.health {
+                Some(config) => {
+                    self.set.insert(Arc::clone(&worker));
+                    spawn_probe_loop(worker, config);
                 }
-                worker.set_health(HealthState::Ready);
-                self.set.insert(worker);
+                None => {
+                    worker.set_health(HealthState::Ready);
+                    self.set.insert(worker);
+                }
             }
         }
         Ok(())
     }
 
+    /// The workers (members or draining) that `id` names: the worker with
+    /// that id, or every data-parallel rank of the engine with that id.
+    fn engine_workers(&self, id: &str) -> Vec<Arc<Worker>> {
+        if let Some(worker) = self
+            .set
+            .get(id)
+            .or_else(|| self.draining().get(id).cloned())
+        {
+            return vec![worker];
+        }
+        let mut ranks: Vec<Arc<Worker>> = self
+            .set
+            .all()
+            .into_iter()
+            .chain(self.draining().values().cloned())
+            .filter(|w| w.dp_rank().is_some() && worker_id(w.url()) == id)
+            .collect();
+        ranks.sort_by_key(|w| w.dp_rank());
+        ranks
+    }
+
     /// Takes a worker out of rotation and drops it once its requests in
     /// flight have finished. Forgets a failed registration.
     pub fn remove(self: &Arc<Self>, id: &str) -> Result<WorkerStatus> {
-        if let Some(worker) = self.set.remove(id) {
+        let members: Vec<Arc<Worker>> = self
+            .engine_workers(id)
+            .into_iter()
+            .filter(|w| !w.is_draining())
+            .collect();
+        let mut statuses = Vec::new();
+        for worker in members {
+            let Some(worker) = self.set.remove(worker.id()) else {
+                continue;
+            };
             worker.start_draining();
-            self.draining().insert(id.to_owned(), Arc::clone(&worker));
-            let status = self.describe(&worker);
+            self.draining()
+                .insert(worker.id().to_owned(), Arc::clone(&worker));
+            statuses.push(self.describe(&worker));
             let registry = Arc::clone(self);
             tokio::spawn(async move {
                 while worker.in_flight() > 0 {
@@ -273,6 +335,8 @@ impl WorkerRegistry {
                 registry.draining().remove(worker.id());
                 tracing::info!(worker = worker.url(), "worker drained and removed");
             });
+        }
+        if let Some(status) = statuses.into_iter().next() {
             return Ok(status);
         }
         let mut jobs = self.jobs();
@@ -287,7 +351,7 @@ impl WorkerRegistry {
             )));
         }
         drop(jobs);
-        if let Some(worker) = self.draining().get(id) {
+        if let Some(worker) = self.engine_workers(id).first() {
             return Ok(self.describe(worker));
         }
         Err(Error::new(
@@ -298,10 +362,7 @@ impl WorkerRegistry {
 
     /// One worker's status, registered, draining or registering.
     pub fn status(&self, id: &str) -> Option<WorkerStatus> {
-        if let Some(worker) = self.set.get(id) {
-            return Some(self.describe(&worker));
-        }
-        if let Some(worker) = self.draining().get(id) {
+        if let Some(worker) = self.engine_workers(id).first() {
             return Some(self.describe(worker));
         }
         self.jobs().get(id).map(|job| self.job_status(id, job))
@@ -335,6 +396,7 @@ impl WorkerRegistry {
             circuit: worker.breaker().state().name(),
             in_flight: worker.in_flight(),
             bootstrap_port: worker.bootstrap_port(),
+            dp_rank: worker.dp_rank(),
             load: worker
                 .load_cell()
                 .last(Instant::now())
@@ -363,6 +425,7 @@ impl WorkerRegistry {
             circuit: "closed",
             in_flight: 0,
             bootstrap_port: job.bootstrap_port,
+            dp_rank: None,
             load: None,
             error: job.error.clone(),
         }

@@ -4,7 +4,7 @@
 //! 1080p and a 4K photo at Qwen2-VL's default pixel limits.
 //!
 //!     taskset -c 1 cargo run --release -p smg-dataplane --example preprocess_bench
-//!     ... --example preprocess_bench -- [--rounds N] [--dtype bf16|f32] [IMAGE ...]
+//!     ... --example preprocess_bench -- [--rounds N] [--dtype bf16|f32] [--gap-ms MS] [IMAGE ...]
 //!
 //! Without IMAGE arguments it runs the committed 1920x1080 fixture and a
 //! 3840x2160 JPEG made from it (upscaled 2x by the kernel's own resampler,
@@ -12,7 +12,10 @@
 //! on its own, `rounds` times: decode alone; the resize of an already decoded
 //! image, a band of `merge * patch` rows at a time as `write_into` pulls it;
 //! and the whole `write_into` into a reused (warm) destination. "rest" is the
-//! whole minus decode and resize medians. Machines are shared and noisy: the
+//! whole minus decode and resize medians. Each image gets two rows: `fresh`
+//! allocates the intermediate buffers (decoded pixels, resampler rows, band)
+//! per image, as `write_into` does; `pooled` reuses one `ScratchSpace`, as a
+//! data-plane core does (`write_into_with`). Machines are shared and noisy: the
 //! table shows medians, the minimum of the whole, and images per second of
 //! this thread's CPU time during the whole-kernel rounds (what one core does
 //! when it gets the core to itself, short of cache and memory contention).
@@ -20,13 +23,20 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The gateway's allocator (`control/main.rs`), so per-image allocations
+/// cost here what they cost on a data-plane core.
+#[global_allocator]
+static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use smg_dataplane::preprocess::decode::{self, ImageLimits};
 use smg_dataplane::preprocess::resize::{BicubicRgbResampler, resize_to_rgb8};
-use smg_dataplane::preprocess::{Qwen2VlImageProcessor, VisionPreprocessConfig};
+use smg_dataplane::preprocess::{Qwen2VlImageProcessor, ScratchSpace, VisionPreprocessConfig};
 use smg_shared::tensor::DType;
 
 struct Options {
     rounds: usize,
+    /// Idle time before each whole-kernel round (a core between images).
+    gap: Duration,
     dtype: DType,
     images: Vec<PathBuf>,
 }
@@ -34,6 +44,7 @@ struct Options {
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         rounds: 20,
+        gap: Duration::ZERO,
         dtype: DType::BFloat16,
         images: Vec::new(),
     };
@@ -46,6 +57,13 @@ fn parse_options() -> Result<Options, String> {
                     .and_then(|n| n.parse().ok())
                     .filter(|&n| n > 0)
                     .ok_or("--rounds takes a positive number")?;
+            }
+            "--gap-ms" => {
+                options.gap = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .map(Duration::from_millis)
+                    .ok_or("--gap-ms takes milliseconds")?;
             }
             "--dtype" => {
                 options.dtype = match args.next().as_deref() {
@@ -66,9 +84,17 @@ fn median(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-fn time<T>(rounds: usize, mut work: impl FnMut() -> T) -> Vec<Duration> {
+fn time<T>(rounds: usize, work: impl FnMut() -> T) -> Vec<Duration> {
+    time_after_gap(rounds, Duration::ZERO, work)
+}
+
+/// As [`time`], idling `gap` (untimed) before each round.
+fn time_after_gap<T>(rounds: usize, gap: Duration, mut work: impl FnMut() -> T) -> Vec<Duration> {
     (0..rounds)
         .map(|_| {
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
+            }
             let start = Instant::now();
             std::hint::black_box(work());
             start.elapsed()
@@ -92,6 +118,15 @@ fn thread_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis(
         (user + system) * 1000 / TICKS_PER_SECOND,
     ))
+}
+
+/// Minor page faults this thread has taken (`/proc/thread-self/stat`, the
+/// 10th field): fresh pages the kernel had to map, which reused buffers
+/// avoid. Unlike times, a count the machine's load does not blur.
+fn thread_minor_faults() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    after_name.split_whitespace().nth(7)?.parse().ok()
 }
 
 fn fixture_path(name: &str) -> PathBuf {
@@ -142,13 +177,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         options.rounds, options.dtype
     );
     println!(
-        "| image | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s |"
+        "| image | buffers | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s | faults/img |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, bytes) in &inputs {
         let plan = processor.plan(bytes, options.dtype)?;
-        let decode_median = median(time(options.rounds, || decode::decode(bytes, &limits)));
-
         let decoded = decode::decode(bytes, &limits)?;
         let pixels = decoded.pixels().ok_or("decoded buffer size")?;
         let (out_width, out_height) = (plan.resized_width as usize, plan.resized_height as usize);
@@ -160,39 +193,64 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             band[0]
         }));
-
         let mut dst = vec![0u8; plan.out_bytes];
         processor.write_into(&plan, bytes, &mut dst)?; // touch the pages once
-        let cpu_before = thread_cpu_time();
-        let totals = time(options.rounds, || {
-            processor.write_into(&plan, bytes, &mut dst)
-        });
-        let cpu_per_image = cpu_before
-            .zip(thread_cpu_time())
-            .map(|(before, after)| (after - before) / options.rounds as u32);
-        let min_total = totals.iter().min().copied().unwrap_or_default();
-        let total_median = median(totals);
-        let rest = total_median.saturating_sub(decode_median + resize_median);
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let per_cpu_second = cpu_per_image
-            .filter(|cpu| !cpu.is_zero())
-            .map_or("-".to_string(), |cpu| {
-                format!("{:.1}", 1.0 / cpu.as_secs_f64())
-            });
-        println!(
-            "| {name} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} |",
-            out_width,
-            out_height,
-            plan.out_shape,
-            plan.out_bytes as f64 / 1e6,
-            ms(decode_median),
-            ms(resize_median),
-            ms(rest),
-            ms(total_median),
-            ms(min_total),
-            1.0 / total_median.as_secs_f64(),
-            plan.out_bytes as f64 / total_median.as_secs_f64() / 1e9,
-        );
+        for pooled in [false, true] {
+            let mut scratch = ScratchSpace::default();
+            let mut reused = Vec::new();
+            let decode_median = median(time(options.rounds, || {
+                if !pooled {
+                    return decode::decode(bytes, &limits).map(|image| image.layout());
+                }
+                let image = decode::decode_into(bytes, &limits, std::mem::take(&mut reused))?;
+                let layout = image.layout();
+                reused = image.into_buffer();
+                Ok(layout)
+            }));
+            let mut write = || {
+                if pooled {
+                    processor.write_into_with(&plan, bytes, &mut dst, &mut scratch)
+                } else {
+                    processor.write_into(&plan, bytes, &mut dst)
+                }
+            };
+            write()?; // warm the scratch space
+            let cpu_before = thread_cpu_time();
+            let faults_before = thread_minor_faults();
+            let totals = time_after_gap(options.rounds, options.gap, &mut write);
+            let faults = faults_before
+                .zip(thread_minor_faults())
+                .map_or("-".to_string(), |(before, after)| {
+                    format!("{}", (after - before) / options.rounds as u64)
+                });
+            let cpu_per_image = cpu_before
+                .zip(thread_cpu_time())
+                .map(|(before, after)| (after - before) / options.rounds as u32);
+            let min_total = totals.iter().min().copied().unwrap_or_default();
+            let total_median = median(totals);
+            let rest = total_median.saturating_sub(decode_median + resize_median);
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let per_cpu_second = cpu_per_image
+                .filter(|cpu| !cpu.is_zero())
+                .map_or("-".to_string(), |cpu| {
+                    format!("{:.1}", 1.0 / cpu.as_secs_f64())
+                });
+            println!(
+                "| {name} | {} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} | {faults} |",
+                if pooled { "pooled" } else { "fresh" },
+                out_width,
+                out_height,
+                plan.out_shape,
+                plan.out_bytes as f64 / 1e6,
+                ms(decode_median),
+                ms(resize_median),
+                ms(rest),
+                ms(total_median),
+                ms(min_total),
+                1.0 / total_median.as_secs_f64(),
+                plan.out_bytes as f64 / total_median.as_secs_f64() / 1e9,
+            );
+        }
     }
     Ok(())
 }

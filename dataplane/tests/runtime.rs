@@ -160,6 +160,7 @@ fn processor() -> Arc<Qwen2VlImageProcessor> {
 async fn images_come_back_exactly_as_the_kernel_writes_them_and_bad_ones_fail_cleanly() {
     let processor = processor();
     let good = Bytes::from(std::fs::read(fixture("palette_97x61.png")).unwrap());
+    let photo = Bytes::from(std::fs::read(fixture("photo_640x480.jpg")).unwrap());
     let expected = processor.preprocess(&good, DType::BFloat16).unwrap();
     let corrupt = {
         let mut bytes = std::fs::read(fixture("odd_333x517.png")).unwrap();
@@ -188,6 +189,55 @@ async fn images_come_back_exactly_as_the_kernel_writes_them_and_bad_ones_fail_cl
         }
         let again = within(run(good.clone())).await.expect("still serving");
         assert!(again.data == expected.data);
+        // The core's scratch buffers, grown for a larger image and reused
+        // for a smaller one, leave no trace in either tensor.
+        for (name, bytes) in [("photo", &photo), ("palette", &good)] {
+            let want = processor.preprocess(bytes, DType::BFloat16).unwrap();
+            let got = within(run(bytes.clone())).await.expect(name);
+            assert!(got.data == want.data, "{io:?}: {name} after reuse");
+        }
+    }
+}
+
+#[tokio::test]
+async fn decodes_inline_base64_on_a_core_and_hashes_it() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use smg_dataplane::runtime::Base64Error;
+
+    let image: Vec<u8> = (0..300_007u32).map(|i| (i * 13 % 251) as u8).collect();
+    let encoded = Bytes::from(STANDARD.encode(&image));
+    for io in BACKENDS {
+        let dataplane = start(io, |_| {});
+        let decoded = within(dataplane.decode_base64(encoded.clone(), image.len()))
+            .await
+            .expect("decoded");
+        assert!(decoded.bytes == image, "{io:?}: the exact bytes");
+        assert_eq!(decoded.content_hash, *blake3::hash(&image).as_bytes());
+        let mut spoiled = encoded.to_vec();
+        spoiled[200_001] = b'*';
+        let error = within(dataplane.decode_base64(Bytes::from(spoiled), image.len()))
+            .await
+            .expect_err("refused");
+        assert_eq!(error.code(), "invalid_base64");
+        assert!(
+            matches!(
+                error,
+                JobError::Base64(Base64Error::InvalidByte {
+                    offset: 200_001,
+                    byte: '*'
+                })
+            ),
+            "{io:?}: {error:?}"
+        );
+        let over = within(dataplane.decode_base64(encoded.clone(), image.len() - 1))
+            .await
+            .expect_err("over the cap");
+        assert!(matches!(
+            over,
+            JobError::Base64(Base64Error::TooLarge { .. })
+        ));
+        within(dataplane.ping()).await.expect("still serving");
     }
 }
 

@@ -37,6 +37,7 @@ use image::{ColorType, ImageDecoder, ImageError, Limits};
 use super::error::PreprocessError;
 use super::jpeg;
 use super::resize::{PixelLayout, SourcePixels};
+use super::scratch::sized;
 
 /// Extra decoder working memory allowed on top of the decoded pixels.
 const DECODER_SLACK_BYTES: u64 = 64 << 20;
@@ -118,6 +119,11 @@ impl DecodedImage {
     pub fn layout(&self) -> PixelLayout {
         self.layout
     }
+
+    /// The pixel buffer, for reuse by the next image.
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.data
+    }
 }
 
 type BoxedDecoder<'a> = Box<dyn ImageDecoder + 'a>;
@@ -142,10 +148,21 @@ pub fn read_header(bytes: &[u8], limits: &ImageLimits) -> Result<SourceHeader, P
 
 /// Decodes the whole image after the same checks as [`read_header`].
 pub fn decode(bytes: &[u8], limits: &ImageLimits) -> Result<DecodedImage, PreprocessError> {
+    decode_into(bytes, limits, Vec::new())
+}
+
+/// As [`decode`], writing the pixels into `buffer` (a core's scratch buffer
+/// from an earlier image; its contents do not matter) where the format
+/// allows. The buffer is consumed even on error.
+pub fn decode_into(
+    bytes: &[u8],
+    limits: &ImageLimits,
+    buffer: Vec<u8>,
+) -> Result<DecodedImage, PreprocessError> {
     match sniff_supported(bytes)? {
-        SourceFormat::Jpeg => decode_jpeg(bytes, limits),
+        SourceFormat::Jpeg => decode_jpeg(bytes, limits, buffer),
         format @ (SourceFormat::Png | SourceFormat::WebP) => {
-            decode_with_image_crate(format, bytes, limits)
+            decode_with_image_crate(format, bytes, limits, buffer)
         }
     }
 }
@@ -155,13 +172,17 @@ fn sniff_supported(bytes: &[u8]) -> Result<SourceFormat, PreprocessError> {
         .ok_or_else(|| PreprocessError::UnsupportedFormat(describe_unsupported(bytes)))
 }
 
-fn decode_jpeg(bytes: &[u8], limits: &ImageLimits) -> Result<DecodedImage, PreprocessError> {
+fn decode_jpeg(
+    bytes: &[u8],
+    limits: &ImageLimits,
+    buffer: Vec<u8>,
+) -> Result<DecodedImage, PreprocessError> {
     if !jpeg_has_end_marker(bytes) {
         return Err(PreprocessError::CorruptImage(
             "jpeg ends before its end-of-image marker (truncated)".into(),
         ));
     }
-    let pixels = jpeg::decode(bytes, |header| {
+    let check = |header: &jpeg::JpegHeader| {
         check_dimensions(
             &SourceHeader {
                 format: SourceFormat::Jpeg,
@@ -170,7 +191,8 @@ fn decode_jpeg(bytes: &[u8], limits: &ImageLimits) -> Result<DecodedImage, Prepr
             },
             limits,
         )
-    })?;
+    };
+    let pixels = jpeg::decode_into(bytes, check, buffer)?;
     Ok(DecodedImage {
         width: pixels.header.width as usize,
         height: pixels.header.height as usize,
@@ -183,6 +205,7 @@ fn decode_with_image_crate(
     format: SourceFormat,
     bytes: &[u8],
     limits: &ImageLimits,
+    buffer: Vec<u8>,
 ) -> Result<DecodedImage, PreprocessError> {
     let (header, mut decoder) = open_lossless(format, bytes, limits)?;
     check_dimensions(&header, limits)?;
@@ -198,7 +221,7 @@ fn decode_with_image_crate(
 
     let color = decoder.color_type();
     let len = usize::try_from(decoder.total_bytes()).map_err(|_| too_large(&header, limits))?;
-    let mut data = vec![0u8; len];
+    let mut data = sized(buffer, len);
     decoder.read_image_boxed(&mut data).map_err(to_error)?;
 
     let (width, height) = (header.width as usize, header.height as usize);

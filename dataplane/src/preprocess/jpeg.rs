@@ -73,6 +73,16 @@ pub fn decode(
     bytes: &[u8],
     check: impl FnOnce(&JpegHeader) -> Result<(), PreprocessError>,
 ) -> Result<JpegPixels, PreprocessError> {
+    decode_into(bytes, check, Vec::new())
+}
+
+/// As [`decode`], into `buffer` (reused scratch; its contents do not
+/// matter: every byte of the image is written).
+pub fn decode_into(
+    bytes: &[u8],
+    check: impl FnOnce(&JpegHeader) -> Result<(), PreprocessError>,
+    buffer: Vec<u8>,
+) -> Result<JpegPixels, PreprocessError> {
     let scans = count_scans(bytes);
     if scans > MAX_SCANS {
         return Err(PreprocessError::CorruptImage(format!(
@@ -103,7 +113,7 @@ pub fn decode(
             .checked_mul(header.height as usize)
             .and_then(|pixels| pixels.checked_mul(channels))
             .ok_or_else(|| PreprocessError::CorruptImage("jpeg size overflows".into()))?;
-        let mut data = vec![0u8; len];
+        let mut data = super::scratch::sized(buffer, len);
         started
             .read_scanlines_into::<u8>(&mut data)
             .map_err(io_error)?;

@@ -18,6 +18,8 @@
 //! - [`qwen2_vl`]: the Qwen2-VL family kernel that ties them together:
 //!   [`qwen2_vl::Qwen2VlImageProcessor::plan`] from the header alone, then
 //!   [`qwen2_vl::Qwen2VlImageProcessor::write_into`] in one pass.
+//! - [`scratch`]: the buffers a data-plane core reuses from image to image
+//!   (decoded pixels, the resampler's rows), with a cap and a shrink rule.
 //! - [`error`]: the stable error codes callers see.
 
 pub mod config;
@@ -27,9 +29,11 @@ pub mod jpeg;
 pub mod output;
 pub mod qwen2_vl;
 pub mod resize;
+pub mod scratch;
 
 pub use config::{ConfigError, VisionPreprocessConfig};
 pub use decode::{ImageLimits, SourceFormat};
 pub use error::{IMAGE_ERROR_CODES, PreprocessError};
 pub use qwen2_vl::{ImagePlan, PreprocessedImage, Qwen2VlImageProcessor, preprocess_image};
 pub use resize::{ResizeError, smart_resize};
+pub use scratch::{ScratchPolicy, ScratchSpace};

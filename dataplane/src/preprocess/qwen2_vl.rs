@@ -29,6 +29,7 @@ use super::decode::{self, ImageLimits, SourceFormat};
 use super::error::PreprocessError;
 use super::output::EncodedValueTable;
 use super::resize::{BicubicRgbResampler, ResizeError, smart_resize};
+use super::scratch::{ScratchSpace, sized};
 
 /// Everything known about an image's output before decoding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +178,19 @@ impl Qwen2VlImageProcessor {
         bytes: &[u8],
         dst: &mut [u8],
     ) -> Result<(), PreprocessError> {
+        self.write_into_with(plan, bytes, dst, &mut ScratchSpace::default())
+    }
+
+    /// As [`write_into`](Self::write_into), with the intermediate buffers
+    /// (decoded pixels, resampler rows, the band being patchified) taken
+    /// from and returned to `scratch`, a data-plane core's own.
+    pub fn write_into_with(
+        &self,
+        plan: &ImagePlan,
+        bytes: &[u8],
+        dst: &mut [u8],
+        scratch: &mut ScratchSpace,
+    ) -> Result<(), PreprocessError> {
         let replanned = self.plan_dimensions(
             plan.format,
             plan.source_width,
@@ -195,7 +209,21 @@ impl Qwen2VlImageProcessor {
         if SourceFormat::sniff(bytes) != Some(plan.format) {
             return Err(PreprocessError::PlanMismatch);
         }
-        let decoded = decode::decode(bytes, &self.limits)?;
+        let policy = *scratch.policy();
+        let decoded = decode::decode_into(bytes, &self.limits, scratch.decoded.take())?;
+        let written = self.write_decoded(plan, &decoded, dst, scratch);
+        scratch.decoded.give_back(decoded.into_buffer(), &policy);
+        written
+    }
+
+    /// Resizes and patchifies decoded pixels into `dst`.
+    fn write_decoded(
+        &self,
+        plan: &ImagePlan,
+        decoded: &decode::DecodedImage,
+        dst: &mut [u8],
+        scratch: &mut ScratchSpace,
+    ) -> Result<(), PreprocessError> {
         let pixels = decoded.pixels().ok_or_else(|| {
             PreprocessError::CorruptImage("decoder returned a buffer of the wrong size".into())
         })?;
@@ -204,16 +232,27 @@ impl Qwen2VlImageProcessor {
         {
             return Err(PreprocessError::PlanMismatch);
         }
+        let policy = *scratch.policy();
         let geometry = PatchGeometry::new(&self.config, plan);
-        let resampler = BicubicRgbResampler::new(
+        let mut resampler = BicubicRgbResampler::with_scratch(
             pixels,
             plan.resized_width as usize,
             plan.resized_height as usize,
+            scratch.resize.take(),
+        );
+        // Every byte of the band is written before it is read.
+        let mut band = sized(
+            scratch.band.take(),
+            geometry.band_rows() * resampler.row_bytes(),
         );
         match plan.out_dtype {
-            DType::BFloat16 => write_bands(resampler, &geometry, &self.bfloat16, dst),
-            _ => write_bands(resampler, &geometry, &self.float32, dst),
+            DType::BFloat16 => {
+                write_bands(&mut resampler, &geometry, &self.bfloat16, &mut band, dst)
+            }
+            _ => write_bands(&mut resampler, &geometry, &self.float32, &mut band, dst),
         }
+        scratch.band.give_back(band, &policy);
+        scratch.resize.give_back(resampler.into_scratch(), &policy);
         Ok(())
     }
 
@@ -289,18 +328,19 @@ impl PatchGeometry {
     }
 }
 
-/// Resizes band after band and patchifies each into its slice of `dst`.
+/// Resizes band after band (into `band`, `merge * patch` rows) and
+/// patchifies each into its slice of `dst`.
 fn write_bands<const N: usize>(
-    mut resampler: BicubicRgbResampler<'_>,
+    resampler: &mut BicubicRgbResampler<'_>,
     geometry: &PatchGeometry,
     table: &EncodedValueTable<N>,
+    band: &mut [u8],
     dst: &mut [u8],
 ) {
-    let mut band = vec![0u8; geometry.band_rows() * resampler.row_bytes()];
     let (elements, _) = dst.as_chunks_mut::<N>();
     for band_out in elements.chunks_exact_mut(geometry.band_elements()) {
-        resampler.write_rows(&mut band);
-        patchify_band(&band, geometry, table, band_out);
+        resampler.write_rows(band);
+        patchify_band(band, geometry, table, band_out);
     }
 }
 
@@ -501,6 +541,55 @@ mod tests {
             .write_into(&fresh.plan, &bytes, &mut dirty)
             .expect("write");
         assert_eq!(dirty, fresh.data);
+    }
+
+    /// One scratch space through images of every format, size and layout,
+    /// larger and smaller in turn, and a corrupt one in between: each
+    /// output equals a fresh-buffer run's, so no stale byte leaks through.
+    #[test]
+    fn reused_scratch_gives_the_same_tensors_as_fresh_buffers() {
+        let processor = qwen2_vl();
+        let names = [
+            "photo_640x480.jpg",
+            "tiny_20x20.png",
+            "odd_333x517.png",
+            "cmyk_120x90.jpg",
+            "photo_640x480.jpg",
+            "gray16_48x40.png",
+            "rgba_150x100.png",
+            "tiny_9x7.jpg",
+        ];
+        let mut scratch = ScratchSpace::default();
+        for name in names {
+            let bytes = fixture(name);
+            let dtypes: &[DType] = match name {
+                "tiny_20x20.png" => &[DType::Float32, DType::BFloat16],
+                _ => &[DType::Float32],
+            };
+            for &dtype in dtypes {
+                let fresh = processor.preprocess(&bytes, dtype).expect(name);
+                let mut reused = vec![0x5Au8; fresh.plan.out_bytes];
+                processor
+                    .write_into_with(&fresh.plan, &bytes, &mut reused, &mut scratch)
+                    .expect(name);
+                assert!(
+                    reused == fresh.data,
+                    "{name} {dtype:?} differs with reused scratch"
+                );
+            }
+            assert!(scratch.retained_bytes() > 0, "{name}: buffers are kept");
+            // A corrupt image fails cleanly and the next one is unaffected.
+            let mut broken = bytes.clone();
+            broken.truncate(broken.len() / 2);
+            if let Ok(plan) = processor.plan(&broken, DType::Float32) {
+                let mut dst = vec![0u8; plan.out_bytes];
+                assert!(
+                    processor
+                        .write_into_with(&plan, &broken, &mut dst, &mut scratch)
+                        .is_err()
+                );
+            }
+        }
     }
 
     #[test]

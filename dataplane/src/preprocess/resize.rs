@@ -347,6 +347,34 @@ impl<'a> BicubicRgbResampler<'a> {
         out_height: usize,
         order: PassOrder,
     ) -> Self {
+        Self::build(source, out_width, out_height, order, Vec::new())
+    }
+
+    /// As [`new`](Self::new), with its row window in `scratch` (a buffer
+    /// from an earlier image; its contents do not matter). Get the buffer
+    /// back with [`into_scratch`](Self::into_scratch).
+    pub fn with_scratch(
+        source: SourcePixels<'a>,
+        out_width: usize,
+        out_height: usize,
+        scratch: Vec<u8>,
+    ) -> Self {
+        let order = PassOrder::pillow(source.width, source.height, out_width, out_height);
+        Self::build(source, out_width, out_height, order, scratch)
+    }
+
+    /// The row-window buffer, for the next image.
+    pub fn into_scratch(self) -> Vec<u8> {
+        self.scratch
+    }
+
+    fn build(
+        source: SourcePixels<'a>,
+        out_width: usize,
+        out_height: usize,
+        order: PassOrder,
+        scratch: Vec<u8>,
+    ) -> Self {
         let horizontal =
             (out_width != source.width).then(|| AxisTaps::bicubic(source.width, out_width));
         let vertical =
@@ -371,7 +399,8 @@ impl<'a> BicubicRgbResampler<'a> {
             order,
             horizontal,
             vertical,
-            scratch: vec![0; scratch_len],
+            // Every row of the window is written before it is read.
+            scratch: super::scratch::sized(scratch, scratch_len),
             window_rows,
             next_source_row: 0,
             next_output_row: 0,

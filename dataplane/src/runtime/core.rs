@@ -23,8 +23,9 @@ use smg_shared::doorbell::Doorbell;
 use smg_shared::ring::{Full, RingReceiver, RingSender};
 use tokio::sync::oneshot;
 
-use super::files;
 use super::job::{Completion, ImageJob, Job, JobError, JobResult, Output, Work};
+use super::{files, inline};
+use crate::preprocess::ScratchSpace;
 
 /// File reads one core keeps in flight at most.
 pub(crate) const MAX_FILES_IN_FLIGHT: usize = 64;
@@ -81,6 +82,8 @@ pub(crate) struct CoreWorker {
     /// it is non-empty the core takes no new jobs, so it stays bounded.
     backlog: VecDeque<Completion>,
     pub settings: CoreSettings,
+    /// The image kernels' buffers, reused from job to job on this core.
+    pub scratch: ScratchSpace,
 }
 
 impl std::fmt::Debug for CoreWorker {
@@ -104,6 +107,7 @@ impl CoreWorker {
             completions,
             backlog: VecDeque::new(),
             settings,
+            scratch: ScratchSpace::default(),
         }
     }
 
@@ -213,9 +217,9 @@ impl CoreWorker {
 }
 
 /// Runs work that needs no I/O (or, in the plain backend, does its I/O with
-/// blocking calls) on the calling core. A panic becomes an error and the
-/// core keeps serving.
-pub(crate) fn execute(work: Work) -> JobResult {
+/// blocking calls) on the calling core, with the core's scratch buffers. A
+/// panic becomes an error and the core keeps serving.
+pub(crate) fn execute(work: Work, scratch: &mut ScratchSpace) -> JobResult {
     catch_unwind(AssertUnwindSafe(|| match work {
         Work::Ping => Ok(Output::Pong),
         Work::Hold(duration) => {
@@ -225,7 +229,10 @@ pub(crate) fn execute(work: Work) -> JobResult {
         Work::ReadFile(request) => files::read_blocking(&request)
             .map(Output::File)
             .map_err(JobError::File),
-        Work::Image(job) => run_image(job),
+        Work::DecodeBase64(request) => inline::decode_and_hash(&request.encoded, request.max_bytes)
+            .map(Output::File)
+            .map_err(JobError::Base64),
+        Work::Image(job) => run_image(job, scratch),
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -239,7 +246,7 @@ pub(crate) fn execute(work: Work) -> JobResult {
 
 /// Plans from the header, allocates the destination at exactly the planned
 /// size, and lets the kernel write the tensor into it once.
-fn run_image(job: ImageJob) -> JobResult {
+fn run_image(job: ImageJob, scratch: &mut ScratchSpace) -> JobResult {
     let ImageJob {
         processor,
         bytes,
@@ -248,7 +255,7 @@ fn run_image(job: ImageJob) -> JobResult {
     } = job;
     let plan = processor.plan(&bytes, dtype)?;
     let mut data = vec![0u8; plan.out_bytes];
-    processor.write_into(&plan, &bytes, &mut data)?;
+    processor.write_into_with(&plan, &bytes, &mut data, scratch)?;
     Ok(Output::Image(crate::preprocess::PreprocessedImage {
         plan,
         data,
@@ -267,8 +274,11 @@ pub(crate) fn run_plain(mut worker: CoreWorker) {
         while !worker.backlogged() {
             let Some(job) = worker.next_job() else { break };
             progress = true;
-            let heavy = matches!(job.work, Work::Image(_) | Work::Hold(_));
-            let result = execute(job.work);
+            let heavy = matches!(
+                job.work,
+                Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_)
+            );
+            let result = execute(job.work, &mut worker.scratch);
             worker.complete(job.reply, result);
             if heavy {
                 break;

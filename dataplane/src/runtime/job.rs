@@ -13,6 +13,7 @@ use bytes::Bytes;
 use smg_shared::tensor::DType;
 use tokio::sync::oneshot;
 
+pub use super::inline::{Base64Decode, Base64Error};
 use crate::preprocess::{PreprocessError, PreprocessedImage, Qwen2VlImageProcessor};
 
 /// One unit of work for a data-plane core.
@@ -28,6 +29,9 @@ pub enum Work {
     /// Read a whole regular file (already vetted by the caller's allow-list)
     /// and hash it.
     ReadFile(FileRead),
+    /// Decode an inline (base64) image payload and hash it; answers like
+    /// [`Work::ReadFile`].
+    DecodeBase64(Base64Decode),
     /// Decode an image and write its encoder input tensor into a destination.
     Image(ImageJob),
 }
@@ -117,6 +121,9 @@ pub enum JobError {
     Image(#[from] PreprocessError),
     #[error("{0}")]
     File(#[from] FileReadError),
+    /// An inline payload that is not valid base64, or decodes too large.
+    #[error("{0}")]
+    Base64(#[from] Base64Error),
     /// The work panicked on the core (a bug); the core keeps serving.
     #[error("the data-plane job panicked: {0}")]
     Panicked(String),
@@ -130,6 +137,7 @@ impl JobError {
             JobError::ShuttingDown => "dataplane_unavailable",
             JobError::Image(error) => error.code(),
             JobError::File(_) => "file_read_failed",
+            JobError::Base64(_) => "invalid_base64",
             JobError::Panicked(_) => "dataplane_panic",
         }
     }

@@ -43,6 +43,7 @@
 mod core;
 pub mod cores;
 mod files;
+mod inline;
 mod job;
 mod reactor;
 mod uring;
@@ -62,10 +63,12 @@ use tokio::sync::oneshot;
 
 use self::core::{CoreSettings, CoreShared, CoreWorker};
 pub use self::cores::{CorePlan, confine_current_thread, default_dataplane_cores};
-use self::job::{Completion, Job};
+pub use self::inline::padded_decoded_len;
 pub use self::job::{
-    Destination, FileContents, FileRead, FileReadError, ImageJob, JobError, JobResult, Output, Work,
+    Base64Decode, Base64Error, Destination, FileContents, FileRead, FileReadError, ImageJob,
+    JobError, JobResult, Output, Work,
 };
+use self::job::{Completion, Job};
 use self::reactor::SpaceSignal;
 use crate::preprocess::{PreprocessedImage, Qwen2VlImageProcessor};
 
@@ -369,6 +372,23 @@ impl DataPlane {
     ) -> Result<FileContents, JobError> {
         match self
             .submit(Work::ReadFile(FileRead { path, max_bytes }))
+            .await?
+        {
+            Output::File(contents) => Ok(contents),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Decodes an inline base64 payload on a core and hashes it (at most
+    /// `max_bytes` decoded; check the cap with [`padded_decoded_len`] before
+    /// copying a payload over).
+    pub async fn decode_base64(
+        &self,
+        encoded: Bytes,
+        max_bytes: usize,
+    ) -> Result<FileContents, JobError> {
+        match self
+            .submit(Work::DecodeBase64(Base64Decode { encoded, max_bytes }))
             .await?
         {
             Output::File(contents) => Ok(contents),

@@ -340,8 +340,9 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
                     }
                 }
                 work => {
-                    let heavy = matches!(work, Work::Image(_) | Work::Hold(_));
-                    let outcome = execute(work);
+                    let heavy =
+                        matches!(work, Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_));
+                    let outcome = execute(work, &mut worker.scratch);
                     worker.complete(job.reply, outcome);
                     if heavy {
                         // Let queued I/O move before the next image.
