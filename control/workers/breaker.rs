@@ -90,13 +90,27 @@ struct Core {
     period: u64,
 }
 
+/// Told about every state change, whichever call made it (an outcome, or
+/// an open circuit's timeout noticed by a selection or an admission).
+pub type TransitionObserver = Box<dyn Fn(BreakerState) + Send + Sync>;
+
 /// One worker's breaker.
-#[derive(Debug)]
 pub struct CircuitBreaker {
     config: BreakerConfig,
     /// Mirrors `core.state != Closed`, so a closed circuit costs one load.
     tripped: AtomicBool,
     core: Mutex<Core>,
+    observer: Option<TransitionObserver>,
+}
+
+impl std::fmt::Debug for CircuitBreaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("config", &self.config)
+            .field("core", &self.core)
+            .field("observed", &self.observer.is_some())
+            .finish()
+    }
 }
 
 impl CircuitBreaker {
@@ -113,7 +127,14 @@ impl CircuitBreaker {
                 trials_in_flight: 0,
                 period: 0,
             }),
+            observer: None,
         }
+    }
+
+    /// The breaker calling `observer` on every state change.
+    pub fn with_observer(mut self, observer: TransitionObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     pub fn config(&self) -> &BreakerConfig {
@@ -265,6 +286,9 @@ impl CircuitBreaker {
         core.period += 1;
         self.tripped
             .store(to != BreakerState::Closed, Ordering::Relaxed);
+        if let Some(observer) = &self.observer {
+            observer(to);
+        }
     }
 }
 
@@ -304,6 +328,34 @@ mod tests {
             Some(BreakerState::Closed)
         );
         assert!(cb.allows());
+    }
+
+    #[test]
+    fn the_observer_hears_every_transition_including_the_timed_half_open() {
+        let heard = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&heard);
+        let cb = breaker().with_observer(Box::new(move |state| {
+            sink.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(state);
+        }));
+        let t0 = Instant::now();
+        open(&cb, t0);
+        // Nothing but time passes: the admission notices the timeout.
+        assert!(matches!(
+            cb.admit_at(t0 + Duration::from_secs(31)),
+            Admission::Trial(_)
+        ));
+        cb.record_at(true, t0 + Duration::from_secs(32));
+        cb.record_at(true, t0 + Duration::from_secs(32));
+        assert_eq!(
+            *heard.lock().unwrap_or_else(PoisonError::into_inner),
+            [
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+                BreakerState::Closed
+            ]
+        );
     }
 
     fn open(cb: &CircuitBreaker, at: Instant) {

@@ -121,6 +121,7 @@ impl Worker {
                 format!("worker URL {url:?} has no host"),
             )
         })?;
+        let breaker = observed_breaker(&url, role, BreakerConfig::default());
         Ok(Self {
             id: worker_id(&url),
             url,
@@ -134,7 +135,7 @@ impl Worker {
             in_flight_tokens: AtomicU64::new(0),
             health: AtomicU8::new(HealthState::Ready as u8),
             draining: AtomicBool::new(false),
-            breaker: CircuitBreaker::new(BreakerConfig::default()),
+            breaker,
             load: LoadCell::default(),
             retired: CancellationToken::new(),
         })
@@ -142,7 +143,7 @@ impl Worker {
 
     /// The worker with this circuit-breaker configuration.
     pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
-        self.breaker = CircuitBreaker::new(config);
+        self.breaker = observed_breaker(&self.url, self.role, config);
         self
     }
 
@@ -234,10 +235,7 @@ impl Worker {
 
     /// Feeds an RPC outcome to the circuit breaker.
     pub fn record_outcome(&self, success: bool) {
-        if let Some(state) = self.breaker.record(success) {
-            tracing::warn!(worker = self.url(), state = state.name(), "circuit breaker");
-            crate::metrics::record_breaker(self.url(), self.role.name(), state.name());
-        }
+        self.breaker.record(success);
     }
 
     pub fn load_cell(&self) -> &LoadCell {
@@ -309,6 +307,16 @@ impl Worker {
 }
 
 /// The id of the worker at `url`: 16 hex digits of its blake3 hash.
+/// A breaker that logs and counts its every transition under the worker's
+/// URL and role.
+fn observed_breaker(url: &str, role: WorkerRole, config: BreakerConfig) -> CircuitBreaker {
+    let url = url.to_owned();
+    CircuitBreaker::new(config).with_observer(Box::new(move |state| {
+        tracing::warn!(worker = %url, state = state.name(), "circuit breaker");
+        crate::metrics::record_breaker(&url, role.name(), state.name());
+    }))
+}
+
 pub fn worker_id(url: &str) -> String {
     let digest = blake3::hash(url.as_bytes());
     digest.as_bytes()[..8]
