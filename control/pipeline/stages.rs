@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use crate::engine::{
-    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, mint_room,
+    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, TensorPayload,
+    mint_room,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
@@ -156,17 +157,69 @@ pub struct EncodeDispatch {
     pub calls: Vec<(EngineClient, String, MediaItem, i64)>,
 }
 
+/// Headroom left in a gRPC message for everything but the tensors.
+const MESSAGE_HEADROOM: usize = 1024 * 1024;
+
+/// The inline tensor bytes `items` put in one message.
+fn inline_bytes(items: &[MediaItem]) -> usize {
+    items
+        .iter()
+        .flat_map(|item| {
+            std::iter::once(&item.encoder_input).chain(item.model_specific.iter().map(|(_, t)| t))
+        })
+        .map(|tensor| match &tensor.payload {
+            Some(TensorPayload::Inline(bytes)) => bytes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Refuses a message whose inline tensors exceed what engines accept.
+fn check_message_size(items: &[MediaItem], what: &str) -> Result<()> {
+    let bytes = inline_bytes(items);
+    let limit = crate::proto::MAX_MESSAGE_BYTES - MESSAGE_HEADROOM;
+    if bytes > limit {
+        return Err(Error::new(
+            ErrorCode::MessageTooLarge,
+            format!(
+                "the {what} would carry {bytes} bytes of inline tensors; engines accept messages                  up to {} bytes (send fewer or smaller images, or use the shm lane)",
+                crate::proto::MAX_MESSAGE_BYTES
+            ),
+        )
+        .with_param("messages"));
+    }
+    Ok(())
+}
+
+/// The request's media for one attempt: each lane-held tensor renewed, so a
+/// retry never names a shm file a worker already consumed.
+pub fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaItem>> {
+    let mut media = request.media.clone();
+    for (item, lease) in media.iter_mut().zip(&request.leases) {
+        let Some(lease) = lease else { continue };
+        let renewed = lease.renew().map_err(|err| {
+            Error::new(
+                ErrorCode::EncodeFailed,
+                format!("the image's tensor cannot be sent again: {err}"),
+            )
+        })?;
+        if let Some(payload) = renewed {
+            item.encoder_input.payload = Some(crate::lanes::engine_payload(payload));
+        }
+    }
+    Ok(media)
+}
+
 /// Encode (EPD only): a room per media item, the encode worker's bootstrap
 /// host/port, and the Encode call that carries the item's tensor.
 pub fn plan_encodes(
-    request: &PreparedRequest,
+    media: &[MediaItem],
     selection: &Selection,
     clients: &Clients,
     engine_request_id: &str,
 ) -> Result<EncodeDispatch> {
     let mut dispatch = EncodeDispatch::default();
-    for (index, (item, (guard, client))) in request
-        .media
+    for (index, (item, (guard, client))) in media
         .iter()
         .zip(selection.encoders.iter().zip(&clients.encoders))
         .enumerate()
@@ -178,6 +231,7 @@ pub fn plan_encodes(
                 worker.url()
             ))
         })?;
+        check_message_size(std::slice::from_ref(item), "Encode request")?;
         let room = mint_room(client.runtime());
         dispatch.bootstrap.push(EncodeBootstrap {
             item_index: index as u32,
@@ -226,6 +280,7 @@ fn metadata_only(item: &MediaItem) -> MediaItem {
 pub fn build_plan(
     mode: Mode,
     request: &PreparedRequest,
+    media: Vec<MediaItem>,
     selection: Selection,
     clients: Clients,
     encodes: EncodeDispatch,
@@ -246,9 +301,10 @@ pub fn build_plan(
         stream: request.stream,
         return_logprob: request.logprobs.is_some(),
         top_logprobs_num: request.logprobs.map_or(0, |k| k as i32),
-        media: request.media.clone(),
+        media,
         ..Default::default()
     };
+    let leases = request.leases.iter().flatten().cloned().collect();
     let Selection {
         primary,
         prefill,
@@ -257,6 +313,7 @@ pub fn build_plan(
     let mut guards = vec![primary];
     guards.extend(encoders);
     let Some(prefill_guard) = prefill else {
+        check_message_size(&base.media, "Generate request")?;
         return Ok(ExecutionPlan {
             primary: Leg {
                 client: clients.primary,
@@ -265,6 +322,7 @@ pub fn build_plan(
             prefill: None,
             side_calls: Vec::new(),
             guards,
+            leases,
         });
     };
     let prefill_worker = Arc::clone(prefill_guard.worker());
@@ -295,6 +353,7 @@ pub fn build_plan(
         encode_bootstrap: encodes.bootstrap,
         ..base.clone()
     };
+    check_message_size(&prefill_request.media, "prefill request")?;
     let decode_request = GenerateRequest {
         kv_bootstrap: Some(kv),
         media: base.media.iter().map(metadata_only).collect(),
@@ -318,5 +377,6 @@ pub fn build_plan(
             .map(|(client, id, item, room)| encode_call(client, id, item, room))
             .collect(),
         guards,
+        leases,
     })
 }

@@ -24,7 +24,10 @@ use smg_shared::ring::{Full, RingReceiver, RingSender};
 use tokio::sync::oneshot;
 
 use super::files;
-use super::job::{Completion, ImageJob, Job, JobError, JobResult, Output, Work};
+use super::job::{
+    Completion, Destination, ImageJob, Job, JobError, JobResult, LaneImage, Output, Work,
+};
+use crate::lanes::{self, WriteError};
 
 /// File reads one core keeps in flight at most.
 pub(crate) const MAX_FILES_IN_FLIGHT: usize = 64;
@@ -70,6 +73,8 @@ impl CoreShared {
 pub(crate) struct CoreSettings {
     /// Busy-poll this long after the last work before sleeping.
     pub spin: Duration,
+    /// This core's index: its share of each lane.
+    pub index: usize,
 }
 
 /// The core's side of its rings, shared by both loop backends.
@@ -215,7 +220,7 @@ impl CoreWorker {
 /// Runs work that needs no I/O (or, in the plain backend, does its I/O with
 /// blocking calls) on the calling core. A panic becomes an error and the
 /// core keeps serving.
-pub(crate) fn execute(work: Work) -> JobResult {
+pub(crate) fn execute(work: Work, core: usize) -> JobResult {
     catch_unwind(AssertUnwindSafe(|| match work {
         Work::Ping => Ok(Output::Pong),
         Work::Hold(duration) => {
@@ -225,7 +230,7 @@ pub(crate) fn execute(work: Work) -> JobResult {
         Work::ReadFile(request) => files::read_blocking(&request)
             .map(Output::File)
             .map_err(JobError::File),
-        Work::Image(job) => run_image(job),
+        Work::Image(job) => run_image(job, core),
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -237,22 +242,37 @@ pub(crate) fn execute(work: Work) -> JobResult {
     })
 }
 
-/// Plans from the header, allocates the destination at exactly the planned
-/// size, and lets the kernel write the tensor into it once.
-fn run_image(job: ImageJob) -> JobResult {
+/// Plans from the header, takes the destination buffer at exactly the
+/// planned size (from this core's share of the lane), and lets the kernel
+/// write the tensor into it once.
+fn run_image(job: ImageJob, core: usize) -> JobResult {
     let ImageJob {
         processor,
         bytes,
         dtype,
-        destination: super::job::Destination::Inline,
+        destination,
     } = job;
     let plan = processor.plan(&bytes, dtype)?;
-    let mut data = vec![0u8; plan.out_bytes];
-    processor.write_into(&plan, &bytes, &mut data)?;
-    Ok(Output::Image(crate::preprocess::PreprocessedImage {
-        plan,
-        data,
-    }))
+    match destination {
+        Destination::Inline => {
+            let mut data = vec![0u8; plan.out_bytes];
+            processor.write_into(&plan, &bytes, &mut data)?;
+            Ok(Output::Image(crate::preprocess::PreprocessedImage {
+                plan,
+                data,
+            }))
+        }
+        Destination::Lane(choice) => {
+            let tensor = lanes::write_through(Some(&choice), core, plan.out_bytes, |dst| {
+                processor.write_into(&plan, &bytes, dst)
+            })
+            .map_err(|err| match err {
+                WriteError::Write(err) => JobError::Image(err),
+                WriteError::Seal(err) => JobError::Lane(err),
+            })?;
+            Ok(Output::LaneImage(LaneImage { plan, tensor }))
+        }
+    }
 }
 
 /// The fallback loop without io_uring: file reads are blocking calls on
@@ -268,7 +288,7 @@ pub(crate) fn run_plain(mut worker: CoreWorker) {
             let Some(job) = worker.next_job() else { break };
             progress = true;
             let heavy = matches!(job.work, Work::Image(_) | Work::Hold(_));
-            let result = execute(job.work);
+            let result = execute(job.work, worker.settings.index);
             worker.complete(job.reply, result);
             if heavy {
                 break;

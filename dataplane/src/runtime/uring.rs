@@ -341,7 +341,7 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
                 }
                 work => {
                     let heavy = matches!(work, Work::Image(_) | Work::Hold(_));
-                    let outcome = execute(work);
+                    let outcome = execute(work, worker.settings.index);
                     worker.complete(job.reply, outcome);
                     if heavy {
                         // Let queued I/O move before the next image.
