@@ -67,7 +67,10 @@ async fn measure(lane: &str, url: String, duration: Duration) -> Vec<Row> {
             }
         }
     };
-    assert!(post().await, "an image request must succeed before measuring");
+    assert!(
+        post().await,
+        "an image request must succeed before measuring"
+    );
     let _ = closed_loop(2, Duration::from_secs(1), post.clone()).await;
     let mut rows = Vec::new();
     for concurrency in [1, 4] {

@@ -380,3 +380,46 @@ pub fn build_plan(
         leases,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Modality, Tensor};
+    use bytes::Bytes;
+    use smg_shared::tensor::DType;
+
+    fn item(inline: usize) -> MediaItem {
+        MediaItem {
+            modality: Modality::Image,
+            content_hash: [0; 32],
+            encoder_input: Tensor {
+                dtype: DType::BFloat16,
+                shape: vec![inline as u32 / 2],
+                // Zeroed pages are not touched: cheap even at 128 MiB.
+                payload: Some(TensorPayload::Inline(Bytes::from(vec![0u8; inline]))),
+            },
+            model_specific: Vec::new(),
+            placeholders: vec![(0, 1)],
+            placeholder_token_id: None,
+        }
+    }
+
+    #[test]
+    fn inline_tensors_over_the_engine_limit_are_refused_with_a_stable_code() {
+        let half = crate::proto::MAX_MESSAGE_BYTES / 2;
+        assert!(check_message_size(&[item(half)], "request").is_ok());
+        let err = check_message_size(&[item(half), item(half)], "request")
+            .expect_err("two halves and headroom do not fit");
+        assert_eq!(err.code, ErrorCode::MessageTooLarge);
+        assert_eq!(err.code.http_status(), 413);
+        // Handles instead of bytes take no room.
+        let mut shm = item(0);
+        shm.encoder_input.payload = Some(TensorPayload::Shm {
+            name: "smg-1-2-x".into(),
+            offset: 0,
+            nbytes: u64::MAX,
+            owner_id: String::new(),
+        });
+        assert!(check_message_size(&[item(half), shm], "request").is_ok());
+    }
+}

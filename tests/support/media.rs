@@ -106,7 +106,6 @@ pub async fn chat(gateway: &Gateway, messages: &Value) -> (u16, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
-
 /// The gateway's `/metrics` text.
 pub async fn metrics_text(gateway: &Gateway) -> String {
     http()
