@@ -90,7 +90,7 @@ pub fn parse_override(text: &str) -> Result<(String, WorkerLaneOverride), String
         .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
     // `URL=MODE,min_bytes=N`: the last '=' may belong to min_bytes.
     let (url, spec) = match url.rsplit_once(',') {
-        Some((head, key)) if key == "min_bytes" => {
+        Some((head, "min_bytes")) => {
             let (url, mode) = head
                 .rsplit_once('=')
                 .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
