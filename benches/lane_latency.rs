@@ -96,7 +96,7 @@ fn main() {
         .unwrap_or(6);
     let duration = Duration::from_secs(secs);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let zero = ["--zero-delay", "--log-level", "error"];
+    let zero = ["--zero-delay"];
     let encoder = support::SimWorker::start("tokenspeed", "encode", &zero);
     let prefill = support::SimWorker::start("tokenspeed", "prefill", &zero);
     let decode = support::SimWorker::start("tokenspeed", "decode", &zero);

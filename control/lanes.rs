@@ -171,7 +171,7 @@ pub struct LaneDecision {
 
 impl TensorLanes {
     /// Sets the lanes up: sweeps the names dead gateways left in the shm
-    /// directory and creates the per-core pools when any mode uses shm. A
+    /// directory, and creates the per-core pools when any mode uses shm. A
     /// pool that cannot be created (too little room) leaves shm off: those
     /// tensors go inline, counted as fallbacks.
     pub fn start(settings: &LaneSettings, cores: usize) -> Arc<Self> {
@@ -188,19 +188,21 @@ impl TensorLanes {
                  tensors for rdma workers go inline (smg_tensor_lane_fallbacks_total{{requested=\"rdma\"}})"
             );
         }
+        // Whatever this gateway's mode, names left by gateways that died
+        // (pid and start time are in each name) are removed now.
+        match shm::sweep_orphans(&settings.shm_dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                dir = %settings.shm_dir.display(),
+                "removed shm names left by gateways that died"
+            ),
+            Err(err) => {
+                tracing::warn!(%err, dir = %settings.shm_dir.display(), "shm orphan sweep failed")
+            }
+        }
         let mut shm_missing = None;
         let shm = if wants_shm {
-            match shm::sweep_orphans(&settings.shm_dir) {
-                Ok(0) => {}
-                Ok(removed) => tracing::info!(
-                    removed,
-                    dir = %settings.shm_dir.display(),
-                    "removed shm names left by gateways that died"
-                ),
-                Err(err) => {
-                    tracing::warn!(%err, dir = %settings.shm_dir.display(), "shm orphan sweep failed")
-                }
-            }
             let config = ShmLaneConfig {
                 dir: settings.shm_dir.clone(),
                 slot_bytes: settings.shm_slot_bytes,
