@@ -156,6 +156,8 @@ pub struct TensorLanes {
     shm: Option<Arc<ShmLane>>,
     /// Why the shm lane is missing although a mode asks for it.
     shm_missing: Option<&'static str>,
+    /// The RDMA lane, when one was given to [`TensorLanes::start`].
+    rdma: Option<Arc<dyn TensorLane>>,
     namespace: Option<ShmNamespace>,
     namespaces: Arc<RwLock<HashMap<String, KnownNamespace>>>,
 }
@@ -174,7 +176,13 @@ impl TensorLanes {
     /// directory, and creates the per-core pools when any mode uses shm. A
     /// pool that cannot be created (too little room) leaves shm off: those
     /// tensors go inline, counted as fallbacks.
-    pub fn start(settings: &LaneSettings, cores: usize) -> Arc<Self> {
+    /// `rdma` is the RDMA lane when this build has one (a device backend or
+    /// the loopback arena); without it `rdma` modes fall back to inline.
+    pub fn start(
+        settings: &LaneSettings,
+        cores: usize,
+        rdma: Option<Arc<dyn TensorLane>>,
+    ) -> Arc<Self> {
         let wants_shm =
             settings.mode.uses_shm() || settings.overrides.iter().any(|(_, o)| o.mode.uses_shm());
         let wants_rdma = settings.mode == LaneMode::Rdma
@@ -182,7 +190,7 @@ impl TensorLanes {
                 .overrides
                 .iter()
                 .any(|(_, o)| o.mode == LaneMode::Rdma);
-        if wants_rdma {
+        if wants_rdma && rdma.is_none() {
             tracing::warn!(
                 "the rdma tensor transport has no device backend in this build; \
                  tensors for rdma workers go inline (smg_tensor_lane_fallbacks_total{{requested=\"rdma\"}})"
@@ -245,6 +253,7 @@ impl TensorLanes {
             overrides: settings.overrides.iter().cloned().collect(),
             shm,
             shm_missing,
+            rdma,
             namespace,
             namespaces: Arc::default(),
         });
@@ -265,6 +274,7 @@ impl TensorLanes {
             overrides: HashMap::new(),
             shm: None,
             shm_missing: None,
+            rdma: None,
             namespace: None,
             namespaces: Arc::default(),
         })
@@ -338,7 +348,9 @@ impl TensorLanes {
 
     fn decide_for(&self, receivers: &[&Arc<Worker>]) -> LaneDecision {
         let mut min_bytes = 0usize;
-        let mut shm_everywhere = !receivers.is_empty();
+        // The one lane every receiver accepts, if any.
+        let mut common: Option<LaneKind> = None;
+        let mut everyone_agrees = !receivers.is_empty();
         let mut fallback = None;
         for worker in receivers {
             let key = normalize_url(worker.url());
@@ -347,39 +359,61 @@ impl TensorLanes {
                 None => (self.mode, self.min_bytes),
             };
             min_bytes = min_bytes.max(threshold);
-            let refusal = match mode {
-                LaneMode::Inline => Some(None),
-                LaneMode::Rdma => Some(Some(Fallback {
+            let accepted = match mode {
+                LaneMode::Inline => Err(None),
+                LaneMode::Rdma if self.rdma.is_some() => Ok(LaneKind::Rdma),
+                LaneMode::Rdma => Err(Some(Fallback {
                     requested: LaneKind::Rdma,
                     reason: "rdma_unavailable",
                 })),
-                LaneMode::Shm => None,
-                LaneMode::Auto => self.namespace_refusal(worker, &key),
+                LaneMode::Shm => Ok(LaneKind::Shm),
+                LaneMode::Auto => match self.namespace_refusal(worker, &key) {
+                    None => Ok(LaneKind::Shm),
+                    Some(why) => Err(why),
+                },
             };
-            if let Some(why) = refusal {
-                shm_everywhere = false;
-                fallback = fallback.or(why);
+            match accepted {
+                Ok(lane) if common.is_none_or(|c| c == lane) => common = Some(lane),
+                Ok(lane) => {
+                    everyone_agrees = false;
+                    fallback = fallback.or(Some(Fallback {
+                        requested: lane,
+                        reason: "mixed_lanes",
+                    }));
+                }
+                Err(why) => {
+                    everyone_agrees = false;
+                    fallback = fallback.or(why);
+                }
             }
         }
-        if !shm_everywhere {
-            return LaneDecision {
-                choice: None,
-                fallback,
-            };
-        }
-        match &self.shm {
+        let lane = match common {
+            Some(lane) if everyone_agrees => lane,
+            _ => {
+                return LaneDecision {
+                    choice: None,
+                    fallback,
+                };
+            }
+        };
+        let (available, missing) = match lane {
+            LaneKind::Shm => (
+                self.shm.clone().map(|l| l as Arc<dyn TensorLane>),
+                self.shm_missing.unwrap_or("shm_unavailable"),
+            ),
+            LaneKind::Rdma => (self.rdma.clone(), "rdma_unavailable"),
+            LaneKind::Inline => (None, ""),
+        };
+        match available {
             Some(lane) => LaneDecision {
-                choice: Some(LaneChoice {
-                    lane: Arc::clone(lane) as Arc<dyn TensorLane>,
-                    min_bytes,
-                }),
+                choice: Some(LaneChoice { lane, min_bytes }),
                 fallback: None,
             },
             None => LaneDecision {
                 choice: None,
-                fallback: Some(Fallback {
-                    requested: LaneKind::Shm,
-                    reason: self.shm_missing.unwrap_or("shm_unavailable"),
+                fallback: (lane != LaneKind::Inline).then_some(Fallback {
+                    requested: lane,
+                    reason: missing,
                 }),
             },
         }

@@ -433,6 +433,7 @@ pub async fn launch(args: LaunchArgs, cores: CorePlan) -> anyhow::Result<()> {
     let lanes = crate::lanes::TensorLanes::start(
         &crate::lanes::settings_from(&args).map_err(anyhow::Error::msg)?,
         dataplane.threads(),
+        None,
     );
     crate::lanes::install(&lanes);
     let served = serve_with(args, &dataplane, metrics).await;
