@@ -178,7 +178,12 @@ fn gateway(fleet: &Fleet, extra: &[&str]) -> Gateway {
 /// The lane the encoder recorded for each image it received, by tensor
 /// size (so several images of different sizes are told apart).
 fn recorded_lanes(fleet: &Fleet) -> Vec<(u64, String)> {
-    let mut lanes: Vec<(u64, String)> = std::fs::read_dir(fleet.record.path())
+    recorded_in(fleet.record.path())
+}
+
+/// The (size, lane) of every encoder input recorded in `dir`, sorted.
+fn recorded_in(dir: &std::path::Path) -> Vec<(u64, String)> {
+    let mut lanes: Vec<(u64, String)> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(Result::ok)
         .map(|entry| entry.path())
@@ -525,4 +530,71 @@ async fn a_full_shm_directory_sends_tensors_inline_and_counts_it() {
         "{text}"
     );
     assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn regular_and_pd_tokenspeed_workers_read_mm_inputs_through_shm_too() {
+    for mode in ["regular", "pd"] {
+        let shm = ShmDir::in_dev_shm();
+        let record = tempfile::tempdir().unwrap();
+        let record_arg = record.path().display().to_string();
+        let shm_arg = shm.arg();
+        let reader_flags = [
+            "--zero-delay",
+            "--record-dir",
+            &record_arg,
+            "--shm-dir",
+            &shm_arg,
+        ];
+        let mut workers = Vec::new();
+        let mut flags: Vec<String> = Vec::new();
+        if mode == "regular" {
+            let worker = SimWorker::start("tokenspeed", "regular", &reader_flags);
+            flags.extend(["--worker-urls".into(), worker.grpc_url()]);
+            workers.push(worker);
+        } else {
+            let prefill = SimWorker::start("tokenspeed", "prefill", &reader_flags);
+            let decode = SimWorker::start("tokenspeed", "decode", &["--zero-delay"]);
+            flags.extend([
+                "--pd-disaggregation".into(),
+                "--prefill".into(),
+                prefill.grpc_url(),
+                prefill.bootstrap_port().to_string(),
+                "--decode".into(),
+                decode.grpc_url(),
+            ]);
+            workers.extend([prefill, decode]);
+        }
+        flags.extend(
+            [
+                "--served-model-name",
+                "model",
+                "--allowed-local-media-path",
+                &images_dir().display().to_string(),
+                "--multimodal-shm-dir",
+                &shm_arg,
+                "--multimodal-shm-slot-bytes",
+                SLOT_BYTES,
+                "--multimodal-shm-slots-per-core",
+                "2",
+                "--dataplane-cores",
+                "1",
+                "--disable-health-check",
+                "--multimodal-tensor-transport",
+                "shm",
+            ]
+            .map(String::from),
+        );
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let gateway = Gateway::start(&args);
+        let private = shm.names_of(gateway.pid());
+        chat_exactly(&gateway, &[MEDIUM]).await;
+        assert_eq!(
+            recorded_in(record.path()),
+            [(tensor_bytes(MEDIUM), "shm".to_owned())],
+            "{mode}"
+        );
+        assert_settles(&gateway, &shm, &private).await;
+        drop(workers);
+    }
 }
