@@ -153,6 +153,27 @@ pub struct LaunchArgs {
     /// Tensors smaller than this go inline even on the shm lane.
     #[arg(long, default_value_t = 64 * 1024)]
     pub multimodal_shm_min_bytes: u64,
+    /// Per-worker transport: `URL=inline|shm|auto|rdma[,min_bytes=N]`
+    /// (repeatable; overrides the two flags above for that worker).
+    #[arg(long, value_name = "URL=MODE[,min_bytes=N]", action = ArgAction::Append)]
+    pub worker_tensor_transport: Vec<String>,
+    /// The tmpfs the shm lane writes into (workers must see the same one).
+    #[arg(long, default_value = smg_shared::shm::SHM_DIR)]
+    pub multimodal_shm_dir: PathBuf,
+    /// Bytes per pre-faulted shm slot (larger tensors get a one-off file).
+    #[arg(long, default_value_t = 32 * 1024 * 1024)]
+    pub multimodal_shm_slot_bytes: usize,
+    /// Shm slots per data-plane core.
+    #[arg(long, default_value_t = 4)]
+    pub multimodal_shm_slots_per_core: usize,
+    /// How long after its RPC returned a shm name a worker never unlinked
+    /// is removed by the gateway.
+    #[arg(long, default_value_t = 30_000)]
+    pub multimodal_shm_reclaim_ms: u64,
+    /// Free bytes a one-off shm file must leave in the tmpfs; tensors that
+    /// would eat into them go inline (counted as fallbacks).
+    #[arg(long, default_value_t = 0)]
+    pub multimodal_shm_keep_free_bytes: u64,
 
     /// Directories `file://` image URLs may read from (repeatable).
     #[arg(long, value_name = "DIR", action = ArgAction::Append)]

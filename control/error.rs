@@ -93,6 +93,10 @@ error_codes! {
     /// worker can help (fetching precedes worker selection), and a 5xx
     /// would charge a third party's outage to the gateway.
     MediaFetchFailed => ("media_fetch_failed", 400, Client, false),
+    /// The request's inline tensors would make a gRPC message larger than
+    /// the engines accept (256 MiB); fewer or smaller images, or the shm
+    /// lane, fit.
+    MessageTooLarge => ("message_too_large", 413, Client, false),
     /// A worker with this URL is already registered (admin API).
     WorkerAlreadyExists => ("worker_already_exists", 409, Client, false),
     /// No worker has this id (admin API).
@@ -211,6 +215,7 @@ impl Error {
             JobError::Image(_)
             | JobError::File(_)
             | JobError::Base64(_)
+            | JobError::Lane(_)
             | JobError::Panicked(_) => ErrorCode::InternalError,
         };
         Self::new(code, error.to_string())

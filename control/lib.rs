@@ -13,6 +13,7 @@ pub mod cli;
 pub mod demo;
 pub mod engine;
 pub mod error;
+pub mod lanes;
 pub mod media;
 pub mod metrics;
 pub mod mode;

@@ -15,6 +15,7 @@ use crate::api::types::spec::GenerationSpec;
 use crate::engine::Embedding;
 use crate::engine::Runtime;
 use crate::error::{Error, ErrorCode, Result};
+use crate::lanes::LaneDecision;
 use crate::metrics;
 use crate::mode::Mode;
 use crate::pipeline::execution::execute;
@@ -23,8 +24,8 @@ use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::stages::{
-    EncodeDispatch, RolePolicies, Selection, acquire_clients, build_plan, pick, plan_encodes,
-    select_workers,
+    EncodeDispatch, RolePolicies, Selection, acquire_clients, build_plan, media_for_attempt, pick,
+    plan_encodes, select_workers,
 };
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
 use crate::policies::SelectionRequest;
@@ -176,6 +177,14 @@ impl Router {
             &self.parts.model,
             &self.parts.tokenizer,
             self.parts.media.as_ref(),
+            || match &self.parts.media {
+                Some(media) => {
+                    media
+                        .lanes()
+                        .decide(self.parts.mode, self.parts.runtime, &self.parts.workers)
+                }
+                None => LaneDecision::default(),
+            },
             routing_key,
         )
         .await?;
@@ -368,14 +377,16 @@ impl Router {
     ) -> Result<OutputStream> {
         let mode = self.parts.mode;
         let clients = acquire_clients(&selection);
+        let media = media_for_attempt(request)?;
         let encodes = if pipeline.has_stage(StageKind::Encode) {
-            plan_encodes(request, &selection, &clients, &engine_request_id)?
+            plan_encodes(&media, &selection, &clients, &engine_request_id)?
         } else {
             EncodeDispatch::default()
         };
         let plan = build_plan(
             mode,
             request,
+            media,
             selection,
             clients,
             encodes,

@@ -15,7 +15,7 @@ use smg_dataplane::runtime::{CorePlan, DataPlane, DataPlaneConfig, confine_curre
 use tokio::net::TcpListener;
 
 use crate::api::{self, AppState, Fleet};
-use crate::cli::{LaunchArgs, RuntimeArg, TensorTransport, worker_specs};
+use crate::cli::{LaunchArgs, RuntimeArg, worker_specs};
 use crate::engine::{EngineClient, ModelInfo, Runtime};
 use crate::media::MediaConfig;
 use crate::mode::Mode;
@@ -308,7 +308,8 @@ pub async fn model_context(
 
     let media = match args.tokenizer_path.as_ref().or(args.model_path.as_ref()) {
         Some(dir) => MediaPlanner::for_model(dir, &tokenizer, media_config(args)?, dataplane)
-            .map_err(|err| anyhow::anyhow!("{err}"))?,
+            .map_err(|err| anyhow::anyhow!("{err}"))?
+            .map(|planner| planner.with_lanes(crate::lanes::installed())),
         None => None,
     };
     if media.is_none() {
@@ -354,12 +355,6 @@ pub async fn build_router(args: &LaunchArgs, dataplane: &DataPlane) -> anyhow::R
             runtime.name()
         );
     }
-    if args.multimodal_tensor_transport != TensorTransport::Inline {
-        tracing::warn!(
-            transport = ?args.multimodal_tensor_transport,
-            "only the inline tensor transport is built yet; tensors go inline"
-        );
-    }
 
     let workers = WorkerSet::default();
     for (url, role, flagged_port) in &fleet {
@@ -394,6 +389,9 @@ pub async fn build_router(args: &LaunchArgs, dataplane: &DataPlane) -> anyhow::R
         }
     }
 
+    crate::lanes::installed()
+        .learn_namespaces(&workers.all())
+        .await;
     let probe = workers
         .all()
         .into_iter()
@@ -434,7 +432,15 @@ pub async fn launch(args: LaunchArgs, cores: CorePlan) -> anyhow::Result<()> {
     );
     let dataplane = DataPlane::start(dataplane_config(&args, &cores))
         .map_err(|err| anyhow::anyhow!("data plane: {err}"))?;
+    let lanes = crate::lanes::TensorLanes::start(
+        &crate::lanes::settings_from(&args).map_err(anyhow::Error::msg)?,
+        dataplane.threads(),
+        None,
+    );
+    crate::lanes::install(&lanes);
     let served = serve_with(args, &dataplane, metrics).await;
+    // The shm pools go (their files with them) once no request holds a slot.
+    drop(lanes);
     // In-flight images finish or fail; the cores' threads join.
     let stopping = dataplane.clone();
     drop(dataplane);

@@ -337,14 +337,14 @@ async fn sglang_pixel_values_reach_the_digest_and_embed_works() {
     let grid: Vec<u8> = [1i64, 2, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
     let mm = sg::MultimodalInputs {
         pixel_values: Some(sg::TensorData {
-            data: pixels.clone(),
+            data: pixels.clone().into(),
             shape: vec![4, 1176],
             dtype: "bfloat16".to_owned(),
         }),
         model_specific_tensors: [(
             "image_grid_thw".to_owned(),
             sg::TensorData {
-                data: grid.clone(),
+                data: grid.clone().into(),
                 shape: vec![1, 3],
                 dtype: "int64".to_owned(),
             },
@@ -488,7 +488,7 @@ fn image_item(
 ) -> ts::MultimodalItem {
     ts::MultimodalItem {
         modality: common::Modality::Image as i32,
-        content_hash: vec![0xab; 32],
+        content_hash: vec![0xab; 32].into(),
         encoder_input: Some(ts::TensorData {
             shape,
             dtype: "bfloat16".to_owned(),
@@ -499,7 +499,7 @@ fn image_item(
             ts::TensorData {
                 shape: vec![1, 3],
                 dtype: "int64".to_owned(),
-                payload: Some(ts::tensor_data::Payload::Inline(grid.to_vec())),
+                payload: Some(ts::tensor_data::Payload::Inline(grid.to_vec().into())),
             },
         )]
         .into(),
@@ -535,7 +535,7 @@ async fn epd_prefill_gets_each_embedding_from_its_encoder_by_room() {
     let shm_name = support::shm_file(&shm_pixels);
     let items = [
         image_item(
-            ts::tensor_data::Payload::Inline(inline_pixels.clone()),
+            ts::tensor_data::Payload::Inline(inline_pixels.clone().into()),
             shape.clone(),
             &grid,
             3,
@@ -657,7 +657,7 @@ async fn a_peer_that_never_delivers_fails_the_leg_with_deadline_exceeded() {
     let mut prefill_client = ts_client(&prefill).await;
     let grid: Vec<u8> = [1i64, 2, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
     let item = image_item(
-        ts::tensor_data::Payload::Inline(vec![0; 16]),
+        ts::tensor_data::Payload::Inline(vec![0; 16].into()),
         vec![4, 2],
         &grid,
         0,
@@ -933,7 +933,7 @@ async fn injected_faults_behave_as_named() {
                 encoder_input: Some(ts::TensorData {
                     shape: vec![2],
                     dtype: "float32".to_owned(),
-                    payload: Some(ts::tensor_data::Payload::Inline(vec![0; 8])),
+                    payload: Some(ts::tensor_data::Payload::Inline(vec![0; 8].into())),
                 }),
                 ..Default::default()
             }],

@@ -1770,7 +1770,7 @@ fn tokenspeed_tensor(payload: ts::tensor_data::Payload) -> Vec<u8> {
 
 #[test]
 fn tokenspeed_tensor_data_numbering() {
-    let inline = tokenspeed_tensor(ts::tensor_data::Payload::Inline(vec![9, 8, 7]));
+    let inline = tokenspeed_tensor(ts::tensor_data::Payload::Inline(vec![9, 8, 7].into()));
     let fields = parse_ok(&inline);
     assert_eq!(
         layout(&fields),
@@ -1807,7 +1807,7 @@ fn tokenspeed_tensor_data_numbering() {
     let remote = tokenspeed_tensor(ts::tensor_data::Payload::Remote(
         common::RemoteTensorHandle {
             transport: "rdma".to_string(),
-            descriptor: vec![0xde, 0xad],
+            descriptor: vec![0xde, 0xad].into(),
             nbytes: 1200,
         },
     ));
@@ -1837,7 +1837,7 @@ fn tokenspeed_tensor_data_numbering() {
 #[test]
 fn sglang_tensor_data_numbering() {
     let bytes = sg::TensorData {
-        data: vec![9, 8, 7],
+        data: vec![9, 8, 7].into(),
         shape: vec![2, 300],
         dtype: "float32".to_string(),
     }
@@ -2107,7 +2107,7 @@ fn tokenspeed_generate_request_numbering() {
         mm_inputs: Some(ts::MultimodalInputs {
             items: vec![ts::MultimodalItem {
                 modality: common::Modality::Image as i32,
-                content_hash: vec![0xab; 32],
+                content_hash: vec![0xab; 32].into(),
                 encoder_input: None,
                 model_specific_tensors: Default::default(),
                 placeholders: vec![ts::PlaceholderRange {
@@ -2210,7 +2210,7 @@ fn tokenspeed_tensor_inside_multimodal_item_is_field_3() {
         encoder_input: Some(ts::TensorData {
             shape: vec![1564, 1176],
             dtype: "float32".to_string(),
-            payload: Some(ts::tensor_data::Payload::Inline(vec![1, 2])),
+            payload: Some(ts::tensor_data::Payload::Inline(vec![1, 2].into())),
         }),
         ..Default::default()
     };
@@ -2239,7 +2239,7 @@ fn sglang_generate_request_numbering() {
         }),
         mm_inputs: Some(sg::MultimodalInputs {
             pixel_values: Some(sg::TensorData {
-                data: vec![7; 4],
+                data: vec![7; 4].into(),
                 shape: vec![1, 4],
                 dtype: "float32".to_string(),
             }),

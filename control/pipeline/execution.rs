@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::engine::{EngineClient, EventStream, GenerateEvent, GenerateRequest};
 use crate::error::{Error, ErrorCode, Result};
 use crate::workers::LoadGuard;
+use smg_dataplane::lanes::TensorLease;
 
 /// One Generate call to make.
 #[derive(Debug)]
@@ -37,8 +38,11 @@ pub struct ExecutionPlan {
     pub prefill: Option<Leg>,
     /// EPD: encode calls that must all succeed.
     pub side_calls: Vec<SideCall>,
-    /// Held until the calls end: worker load counts, lane resources.
+    /// Held until the calls end: worker load counts.
     pub guards: Vec<LoadGuard>,
+    /// Held until the calls end: the lane resources (shm slots) of the
+    /// tensors these calls carry.
+    pub leases: Vec<TensorLease>,
 }
 
 impl std::fmt::Debug for ExecutionPlan {
@@ -99,6 +103,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
         prefill,
         side_calls,
         guards,
+        leases,
     } = plan;
     let mut primary_abort = AbortOnDrop::new(&primary);
     let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
@@ -118,6 +123,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     let (sender, receiver) = mpsc::channel(32);
     tokio::spawn(async move {
         let _guards = guards;
+        let _leases = leases;
         let mut side: FuturesUnordered<SideCall> = side_calls.into_iter().collect();
         let mut prefill_stream = prefill_stream;
         let mut primary_stream = primary_stream;

@@ -4,22 +4,26 @@
 //! image takes, and record where those tokens sit.
 //!
 //! The kernel runs on the data plane's pinned cores: each image is a job
-//! submitted through the rings, naming its destination (the inline buffer
-//! that becomes the gRPC payload); the kernel writes the tensor into it once.
-//! The control plane only waits for the result.
+//! submitted through the rings, naming its destination lane (decided by
+//! `crate::lanes` from the workers that will receive it); the kernel writes
+//! the tensor into the lane's buffer once. The control plane only waits for
+//! the result: the wire payload and, for lanes that hold resources, a lease
+//! the request keeps until the RPCs carrying the tensor have returned.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use smg_dataplane::lanes::{InlineLane, LaneChoice, TensorLease};
 use smg_dataplane::preprocess::{
-    ImageLimits, PreprocessError, PreprocessedImage, Qwen2VlImageProcessor, VisionPreprocessConfig,
+    ImageLimits, ImagePlan, PreprocessError, Qwen2VlImageProcessor, VisionPreprocessConfig,
 };
-use smg_dataplane::runtime::{DataPlane, Destination, JobError};
+use smg_dataplane::runtime::{DataPlane, JobError};
 use smg_shared::tensor::DType;
 
 use crate::engine::{MediaItem, Modality, Tensor, TensorPayload};
 use crate::error::{Error, ErrorCode, Result};
+use crate::lanes::{self, LaneDecision, TensorLanes};
 use crate::media::{FetchedMedia, MediaConfig, MediaFetcher};
 use crate::tokenizer::Tokenizer;
 
@@ -35,6 +39,7 @@ pub struct MediaPlanner {
     processor: Arc<Qwen2VlImageProcessor>,
     image_pad_id: u32,
     dataplane: DataPlane,
+    lanes: Arc<TensorLanes>,
 }
 
 impl MediaPlanner {
@@ -67,16 +72,30 @@ impl MediaPlanner {
             processor: Arc::new(processor),
             image_pad_id,
             dataplane: dataplane.clone(),
+            lanes: TensorLanes::inline(),
         }))
     }
 
-    /// Fetches and preprocesses `images` and expands their placeholders in
-    /// `input_ids`; returns the new ids and one media item per image.
+    /// Sends tensors through `lanes` (inline otherwise).
+    pub fn with_lanes(mut self, lanes: Arc<TensorLanes>) -> Self {
+        self.lanes = lanes;
+        self
+    }
+
+    /// The lanes this model's tensors travel.
+    pub fn lanes(&self) -> &TensorLanes {
+        &self.lanes
+    }
+
+    /// Fetches and preprocesses `images` into the lane `lane` decided, and
+    /// expands their placeholders in `input_ids`; returns the new ids and one
+    /// media item per image with its lane lease (if its lane holds one).
     pub async fn plan(
         &self,
         images: &[String],
         input_ids: Vec<u32>,
-    ) -> Result<(Vec<u32>, Vec<MediaItem>)> {
+        lane: &LaneDecision,
+    ) -> Result<PlannedMedia> {
         let pads = input_ids
             .iter()
             .filter(|&&id| id == self.image_pad_id)
@@ -91,37 +110,57 @@ impl MediaPlanner {
         let fetched = self.fetcher.fetch_all(images).await?;
         // One data-plane job per image, all submitted at once: a request's
         // images spread over the cores instead of queueing one by one.
+        let choice = lane.choice.clone().unwrap_or_else(|| LaneChoice {
+            lane: Arc::new(InlineLane),
+            min_bytes: 0,
+        });
         let jobs = fetched.into_iter().enumerate().map(|(index, media)| {
             let processor = Arc::clone(&self.processor);
+            let choice = choice.clone();
             async move {
                 let image = self
                     .dataplane
-                    .preprocess_image(
-                        processor,
-                        media.bytes.clone(),
-                        DType::BFloat16,
-                        Destination::Inline,
-                    )
+                    .preprocess_into_lane(processor, media.bytes.clone(), DType::BFloat16, choice)
                     .await
                     .map_err(|err| match err {
                         JobError::Image(err) => image_error(index, &err),
                         other => Error::from_dataplane(&other),
                     })?;
-                Ok::<_, Error>((media, image))
+                lanes::record_tensor(&image.tensor, image.plan.out_bytes);
+                if let Some(fallback) = &lane.fallback {
+                    lanes::record_fallback(fallback);
+                }
+                let payload = lanes::engine_payload(image.tensor.payload);
+                Ok::<_, Error>((media, image.plan, payload, image.tensor.lease))
             }
         });
         let processed = futures::future::try_join_all(jobs).await?;
-        Ok(self.expand(input_ids, processed))
+        let leases = processed
+            .iter()
+            .map(|(_, _, _, lease)| lease.clone())
+            .collect();
+        let (input_ids, items) = self.expand(
+            input_ids,
+            processed
+                .into_iter()
+                .map(|(media, plan, payload, _)| (media, plan, payload))
+                .collect(),
+        );
+        Ok(PlannedMedia {
+            input_ids,
+            items,
+            leases,
+        })
     }
 
     fn expand(
         &self,
         input_ids: Vec<u32>,
-        processed: Vec<(FetchedMedia, PreprocessedImage)>,
+        processed: Vec<(FetchedMedia, ImagePlan, TensorPayload)>,
     ) -> (Vec<u32>, Vec<MediaItem>) {
         let extra: usize = processed
             .iter()
-            .map(|(_, image)| image.plan.tokens as usize)
+            .map(|(_, plan, _)| plan.tokens as usize)
             .sum();
         let mut expanded = Vec::with_capacity(input_ids.len() + extra);
         let mut images = processed.into_iter();
@@ -131,15 +170,14 @@ impl MediaPlanner {
                 expanded.push(id);
                 continue;
             }
-            let Some((media, image)) = images.next() else {
+            let Some((media, plan, payload)) = images.next() else {
                 expanded.push(id);
                 continue;
             };
             let offset = expanded.len() as u32;
-            let length = image.plan.tokens;
+            let length = plan.tokens;
             expanded.extend(std::iter::repeat_n(self.image_pad_id, length as usize));
-            let grid: Vec<u8> = image
-                .plan
+            let grid: Vec<u8> = plan
                 .image_grid_thw()
                 .iter()
                 .flat_map(|&v| i64::from(v).to_le_bytes())
@@ -149,8 +187,8 @@ impl MediaPlanner {
                 content_hash: media.content_hash,
                 encoder_input: Tensor {
                     dtype: DType::BFloat16,
-                    shape: image.plan.out_shape.to_vec(),
-                    payload: Some(TensorPayload::Inline(Bytes::from(image.data))),
+                    shape: plan.out_shape.to_vec(),
+                    payload: Some(payload),
                 },
                 model_specific: vec![(
                     GRID_TENSOR.to_owned(),
@@ -166,6 +204,16 @@ impl MediaPlanner {
         }
         (expanded, items)
     }
+}
+
+/// A request's images after Preparation.
+#[derive(Debug)]
+pub struct PlannedMedia {
+    /// The prompt with each image's placeholder expanded.
+    pub input_ids: Vec<u32>,
+    pub items: Vec<MediaItem>,
+    /// Per item: the lease on its encoder input's lane resources.
+    pub leases: Vec<Option<TensorLease>>,
 }
 
 /// A preprocessing failure as a client error with a stable code.

@@ -7,7 +7,9 @@
 use crate::api::types::spec::{GenerationSpec, Prompt};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result};
+use crate::lanes::LaneDecision;
 use crate::tokenizer::{ChatTemplateOptions, Tokenizer};
+use smg_dataplane::lanes::TensorLease;
 
 use super::Endpoint;
 use super::media::MediaPlanner;
@@ -30,6 +32,9 @@ pub struct PreparedRequest {
     pub input_ids: Vec<u32>,
     pub prompt_text: String,
     pub media: Vec<MediaItem>,
+    /// Per media item, the lease on its tensor's lane resources: held while
+    /// attempts may still send it.
+    pub leases: Vec<Option<TensorLease>>,
     pub sampling: Sampling,
     pub stop_strings: Vec<String>,
     pub stream: bool,
@@ -64,6 +69,7 @@ pub async fn prepare(
     model: &ServedModel,
     tokenizer: &Tokenizer,
     media: Option<&MediaPlanner>,
+    lane: impl FnOnce() -> LaneDecision,
     routing_key: Option<String>,
 ) -> Result<PreparedRequest> {
     if let Some(asked) = spec.model.as_deref()
@@ -115,9 +121,12 @@ pub async fn prepare(
             (text, ids)
         }
     };
-    let (input_ids, media_items) = match planner {
-        Some(planner) => planner.plan(&spec.images, input_ids).await?,
-        None => (input_ids, Vec::new()),
+    let (input_ids, media_items, leases) = match planner {
+        Some(planner) => {
+            let planned = planner.plan(&spec.images, input_ids, &lane()).await?;
+            (planned.input_ids, planned.items, planned.leases)
+        }
+        None => (input_ids, Vec::new(), Vec::new()),
     };
     if input_ids.is_empty() {
         return Err(Error::invalid_request("the prompt is empty").with_param("prompt"));
@@ -153,6 +162,7 @@ pub async fn prepare(
         input_ids,
         prompt_text,
         media: media_items,
+        leases,
         sampling,
         stop_strings: spec.stop_strings,
         stream: spec.stream,

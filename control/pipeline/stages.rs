@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use crate::engine::{
-    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, mint_room,
+    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, TensorPayload,
+    mint_room,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
@@ -161,17 +162,69 @@ pub struct EncodeDispatch {
     pub calls: Vec<(EngineClient, String, MediaItem, i64)>,
 }
 
+/// Headroom left in a gRPC message for everything but the tensors.
+const MESSAGE_HEADROOM: usize = 1024 * 1024;
+
+/// The inline tensor bytes `items` put in one message.
+fn inline_bytes(items: &[MediaItem]) -> usize {
+    items
+        .iter()
+        .flat_map(|item| {
+            std::iter::once(&item.encoder_input).chain(item.model_specific.iter().map(|(_, t)| t))
+        })
+        .map(|tensor| match &tensor.payload {
+            Some(TensorPayload::Inline(bytes)) => bytes.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Refuses a message whose inline tensors exceed what engines accept.
+fn check_message_size(items: &[MediaItem], what: &str) -> Result<()> {
+    let bytes = inline_bytes(items);
+    let limit = crate::proto::MAX_MESSAGE_BYTES - MESSAGE_HEADROOM;
+    if bytes > limit {
+        return Err(Error::new(
+            ErrorCode::MessageTooLarge,
+            format!(
+                "the {what} would carry {bytes} bytes of inline tensors; engines accept messages                  up to {} bytes (send fewer or smaller images, or use the shm lane)",
+                crate::proto::MAX_MESSAGE_BYTES
+            ),
+        )
+        .with_param("messages"));
+    }
+    Ok(())
+}
+
+/// The request's media for one attempt: each lane-held tensor renewed, so a
+/// retry never names a shm file a worker already consumed.
+pub fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaItem>> {
+    let mut media = request.media.clone();
+    for (item, lease) in media.iter_mut().zip(&request.leases) {
+        let Some(lease) = lease else { continue };
+        let renewed = lease.renew().map_err(|err| {
+            Error::new(
+                ErrorCode::EncodeFailed,
+                format!("the image's tensor cannot be sent again: {err}"),
+            )
+        })?;
+        if let Some(payload) = renewed {
+            item.encoder_input.payload = Some(crate::lanes::engine_payload(payload));
+        }
+    }
+    Ok(media)
+}
+
 /// Encode (EPD only): a room per media item, the encode worker's bootstrap
 /// host/port, and the Encode call that carries the item's tensor.
 pub fn plan_encodes(
-    request: &PreparedRequest,
+    media: &[MediaItem],
     selection: &Selection,
     clients: &Clients,
     engine_request_id: &str,
 ) -> Result<EncodeDispatch> {
     let mut dispatch = EncodeDispatch::default();
-    for (index, (item, (guard, client))) in request
-        .media
+    for (index, (item, (guard, client))) in media
         .iter()
         .zip(selection.encoders.iter().zip(&clients.encoders))
         .enumerate()
@@ -183,6 +236,7 @@ pub fn plan_encodes(
                 worker.url()
             ))
         })?;
+        check_message_size(std::slice::from_ref(item), "Encode request")?;
         let room = mint_room(client.runtime());
         dispatch.bootstrap.push(EncodeBootstrap {
             item_index: index as u32,
@@ -231,6 +285,7 @@ fn metadata_only(item: &MediaItem) -> MediaItem {
 pub fn build_plan(
     mode: Mode,
     request: &PreparedRequest,
+    media: Vec<MediaItem>,
     selection: Selection,
     clients: Clients,
     encodes: EncodeDispatch,
@@ -251,9 +306,10 @@ pub fn build_plan(
         stream: request.stream,
         return_logprob: request.logprobs.is_some(),
         top_logprobs_num: request.logprobs.map_or(0, |k| k as i32),
-        media: request.media.clone(),
+        media,
         ..Default::default()
     };
+    let leases = request.leases.iter().flatten().cloned().collect();
     let Selection {
         primary,
         prefill,
@@ -262,6 +318,7 @@ pub fn build_plan(
     let mut guards = vec![primary];
     guards.extend(encoders);
     let Some(prefill_guard) = prefill else {
+        check_message_size(&base.media, "Generate request")?;
         return Ok(ExecutionPlan {
             primary: Leg {
                 client: clients.primary,
@@ -270,6 +327,7 @@ pub fn build_plan(
             prefill: None,
             side_calls: Vec::new(),
             guards,
+            leases,
         });
     };
     let prefill_worker = Arc::clone(prefill_guard.worker());
@@ -300,6 +358,7 @@ pub fn build_plan(
         encode_bootstrap: encodes.bootstrap,
         ..base.clone()
     };
+    check_message_size(&prefill_request.media, "prefill request")?;
     let decode_request = GenerateRequest {
         kv_bootstrap: Some(kv),
         media: base.media.iter().map(metadata_only).collect(),
@@ -323,5 +382,49 @@ pub fn build_plan(
             .map(|(client, id, item, room)| encode_call(client, id, item, room))
             .collect(),
         guards,
+        leases,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Modality, Tensor};
+    use bytes::Bytes;
+    use smg_shared::tensor::DType;
+
+    fn item(inline: usize) -> MediaItem {
+        MediaItem {
+            modality: Modality::Image,
+            content_hash: [0; 32],
+            encoder_input: Tensor {
+                dtype: DType::BFloat16,
+                shape: vec![inline as u32 / 2],
+                // Zeroed pages are not touched: cheap even at 128 MiB.
+                payload: Some(TensorPayload::Inline(Bytes::from(vec![0u8; inline]))),
+            },
+            model_specific: Vec::new(),
+            placeholders: vec![(0, 1)],
+            placeholder_token_id: None,
+        }
+    }
+
+    #[test]
+    fn inline_tensors_over_the_engine_limit_are_refused_with_a_stable_code() {
+        let half = crate::proto::MAX_MESSAGE_BYTES / 2;
+        assert!(check_message_size(&[item(half)], "request").is_ok());
+        let err = check_message_size(&[item(half), item(half)], "request")
+            .expect_err("two halves and headroom do not fit");
+        assert_eq!(err.code, ErrorCode::MessageTooLarge);
+        assert_eq!(err.code.http_status(), 413);
+        // Handles instead of bytes take no room.
+        let mut shm = item(0);
+        shm.encoder_input.payload = Some(TensorPayload::Shm {
+            name: "smg-1-2-x".into(),
+            offset: 0,
+            nbytes: u64::MAX,
+            owner_id: String::new(),
+        });
+        assert!(check_message_size(&[item(half), shm], "request").is_ok());
+    }
 }

@@ -72,6 +72,7 @@ fn main() {
             slot_bytes: bytes,
             slots: 2,
             reclaim_after: Duration::from_secs(60),
+            keep_free_bytes: 0,
         })
         .expect("pool");
         let slot = measure(iterations, || {

@@ -29,6 +29,7 @@ fn pool(dir: &Path, slots: usize, slot_bytes: usize, reclaim_after: Duration) ->
         slot_bytes,
         slots,
         reclaim_after,
+        keep_free_bytes: 0,
     })
     .unwrap()
 }
@@ -235,6 +236,7 @@ fn a_directory_too_small_is_refused_up_front() {
         slot_bytes: usize::MAX / 4,
         slots: 2,
         reclaim_after: Duration::from_secs(1),
+        keep_free_bytes: 0,
     })
     .unwrap_err();
     assert!(matches!(err, ShmError::NoSpace { .. }), "{err:?}");

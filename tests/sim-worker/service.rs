@@ -108,7 +108,7 @@ impl Worker {
             .enumerate()
             .map(|(i, data)| {
                 Ok(common::GetTokenizerChunk {
-                    data: data.to_vec(),
+                    data: bytes::Bytes::copy_from_slice(data),
                     sha256: if i == last {
                         sha.clone()
                     } else {

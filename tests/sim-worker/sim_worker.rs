@@ -21,7 +21,7 @@ mod tokenspeed;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
@@ -150,6 +150,10 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     unhealthy_while_exists: Option<std::path::PathBuf>,
 
+    /// Read shm tensors from this directory instead of /dev/shm (and
+    /// advertise its namespace).
+    #[arg(long, value_name = "DIR")]
+    shm_dir: Option<PathBuf>,
     /// Write every received tensor here (raw bytes + JSON sidecar).
     #[arg(long)]
     record_dir: Option<PathBuf>,
@@ -207,9 +211,17 @@ async fn main() -> Result<()> {
     }
     let model = ModelFacts::load(&args.model_path, args.served_model_name.clone())?;
     let engine = Arc::new(Engine::new(args.engine_config(), model)?);
-    let shm_namespace_id = match &args.shm_namespace_id {
-        Some(id) => id.clone(),
-        None => ShmNamespace::current()
+    if let Some(dir) = &args.shm_dir {
+        tensor::set_shm_dir(dir.clone());
+    }
+    let shm_namespace_id = match (&args.shm_namespace_id, &args.shm_dir) {
+        (Some(id), _) => id.clone(),
+        (None, Some(dir)) => {
+            ShmNamespace::read_from(Path::new("/proc/sys/kernel/random/boot_id"), dir)
+                .map(|ns| ns.to_string())
+                .unwrap_or_default()
+        }
+        (None, None) => ShmNamespace::current()
             .map(|ns| ns.to_string())
             .unwrap_or_else(|err| {
                 tracing::warn!(%err, "no /dev/shm identity; advertising none");

@@ -114,6 +114,15 @@ pub fn read_tensor(
     })
 }
 
+/// Where shm names live: `/dev/shm` unless `--shm-dir` named another tmpfs
+/// (tests give the gateway and its workers a small one of their own).
+static SHM_ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Resolves shm names in `dir` instead of `/dev/shm` (set once, at start-up).
+pub fn set_shm_dir(dir: PathBuf) {
+    let _ = SHM_ROOT.set(dir);
+}
+
 /// The path of a shm name; names are single path components in `/dev/shm`
 /// (an optional leading '/' as `shm_open` spells them).
 fn shm_path(name: &str) -> Result<PathBuf, Status> {
@@ -123,7 +132,8 @@ fn shm_path(name: &str) -> Result<PathBuf, Status> {
             "shm name {name:?} is not a single name in {SHM_DIR}"
         )));
     }
-    Ok(Path::new(SHM_DIR).join(bare))
+    let root = SHM_ROOT.get().map_or(Path::new(SHM_DIR), PathBuf::as_path);
+    Ok(root.join(bare))
 }
 
 fn read_shm(name: &str, offset: u64, nbytes: u64, keep_name: bool) -> Result<Vec<u8>, Status> {

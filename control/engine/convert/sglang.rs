@@ -214,7 +214,7 @@ fn concatenate(what: &str, parts: &[&Tensor]) -> Result<Option<sg::TensorData>> 
     let Some(first) = parts.first() else {
         return Ok(None);
     };
-    let mut inline: Vec<&[u8]> = Vec::with_capacity(parts.len());
+    let mut inline: Vec<&bytes::Bytes> = Vec::with_capacity(parts.len());
     for (index, part) in parts.iter().enumerate() {
         match &part.payload {
             Some(TensorPayload::Inline(bytes)) => inline.push(bytes),
@@ -266,8 +266,17 @@ fn concatenate(what: &str, parts: &[&Tensor]) -> Result<Option<sg::TensorData>> 
     let mut shape = Vec::with_capacity(first.shape.len());
     shape.push(rows);
     shape.extend_from_slice(trailing);
+    // One image keeps its buffer; several are concatenated along rows (the
+    // one copy SGLang's single pixel_values tensor forces).
+    let data = match inline.as_slice() {
+        [only] => (*only).clone(),
+        parts => {
+            let slices: Vec<&[u8]> = parts.iter().map(|b| b.as_ref()).collect();
+            bytes::Bytes::from(slices.concat())
+        }
+    };
     Ok(Some(sg::TensorData {
-        data: inline.concat(),
+        data,
         shape,
         dtype: first.dtype.wire_name().to_owned(),
     }))

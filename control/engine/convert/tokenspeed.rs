@@ -136,7 +136,7 @@ fn sampling_params(sampling: Sampling) -> ts::SamplingParams {
 fn multimodal_item(item: MediaItem) -> ts::MultimodalItem {
     ts::MultimodalItem {
         modality: modality(item.modality) as i32,
-        content_hash: item.content_hash.to_vec(),
+        content_hash: bytes::Bytes::copy_from_slice(&item.content_hash),
         encoder_input: Some(tensor_data(item.encoder_input)),
         model_specific_tensors: item
             .model_specific
@@ -166,8 +166,8 @@ fn tensor_data(tensor: Tensor) -> ts::TensorData {
         shape: tensor.shape,
         dtype: tensor.dtype.wire_name().to_owned(),
         payload: tensor.payload.map(|payload| match payload {
-            // Reuses the buffer when the request holds the only reference.
-            TensorPayload::Inline(bytes) => Payload::Inline(Vec::from(bytes)),
+            // The data plane's buffer itself: no copy on the way out.
+            TensorPayload::Inline(bytes) => Payload::Inline(bytes),
             TensorPayload::Shm {
                 name,
                 offset,
@@ -185,7 +185,7 @@ fn tensor_data(tensor: Tensor) -> ts::TensorData {
                 nbytes,
             } => Payload::Remote(common::RemoteTensorHandle {
                 transport,
-                descriptor: Vec::from(descriptor),
+                descriptor,
                 nbytes,
             }),
         }),
@@ -463,7 +463,7 @@ mod tests {
             (None, None),
             (
                 Some(TensorPayload::Inline(Bytes::from_static(b"pix"))),
-                Some(Payload::Inline(b"pix".to_vec())),
+                Some(Payload::Inline(Bytes::from_static(b"pix"))),
             ),
             (
                 Some(TensorPayload::Shm {
@@ -487,7 +487,7 @@ mod tests {
                 }),
                 Some(Payload::Remote(common::RemoteTensorHandle {
                     transport: "rdma".to_owned(),
-                    descriptor: b"desc".to_vec(),
+                    descriptor: Bytes::from_static(b"desc"),
                     nbytes: 9408,
                 })),
             ),
@@ -502,7 +502,10 @@ mod tests {
             assert_eq!(input.payload, expected);
             let grid = &wire.model_specific_tensors["image_grid_thw"];
             assert_eq!(grid.dtype, "int64");
-            assert_eq!(grid.payload, Some(Payload::Inline(vec![1; 24])));
+            assert_eq!(
+                grid.payload,
+                Some(Payload::Inline(Bytes::from(vec![1; 24])))
+            );
             assert_eq!(
                 wire.placeholders,
                 [ts::PlaceholderRange {

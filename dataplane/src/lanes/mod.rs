@@ -1,11 +1,357 @@
 //! Lanes: how a finished tensor travels from a data-plane core to a worker.
 //!
-//! The kernel writes each tensor once, into the buffer of the lane chosen
-//! for it; the lane then yields what goes on the wire (inline bytes, a
-//! `/dev/shm` name, or an RDMA descriptor) and a guard that the request
-//! keeps until the RPC carrying it has returned.
+//! The kernel writes each tensor once, into a buffer the lane chosen for it
+//! hands out on the core that runs the job ([`TensorLane::reserve`]); sealing
+//! the buffer ([`LaneBuffer::seal`]) yields what goes on the wire (inline
+//! bytes, a `/dev/shm` name, or an RDMA descriptor) and a [`TensorLease`]
+//! that the request keeps until the RPC carrying the tensor has returned.
+//! Dropping the last clone of the lease frees the lane's resources, exactly
+//! once, however the request ended.
 //!
-//! - `shm.rs`: pre-faulted `/dev/shm` slots with fresh public names.
+//! - [`InlineLane`]: a heap buffer of exactly the planned size that becomes
+//!   the gRPC message's `Bytes` without another copy.
+//! - [`ShmLane`]: one pre-faulted [`shm::ShmPool`] per data-plane core.
+//! - An RDMA arena plugs in as a third implementor of the same two traits.
+//!
+//! A lane that cannot take a tensor (no slot, no room in `/dev/shm`) never
+//! fails the request: the core writes it inline and the sealed tensor says
+//! why ([`SealedTensor::fallback`]), so the control plane can count it.
 
 pub mod rdma;
 pub mod shm;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use self::shm::{ShmError, ShmPool, ShmPoolConfig, ShmTensor};
+
+/// Which lane carried a tensor (metric label `lane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LaneKind {
+    Inline,
+    Shm,
+    Rdma,
+}
+
+impl LaneKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            LaneKind::Inline => "inline",
+            LaneKind::Shm => "shm",
+            LaneKind::Rdma => "rdma",
+        }
+    }
+}
+
+/// What a tensor looks like on the wire, engine-neutral.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WirePayload {
+    /// The bytes themselves, in the gRPC message.
+    Inline(Bytes),
+    /// A single name in the worker's `/dev/shm` (offset 0).
+    Shm { name: String, nbytes: u64 },
+    /// Memory the worker fetches itself (RDMA).
+    Remote {
+        transport: String,
+        descriptor: Bytes,
+        nbytes: u64,
+    },
+}
+
+/// Why a lane could not take a tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneError {
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl LaneError {
+    /// A stable snake_case reason for metrics and logs.
+    pub fn code(&self) -> &'static str {
+        match self {
+            LaneError::Shm(err) => err.code(),
+            LaneError::Other(_) => "lane_error",
+        }
+    }
+}
+
+/// A lane as the data plane sees it. Implementors are shared by every core
+/// (`Arc<dyn TensorLane>` in a job's destination) and keep a share of their
+/// resources per core, so reserving touches no other core's state.
+pub trait TensorLane: Send + Sync + fmt::Debug {
+    fn kind(&self) -> LaneKind;
+
+    /// A writable buffer of exactly `nbytes` from core `core`'s share.
+    fn reserve(&self, core: usize, nbytes: usize) -> Result<Box<dyn LaneBuffer>, LaneError>;
+}
+
+/// A buffer the kernel writes one tensor into, then seals.
+pub trait LaneBuffer: Send {
+    fn bytes_mut(&mut self) -> &mut [u8];
+
+    /// Publishes the written tensor. Dropping an unsealed buffer returns its
+    /// resources.
+    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError>;
+}
+
+/// Held by a request for as long as an RPC may read a tensor. Lanes whose
+/// handles a worker consumes (a shm name it unlinks) renew them before
+/// another attempt carries the tensor.
+pub trait LeaseResource: Send + Sync + fmt::Debug {
+    /// The payload for the next RPC when it differs from the last one.
+    fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
+        Ok(None)
+    }
+}
+
+/// Shared ownership of a sealed tensor's lane resources: the last clone to
+/// drop frees them.
+#[derive(Debug, Clone)]
+pub struct TensorLease(Arc<dyn LeaseResource>);
+
+impl TensorLease {
+    pub fn new(resource: impl LeaseResource + 'static) -> Self {
+        Self(Arc::new(resource))
+    }
+
+    /// See [`LeaseResource::renew`].
+    pub fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
+        self.0.renew()
+    }
+}
+
+/// A tensor on its lane: what to put on the wire, and the lease to hold.
+#[derive(Debug)]
+pub struct SealedTensor {
+    pub lane: LaneKind,
+    pub payload: WirePayload,
+    /// `None` for inline bytes (they own themselves).
+    pub lease: Option<TensorLease>,
+    /// The lane that was asked for and why it was not used (the tensor then
+    /// went inline).
+    pub fallback: Option<Fallback>,
+}
+
+/// A tensor that went inline although another lane was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fallback {
+    pub requested: LaneKind,
+    pub reason: &'static str,
+}
+
+/// The lane of a job's destination and the size below which tensors go
+/// inline anyway (a small tensor is cheaper in the message than as a file).
+#[derive(Debug, Clone)]
+pub struct LaneChoice {
+    pub lane: Arc<dyn TensorLane>,
+    pub min_bytes: usize,
+}
+
+/// The inline lane: a heap buffer that becomes `Bytes` without a copy.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InlineLane;
+
+impl TensorLane for InlineLane {
+    fn kind(&self) -> LaneKind {
+        LaneKind::Inline
+    }
+
+    fn reserve(&self, _core: usize, nbytes: usize) -> Result<Box<dyn LaneBuffer>, LaneError> {
+        Ok(Box::new(InlineBuffer(vec![0u8; nbytes])))
+    }
+}
+
+struct InlineBuffer(Vec<u8>);
+
+impl LaneBuffer for InlineBuffer {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+
+    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError> {
+        Ok(SealedTensor {
+            lane: LaneKind::Inline,
+            payload: WirePayload::Inline(Bytes::from(self.0)),
+            lease: None,
+            fallback: None,
+        })
+    }
+}
+
+/// Why [`write_through`] produced no tensor.
+#[derive(Debug)]
+pub enum WriteError<E> {
+    /// The kernel failed.
+    Write(E),
+    /// The lane could not publish what was written (e.g. `link(2)` failed
+    /// for a reason other than a name clash).
+    Seal(LaneError),
+}
+
+/// Writes a tensor of `nbytes` through `choice` on core `core`: small
+/// tensors and tensors the lane cannot take go inline (the latter marked as
+/// a fallback). `write` fills the buffer once.
+pub fn write_through<E>(
+    choice: Option<&LaneChoice>,
+    core: usize,
+    nbytes: usize,
+    write: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<SealedTensor, WriteError<E>> {
+    let reserved = match choice {
+        Some(choice) if nbytes >= choice.min_bytes && choice.lane.kind() != LaneKind::Inline => {
+            choice.lane.reserve(core, nbytes).map_err(|err| Fallback {
+                requested: choice.lane.kind(),
+                reason: err.code(),
+            })
+        }
+        _ => Err(Fallback {
+            requested: LaneKind::Inline,
+            reason: "",
+        }),
+    };
+    match reserved {
+        Ok(mut buffer) => {
+            write(buffer.bytes_mut()).map_err(WriteError::Write)?;
+            buffer.seal().map_err(WriteError::Seal)
+        }
+        Err(fallback) => {
+            let mut data = vec![0u8; nbytes];
+            write(&mut data).map_err(WriteError::Write)?;
+            Ok(SealedTensor {
+                lane: LaneKind::Inline,
+                payload: WirePayload::Inline(Bytes::from(data)),
+                lease: None,
+                fallback: (fallback.requested != LaneKind::Inline).then_some(fallback),
+            })
+        }
+    }
+}
+
+/// How the shm lane is laid out on each core.
+#[derive(Debug, Clone)]
+pub struct ShmLaneConfig {
+    pub dir: PathBuf,
+    pub slot_bytes: usize,
+    pub slots_per_core: usize,
+    pub reclaim_after: Duration,
+    pub keep_free_bytes: u64,
+}
+
+/// The `/dev/shm` lane: one pool of pre-faulted slots per data-plane core.
+#[derive(Debug)]
+pub struct ShmLane {
+    pools: Vec<ShmPool>,
+    dir: PathBuf,
+}
+
+/// Slot occupancy summed over the cores' pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShmOccupancy {
+    pub slots_total: usize,
+    pub slots_in_use: usize,
+    pub one_off_files: usize,
+}
+
+impl ShmLane {
+    /// Creates one pool per core (memory reserved and touched now).
+    pub fn create(config: &ShmLaneConfig, cores: usize) -> Result<Self, ShmError> {
+        let pools = (0..cores.max(1))
+            .map(|_| {
+                ShmPool::create(ShmPoolConfig {
+                    dir: config.dir.clone(),
+                    slot_bytes: config.slot_bytes,
+                    slots: config.slots_per_core,
+                    reclaim_after: config.reclaim_after,
+                    keep_free_bytes: config.keep_free_bytes,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            pools,
+            dir: config.dir.clone(),
+        })
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    /// Busy and total slots over every core (reclaiming what can be).
+    pub fn occupancy(&self) -> ShmOccupancy {
+        self.pools
+            .iter()
+            .fold(ShmOccupancy::default(), |mut sum, pool| {
+                let occupancy = pool.occupancy();
+                sum.slots_total += pool.slots();
+                sum.slots_in_use += occupancy.busy;
+                sum.one_off_files += occupancy.one_off_files;
+                sum
+            })
+    }
+}
+
+impl TensorLane for ShmLane {
+    fn kind(&self) -> LaneKind {
+        LaneKind::Shm
+    }
+
+    fn reserve(&self, core: usize, nbytes: usize) -> Result<Box<dyn LaneBuffer>, LaneError> {
+        let pool = &self.pools[core % self.pools.len()];
+        Ok(Box::new(ShmBuffer(pool.acquire(nbytes)?)))
+    }
+}
+
+struct ShmBuffer(shm::ShmWriter);
+
+impl LaneBuffer for ShmBuffer {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.buffer()
+    }
+
+    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError> {
+        let tensor = self.0.publish()?;
+        let payload = WirePayload::Shm {
+            name: tensor.name().to_owned(),
+            nbytes: tensor.nbytes(),
+        };
+        Ok(SealedTensor {
+            lane: LaneKind::Shm,
+            payload,
+            lease: Some(TensorLease::new(ShmLease {
+                name: Mutex::new(tensor.name().to_owned()),
+                tensor,
+            })),
+            fallback: None,
+        })
+    }
+}
+
+/// A published shm tensor held by a request.
+#[derive(Debug)]
+struct ShmLease {
+    tensor: ShmTensor,
+    /// The public name the last RPC carried.
+    name: Mutex<String>,
+}
+
+impl LeaseResource for ShmLease {
+    fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
+        let Some(name) = self.tensor.renew()? else {
+            return Ok(None);
+        };
+        match self.name.lock() {
+            Ok(mut current) => current.clone_from(&name),
+            Err(poisoned) => poisoned.into_inner().clone_from(&name),
+        }
+        Ok(Some(WirePayload::Shm {
+            name,
+            nbytes: self.tensor.nbytes(),
+        }))
+    }
+}

@@ -45,6 +45,9 @@ pub struct ShmPoolConfig {
     /// How long after its RPC returned a name may linger before the pool
     /// removes it itself (a worker that died before unlinking).
     pub reclaim_after: Duration,
+    /// Bytes of the filesystem a one-off file must leave free (other tenants
+    /// of a small `/dev/shm` need room too); the tensor goes inline instead.
+    pub keep_free_bytes: u64,
 }
 
 /// Why the lane cannot take a tensor; the caller falls back to inline.
@@ -233,7 +236,7 @@ impl ShmPool {
         }
         // Too large for a slot, or every slot busy: a one-off file keeps the
         // tensor on the lane, at the cost of cold pages.
-        let available = free_bytes(&inner.dir_fd)?;
+        let available = free_bytes(&inner.dir_fd)?.saturating_sub(inner.config.keep_free_bytes);
         if nbytes as u64 > available {
             return Err(ShmError::NoSpace {
                 needed: nbytes,
@@ -267,6 +270,16 @@ impl ShmPool {
             busy: self.inner.slots.len() - free,
             one_off_files: self.inner.one_off_files.load(Ordering::Relaxed),
         }
+    }
+
+    /// Slots in the pool.
+    pub fn slots(&self) -> usize {
+        self.inner.slots.len()
+    }
+
+    /// The largest tensor a slot takes.
+    pub fn slot_bytes(&self) -> usize {
+        self.inner.config.slot_bytes
     }
 
     fn claim_slot(&self) -> Option<usize> {
@@ -448,6 +461,63 @@ impl ShmTensor {
     /// The tensor's size in bytes (the handle's offset is always 0).
     pub fn nbytes(&self) -> u64 {
         self.nbytes
+    }
+
+    /// Makes sure the tensor has a public name again before another RPC
+    /// carries it (a retry after a worker read and unlinked the last one):
+    /// `None` when the current name still exists, else the fresh name now
+    /// linked. A one-off file has only its public name, so once a worker
+    /// unlinked it, it cannot be renamed: that is an error.
+    pub fn renew(&self) -> Result<Option<String>, ShmError> {
+        match &self.target {
+            Some(Target::Slot(index)) => {
+                let slot = &self.pool.inner.slots[*index];
+                let linked = slot
+                    .file
+                    .metadata()
+                    .map_err(ShmError::io("checking a slot's links"))?
+                    .nlink();
+                if linked > 1 {
+                    return Ok(None);
+                }
+                loop {
+                    let (hi, lo) = random_u128()?;
+                    let name = self.pool.name(hi, lo);
+                    match link_at(&self.pool.inner.dir_fd, &slot.private_name, &name) {
+                        Ok(()) => {
+                            slot.name_hi.store(hi, Ordering::Relaxed);
+                            slot.name_lo.store(lo, Ordering::Relaxed);
+                            return Ok(Some(name));
+                        }
+                        Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+                        Err(source) => {
+                            return Err(ShmError::Io {
+                                action: "renaming a tensor",
+                                source,
+                            });
+                        }
+                    }
+                }
+            }
+            Some(Target::OneOff { file, .. }) => {
+                let linked = file
+                    .metadata()
+                    .map_err(ShmError::io("checking a one-off file's links"))?
+                    .nlink();
+                if linked > 0 {
+                    Ok(None)
+                } else {
+                    Err(ShmError::Io {
+                        action: "renaming a one-off tensor",
+                        source: io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "a worker already consumed its only name",
+                        ),
+                    })
+                }
+            }
+            None => Ok(None),
+        }
     }
 }
 

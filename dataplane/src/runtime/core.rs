@@ -23,8 +23,11 @@ use smg_shared::doorbell::Doorbell;
 use smg_shared::ring::{Full, RingReceiver, RingSender};
 use tokio::sync::oneshot;
 
-use super::job::{Completion, ImageJob, Job, JobError, JobResult, Output, Work};
+use super::job::{
+    Completion, Destination, ImageJob, Job, JobError, JobResult, LaneImage, Output, Work,
+};
 use super::{files, inline};
+use crate::lanes::{self, WriteError};
 use crate::preprocess::ScratchSpace;
 
 /// File reads one core keeps in flight at most.
@@ -71,6 +74,8 @@ impl CoreShared {
 pub(crate) struct CoreSettings {
     /// Busy-poll this long after the last work before sleeping.
     pub spin: Duration,
+    /// This core's index: its share of each lane.
+    pub index: usize,
 }
 
 /// The core's side of its rings, shared by both loop backends.
@@ -217,9 +222,9 @@ impl CoreWorker {
 }
 
 /// Runs work that needs no I/O (or, in the plain backend, does its I/O with
-/// blocking calls) on the calling core, with the core's scratch buffers. A
+/// blocking calls) on core `core`, with the core's scratch buffers. A
 /// panic becomes an error and the core keeps serving.
-pub(crate) fn execute(work: Work, scratch: &mut ScratchSpace) -> JobResult {
+pub(crate) fn execute(work: Work, core: usize, scratch: &mut ScratchSpace) -> JobResult {
     catch_unwind(AssertUnwindSafe(|| match work {
         Work::Ping => Ok(Output::Pong),
         Work::Hold(duration) => {
@@ -232,7 +237,7 @@ pub(crate) fn execute(work: Work, scratch: &mut ScratchSpace) -> JobResult {
         Work::DecodeBase64(request) => inline::decode_and_hash(&request.encoded, request.max_bytes)
             .map(Output::File)
             .map_err(JobError::Base64),
-        Work::Image(job) => run_image(job, scratch),
+        Work::Image(job) => run_image(job, core, scratch),
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -244,22 +249,37 @@ pub(crate) fn execute(work: Work, scratch: &mut ScratchSpace) -> JobResult {
     })
 }
 
-/// Plans from the header, allocates the destination at exactly the planned
-/// size, and lets the kernel write the tensor into it once.
-fn run_image(job: ImageJob, scratch: &mut ScratchSpace) -> JobResult {
+/// Plans from the header, takes the destination buffer at exactly the
+/// planned size (from this core's share of the lane), and lets the kernel
+/// write the tensor into it once, using the core's scratch buffers.
+fn run_image(job: ImageJob, core: usize, scratch: &mut ScratchSpace) -> JobResult {
     let ImageJob {
         processor,
         bytes,
         dtype,
-        destination: super::job::Destination::Inline,
+        destination,
     } = job;
     let plan = processor.plan(&bytes, dtype)?;
-    let mut data = vec![0u8; plan.out_bytes];
-    processor.write_into_with(&plan, &bytes, &mut data, scratch)?;
-    Ok(Output::Image(crate::preprocess::PreprocessedImage {
-        plan,
-        data,
-    }))
+    match destination {
+        Destination::Inline => {
+            let mut data = vec![0u8; plan.out_bytes];
+            processor.write_into_with(&plan, &bytes, &mut data, scratch)?;
+            Ok(Output::Image(crate::preprocess::PreprocessedImage {
+                plan,
+                data,
+            }))
+        }
+        Destination::Lane(choice) => {
+            let tensor = lanes::write_through(Some(&choice), core, plan.out_bytes, |dst| {
+                processor.write_into_with(&plan, &bytes, dst, scratch)
+            })
+            .map_err(|err| match err {
+                WriteError::Write(err) => JobError::Image(err),
+                WriteError::Seal(err) => JobError::Lane(err),
+            })?;
+            Ok(Output::LaneImage(LaneImage { plan, tensor }))
+        }
+    }
 }
 
 /// The fallback loop without io_uring: file reads are blocking calls on
@@ -278,7 +298,7 @@ pub(crate) fn run_plain(mut worker: CoreWorker) {
                 job.work,
                 Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_)
             );
-            let result = execute(job.work, &mut worker.scratch);
+            let result = execute(job.work, worker.settings.index, &mut worker.scratch);
             worker.complete(job.reply, result);
             if heavy {
                 break;

@@ -14,7 +14,8 @@ use smg_shared::tensor::DType;
 use tokio::sync::oneshot;
 
 pub use super::inline::{Base64Decode, Base64Error};
-use crate::preprocess::{PreprocessError, PreprocessedImage, Qwen2VlImageProcessor};
+use crate::lanes::{LaneChoice, LaneError, SealedTensor};
+use crate::preprocess::{ImagePlan, PreprocessError, PreprocessedImage, Qwen2VlImageProcessor};
 
 /// One unit of work for a data-plane core.
 #[derive(Debug)]
@@ -54,12 +55,14 @@ pub struct ImageJob {
 }
 
 /// The buffer the kernel writes the tensor into, once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Destination {
-    /// A buffer of exactly the planned size that becomes the gRPC request's
-    /// inline tensor bytes (no copy on the way out). The shm and RDMA lanes
-    /// will name their slots here.
+    /// A buffer of exactly the planned size, returned as an owned
+    /// [`PreprocessedImage`] ([`Output::Image`]).
     Inline,
+    /// A buffer from the lane's share on the core that runs the job; the
+    /// tensor comes back sealed on its lane ([`Output::LaneImage`]).
+    Lane(LaneChoice),
 }
 
 /// What a job produced.
@@ -68,6 +71,14 @@ pub enum Output {
     Pong,
     File(FileContents),
     Image(PreprocessedImage),
+    LaneImage(LaneImage),
+}
+
+/// An image whose tensor was written into a lane.
+#[derive(Debug)]
+pub struct LaneImage {
+    pub plan: ImagePlan,
+    pub tensor: SealedTensor,
 }
 
 /// A file's bytes and their blake3 hash, computed on the core.
@@ -124,6 +135,9 @@ pub enum JobError {
     /// An inline payload that is not valid base64, or decodes too large.
     #[error("{0}")]
     Base64(#[from] Base64Error),
+    /// The lane could not publish a written tensor.
+    #[error("the tensor lane failed: {0}")]
+    Lane(#[from] LaneError),
     /// The work panicked on the core (a bug); the core keeps serving.
     #[error("the data-plane job panicked: {0}")]
     Panicked(String),
@@ -138,6 +152,7 @@ impl JobError {
             JobError::Image(error) => error.code(),
             JobError::File(_) => "file_read_failed",
             JobError::Base64(_) => "invalid_base64",
+            JobError::Lane(_) => "tensor_lane_failed",
             JobError::Panicked(_) => "dataplane_panic",
         }
     }

@@ -66,7 +66,7 @@ pub use self::cores::{CorePlan, confine_current_thread, default_dataplane_cores}
 pub use self::inline::padded_decoded_len;
 pub use self::job::{
     Base64Decode, Base64Error, Destination, FileContents, FileRead, FileReadError, ImageJob,
-    JobError, JobResult, Output, Work,
+    JobError, JobResult, LaneImage, Output, Work,
 };
 use self::job::{Completion, Job};
 use self::reactor::SpaceSignal;
@@ -196,7 +196,6 @@ impl DataPlane {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| StartError::NoRuntime)?;
         let backend = choose_backend(config.io)?;
         let space = Arc::new(SpaceSignal::default());
-        let settings = CoreSettings { spin: config.spin };
         let mut cores = Vec::new();
         let mut threads = Vec::new();
         let mut thread_names = Vec::new();
@@ -208,6 +207,10 @@ impl DataPlane {
             // the core rarely has to hold completions back.
             let (done_sender, done_receiver) =
                 ring::bounded::<Completion>(jobs.capacity() + core::MAX_FILES_IN_FLIGHT + 1);
+            let settings = CoreSettings {
+                spin: config.spin,
+                index,
+            };
             let worker = CoreWorker::new(Arc::clone(&shared), job_receiver, done_sender, settings);
             let pin = config.pin.get(index).copied();
             let name = format!("smg-dp{instance}.{index}");
@@ -412,6 +415,28 @@ impl DataPlane {
         };
         match self.submit(Work::Image(job)).await? {
             Output::Image(image) => Ok(image),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Preprocesses an image on a core straight into `choice`'s lane (small
+    /// tensors, and tensors the lane cannot take, go inline; see
+    /// [`crate::lanes::write_through`]).
+    pub async fn preprocess_into_lane(
+        &self,
+        processor: Arc<Qwen2VlImageProcessor>,
+        bytes: Bytes,
+        dtype: DType,
+        choice: crate::lanes::LaneChoice,
+    ) -> Result<LaneImage, JobError> {
+        let job = ImageJob {
+            processor,
+            bytes,
+            dtype,
+            destination: Destination::Lane(choice),
+        };
+        match self.submit(Work::Image(job)).await? {
+            Output::LaneImage(image) => Ok(image),
             other => Err(unexpected(&other)),
         }
     }

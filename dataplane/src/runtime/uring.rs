@@ -342,7 +342,7 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
                 work => {
                     let heavy =
                         matches!(work, Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_));
-                    let outcome = execute(work, &mut worker.scratch);
+                    let outcome = execute(work, worker.settings.index, &mut worker.scratch);
                     worker.complete(job.reply, outcome);
                     if heavy {
                         // Let queued I/O move before the next image.

@@ -1,0 +1,632 @@
+//! Which lane each image tensor takes to its workers: inline in the gRPC
+//! message, a `/dev/shm` name, or (later) RDMA.
+//!
+//! Why it exists: the data plane writes a tensor once, into the lane chosen
+//! before the job is submitted, so the choice must be made up front from the
+//! workers that may receive it (the encode pool in EPD, the regular or
+//! prefill pool otherwise). `--multimodal-tensor-transport` sets the default
+//! mode; `--worker-tensor-transport URL=MODE[,min_bytes=N]` overrides it per
+//! worker. The shm lane is taken only when every available receiver accepts
+//! it (mode `shm`, or `auto` with the worker's advertised `shm_namespace_id`
+//! equal to ours); otherwise the tensor goes inline, and where inline was not
+//! what the operator asked for, `smg_tensor_lane_fallbacks_total` says why.
+//!
+//! It also owns the shm lane's lifetime: the start-up sweep of dead
+//! gateways' names, the per-core pools, and a reclaimer task that frees
+//! slots whose names are gone (or overdue) and publishes occupancy gauges.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use smg_dataplane::lanes::{
+    Fallback, LaneChoice, LaneKind, SealedTensor, ShmLane, ShmLaneConfig, ShmOccupancy, TensorLane,
+    shm,
+};
+use smg_shared::shm::ShmNamespace;
+
+use crate::engine::{Runtime, TensorPayload};
+use crate::mode::Mode;
+use crate::workers::{Worker, WorkerRole, WorkerSet};
+
+pub const TENSORS_TOTAL: &str = "smg_tensor_lane_tensors_total";
+pub const BYTES_TOTAL: &str = "smg_tensor_lane_bytes_total";
+pub const FALLBACKS_TOTAL: &str = "smg_tensor_lane_fallbacks_total";
+pub const SHM_SLOTS_IN_USE: &str = "smg_shm_slots_in_use";
+pub const SHM_SLOTS_TOTAL: &str = "smg_shm_slots_total";
+
+/// How often the reclaimer looks at the shm slots.
+const RECLAIM_INTERVAL: Duration = Duration::from_millis(200);
+/// How long learning a worker's shm namespace may take.
+const NAMESPACE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A transport mode, as the flags spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneMode {
+    Inline,
+    Shm,
+    Auto,
+    Rdma,
+}
+
+impl LaneMode {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "inline" => Some(LaneMode::Inline),
+            "shm" => Some(LaneMode::Shm),
+            "auto" => Some(LaneMode::Auto),
+            "rdma" => Some(LaneMode::Rdma),
+            _ => None,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            LaneMode::Inline => "inline",
+            LaneMode::Shm => "shm",
+            LaneMode::Auto => "auto",
+            LaneMode::Rdma => "rdma",
+        }
+    }
+
+    fn uses_shm(self) -> bool {
+        matches!(self, LaneMode::Shm | LaneMode::Auto)
+    }
+}
+
+/// One worker's override of the mode and the inline threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerLaneOverride {
+    pub mode: LaneMode,
+    pub min_bytes: Option<usize>,
+}
+
+/// Parses `URL=MODE[,min_bytes=N]` (`--worker-tensor-transport`).
+pub fn parse_override(text: &str) -> Result<(String, WorkerLaneOverride), String> {
+    let (url, rest) = text
+        .rsplit_once('=')
+        .filter(|(url, _)| !url.is_empty())
+        .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
+    // `URL=MODE,min_bytes=N`: the last '=' may belong to min_bytes.
+    let (url, spec) = match url.rsplit_once(',') {
+        Some((head, "min_bytes")) => {
+            let (url, mode) = head
+                .rsplit_once('=')
+                .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
+            (url, format!("{mode},min_bytes={rest}"))
+        }
+        _ => (url, rest.to_owned()),
+    };
+    let mut parts = spec.split(',');
+    let mode_text = parts.next().unwrap_or_default();
+    let mode = LaneMode::parse(mode_text).ok_or_else(|| {
+        format!("{text:?}: unknown transport {mode_text:?} (inline, shm, auto or rdma)")
+    })?;
+    let mut min_bytes = None;
+    for part in parts {
+        let value = part
+            .strip_prefix("min_bytes=")
+            .ok_or_else(|| format!("{text:?}: unknown option {part:?} (min_bytes=N)"))?;
+        min_bytes = Some(
+            value
+                .parse()
+                .map_err(|_| format!("{text:?}: min_bytes must be a byte count, not {value:?}"))?,
+        );
+    }
+    Ok((normalize_url(url), WorkerLaneOverride { mode, min_bytes }))
+}
+
+/// Worker URLs compare without scheme and trailing slash.
+fn normalize_url(url: &str) -> String {
+    let bare = ["grpc://", "http://", "https://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme))
+        .unwrap_or(url);
+    bare.trim_end_matches('/').to_owned()
+}
+
+/// Everything the lanes are configured from.
+#[derive(Debug, Clone)]
+pub struct LaneSettings {
+    pub mode: LaneMode,
+    pub min_bytes: usize,
+    pub overrides: Vec<(String, WorkerLaneOverride)>,
+    pub shm_dir: PathBuf,
+    pub shm_slot_bytes: usize,
+    pub shm_slots_per_core: usize,
+    pub shm_reclaim_after: Duration,
+    pub shm_keep_free_bytes: u64,
+}
+
+/// What a worker advertised about its /dev/shm, as far as we know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KnownNamespace {
+    /// Being asked (GetServerInfo under way).
+    Pending,
+    Known(Option<String>),
+}
+
+/// The lanes of one gateway process.
+#[derive(Debug)]
+pub struct TensorLanes {
+    mode: LaneMode,
+    min_bytes: usize,
+    overrides: HashMap<String, WorkerLaneOverride>,
+    shm: Option<Arc<ShmLane>>,
+    /// Why the shm lane is missing although a mode asks for it.
+    shm_missing: Option<&'static str>,
+    /// The RDMA lane, when one was given to [`TensorLanes::start`].
+    rdma: Option<Arc<dyn TensorLane>>,
+    namespace: Option<ShmNamespace>,
+    namespaces: Arc<RwLock<HashMap<String, KnownNamespace>>>,
+}
+
+/// The lane decision for one request's tensors.
+#[derive(Debug, Clone, Default)]
+pub struct LaneDecision {
+    /// `None`: inline.
+    pub choice: Option<LaneChoice>,
+    /// Inline although the receivers' mode asked for another lane.
+    pub fallback: Option<Fallback>,
+}
+
+impl TensorLanes {
+    /// Sets the lanes up: sweeps the names dead gateways left in the shm
+    /// directory, and creates the per-core pools when any mode uses shm. A
+    /// pool that cannot be created (too little room) leaves shm off: those
+    /// tensors go inline, counted as fallbacks.
+    /// `rdma` is the RDMA lane when this build has one (a device backend or
+    /// the loopback arena); without it `rdma` modes fall back to inline.
+    pub fn start(
+        settings: &LaneSettings,
+        cores: usize,
+        rdma: Option<Arc<dyn TensorLane>>,
+    ) -> Arc<Self> {
+        let wants_shm =
+            settings.mode.uses_shm() || settings.overrides.iter().any(|(_, o)| o.mode.uses_shm());
+        let wants_rdma = settings.mode == LaneMode::Rdma
+            || settings
+                .overrides
+                .iter()
+                .any(|(_, o)| o.mode == LaneMode::Rdma);
+        if wants_rdma && rdma.is_none() {
+            tracing::warn!(
+                "the rdma tensor transport has no device backend in this build; \
+                 tensors for rdma workers go inline (smg_tensor_lane_fallbacks_total{{requested=\"rdma\"}})"
+            );
+        }
+        // Whatever this gateway's mode, names left by gateways that died
+        // (pid and start time are in each name) are removed now.
+        match shm::sweep_orphans(&settings.shm_dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(
+                removed,
+                dir = %settings.shm_dir.display(),
+                "removed shm names left by gateways that died"
+            ),
+            Err(err) => {
+                tracing::warn!(%err, dir = %settings.shm_dir.display(), "shm orphan sweep failed")
+            }
+        }
+        let mut shm_missing = None;
+        let shm = if wants_shm {
+            let config = ShmLaneConfig {
+                dir: settings.shm_dir.clone(),
+                slot_bytes: settings.shm_slot_bytes,
+                slots_per_core: settings.shm_slots_per_core,
+                reclaim_after: settings.shm_reclaim_after,
+                keep_free_bytes: settings.shm_keep_free_bytes,
+            };
+            match ShmLane::create(&config, cores) {
+                Ok(lane) => {
+                    tracing::info!(
+                        dir = %settings.shm_dir.display(),
+                        cores,
+                        slots_per_core = settings.shm_slots_per_core,
+                        slot_bytes = settings.shm_slot_bytes,
+                        "shm tensor lane ready"
+                    );
+                    Some(Arc::new(lane))
+                }
+                Err(err) => {
+                    tracing::warn!(%err, dir = %settings.shm_dir.display(), "the shm tensor lane is unavailable; its tensors go inline");
+                    shm_missing = Some(match err {
+                        shm::ShmError::NoSpace { .. } => "shm_no_space",
+                        shm::ShmError::Io { .. } => "shm_unavailable",
+                    });
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let namespace = ShmNamespace::read_from(
+            std::path::Path::new("/proc/sys/kernel/random/boot_id"),
+            &settings.shm_dir,
+        )
+        .map_err(|err| tracing::warn!(%err, "no shm namespace: auto sends tensors inline"))
+        .ok();
+        let lanes = Arc::new(Self {
+            mode: settings.mode,
+            min_bytes: settings.min_bytes,
+            overrides: settings.overrides.iter().cloned().collect(),
+            shm,
+            shm_missing,
+            rdma,
+            namespace,
+            namespaces: Arc::default(),
+        });
+        if lanes.shm.is_some() {
+            lanes.publish_occupancy();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(reclaim(Arc::downgrade(&lanes)));
+            }
+        }
+        lanes
+    }
+
+    /// Inline only (tests, and models without images).
+    pub fn inline() -> Arc<Self> {
+        Arc::new(Self {
+            mode: LaneMode::Inline,
+            min_bytes: 0,
+            overrides: HashMap::new(),
+            shm: None,
+            shm_missing: None,
+            rdma: None,
+            namespace: None,
+            namespaces: Arc::default(),
+        })
+    }
+
+    /// Whether any worker may need its advertised namespace.
+    fn needs_namespaces(&self) -> bool {
+        self.mode == LaneMode::Auto || self.overrides.values().any(|o| o.mode == LaneMode::Auto)
+    }
+
+    /// Records a worker's advertised namespace (from GetServerInfo).
+    pub fn learn_namespace(&self, url: &str, namespace: Option<String>) {
+        if let Ok(mut known) = self.namespaces.write() {
+            known.insert(normalize_url(url), KnownNamespace::Known(namespace));
+        }
+    }
+
+    /// Asks each of `workers` for its namespace (start-up, before serving).
+    pub async fn learn_namespaces(&self, workers: &[Arc<Worker>]) {
+        if !self.needs_namespaces() {
+            return;
+        }
+        let asks = workers.iter().map(|worker| async move {
+            let info = tokio::time::timeout(NAMESPACE_TIMEOUT, worker.client().server_info()).await;
+            match info {
+                Ok(Ok(info)) => self.learn_namespace(worker.url(), info.shm_namespace_id),
+                Ok(Err(err)) => {
+                    tracing::warn!(worker = worker.url(), %err, "cannot learn the worker's shm namespace");
+                }
+                Err(_) => {
+                    tracing::warn!(worker = worker.url(), "GetServerInfo timed out; shm namespace unknown");
+                }
+            }
+        });
+        futures::future::join_all(asks).await;
+    }
+
+    /// The shm lane's occupancy, when it exists.
+    pub fn shm_occupancy(&self) -> Option<ShmOccupancy> {
+        self.shm.as_ref().map(|lane| lane.occupancy())
+    }
+
+    fn publish_occupancy(&self) {
+        if let Some(occupancy) = self.shm_occupancy() {
+            metrics::gauge!(SHM_SLOTS_TOTAL).set(occupancy.slots_total as f64);
+            metrics::gauge!(SHM_SLOTS_IN_USE).set(occupancy.slots_in_use as f64);
+        }
+    }
+
+    /// The lane for a request's tensors in `mode` on `runtime` workers:
+    /// inline for SGLang (its TensorData has no shm or remote payload);
+    /// otherwise decided over the available workers of the receiving role.
+    pub fn decide(&self, mode: Mode, runtime: Runtime, workers: &WorkerSet) -> LaneDecision {
+        if runtime == Runtime::Sglang {
+            return LaneDecision::default();
+        }
+        let role = if mode.spec().encodes_media {
+            WorkerRole::Encode
+        } else if mode == Mode::Regular {
+            WorkerRole::Regular
+        } else {
+            WorkerRole::Prefill
+        };
+        let (members, _) = workers.members(role);
+        let receivers: Vec<&Arc<Worker>> = members
+            .iter()
+            .filter(|worker| worker.is_available())
+            .collect();
+        self.decide_for(&receivers)
+    }
+
+    fn decide_for(&self, receivers: &[&Arc<Worker>]) -> LaneDecision {
+        let mut min_bytes = 0usize;
+        // The one lane every receiver accepts, if any.
+        let mut common: Option<LaneKind> = None;
+        let mut everyone_agrees = !receivers.is_empty();
+        let mut fallback = None;
+        for worker in receivers {
+            let key = normalize_url(worker.url());
+            let (mode, threshold) = match self.overrides.get(&key) {
+                Some(o) => (o.mode, o.min_bytes.unwrap_or(self.min_bytes)),
+                None => (self.mode, self.min_bytes),
+            };
+            min_bytes = min_bytes.max(threshold);
+            let accepted = match mode {
+                LaneMode::Inline => Err(None),
+                LaneMode::Rdma if self.rdma.is_some() => Ok(LaneKind::Rdma),
+                LaneMode::Rdma => Err(Some(Fallback {
+                    requested: LaneKind::Rdma,
+                    reason: "rdma_unavailable",
+                })),
+                LaneMode::Shm => Ok(LaneKind::Shm),
+                LaneMode::Auto => match self.namespace_refusal(worker, &key) {
+                    None => Ok(LaneKind::Shm),
+                    Some(why) => Err(why),
+                },
+            };
+            match accepted {
+                Ok(lane) if common.is_none_or(|c| c == lane) => common = Some(lane),
+                Ok(lane) => {
+                    everyone_agrees = false;
+                    fallback = fallback.or(Some(Fallback {
+                        requested: lane,
+                        reason: "mixed_lanes",
+                    }));
+                }
+                Err(why) => {
+                    everyone_agrees = false;
+                    fallback = fallback.or(why);
+                }
+            }
+        }
+        let lane = match common {
+            Some(lane) if everyone_agrees => lane,
+            _ => {
+                return LaneDecision {
+                    choice: None,
+                    fallback,
+                };
+            }
+        };
+        let (available, missing) = match lane {
+            LaneKind::Shm => (
+                self.shm.clone().map(|l| l as Arc<dyn TensorLane>),
+                self.shm_missing.unwrap_or("shm_unavailable"),
+            ),
+            LaneKind::Rdma => (self.rdma.clone(), "rdma_unavailable"),
+            LaneKind::Inline => (None, ""),
+        };
+        match available {
+            Some(lane) => LaneDecision {
+                choice: Some(LaneChoice { lane, min_bytes }),
+                fallback: None,
+            },
+            None => LaneDecision {
+                choice: None,
+                fallback: (lane != LaneKind::Inline).then_some(Fallback {
+                    requested: lane,
+                    reason: missing,
+                }),
+            },
+        }
+    }
+
+    /// `None` when `worker` shares our /dev/shm; else why not (`Some(None)`
+    /// never happens here: auto asked for shm, so refusals are fallbacks).
+    fn namespace_refusal(&self, worker: &Arc<Worker>, key: &str) -> Option<Option<Fallback>> {
+        let refuse = |reason| {
+            Some(Some(Fallback {
+                requested: LaneKind::Shm,
+                reason,
+            }))
+        };
+        let known = self
+            .namespaces
+            .read()
+            .ok()
+            .and_then(|known| known.get(key).cloned());
+        match known {
+            Some(KnownNamespace::Known(Some(theirs))) => match &self.namespace {
+                Some(ours) if ours.as_str() == theirs => None,
+                _ => refuse("namespace_mismatch"),
+            },
+            Some(KnownNamespace::Known(None)) => refuse("namespace_mismatch"),
+            Some(KnownNamespace::Pending) => refuse("namespace_unknown"),
+            None => {
+                self.ask_later(worker, key);
+                refuse("namespace_unknown")
+            }
+        }
+    }
+
+    /// Learns a worker's namespace in the background (workers added at run
+    /// time); its tensors go inline meanwhile.
+    fn ask_later(&self, worker: &Arc<Worker>, key: &str) {
+        if let Ok(mut known) = self.namespaces.write() {
+            if known.contains_key(key) {
+                return;
+            }
+            known.insert(key.to_owned(), KnownNamespace::Pending);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = worker.client().clone();
+        let key = key.to_owned();
+        let namespaces = Arc::downgrade(&self.namespaces);
+        runtime.spawn(async move {
+            let learned = tokio::time::timeout(NAMESPACE_TIMEOUT, client.server_info())
+                .await
+                .ok()
+                .and_then(Result::ok);
+            if let Some(sink) = namespaces.upgrade() {
+                let entry = match learned {
+                    Some(info) => KnownNamespace::Known(info.shm_namespace_id),
+                    // Try again on a later request.
+                    None => {
+                        if let Ok(mut known) = sink.write() {
+                            known.remove(&key);
+                        }
+                        return;
+                    }
+                };
+                if let Ok(mut known) = sink.write() {
+                    known.insert(key, entry);
+                }
+            }
+        });
+    }
+}
+
+/// The lanes `smg launch` was started with (`installed` finds them).
+static INSTALLED: Mutex<Weak<TensorLanes>> = Mutex::new(Weak::new());
+
+/// Makes `lanes` the process's lanes for routers built from now on. Only a
+/// weak reference is kept: the shm pools (and their files) go when the
+/// launcher and the last request holding a slot let go.
+pub fn install(lanes: &Arc<TensorLanes>) {
+    match INSTALLED.lock() {
+        Ok(mut installed) => *installed = Arc::downgrade(lanes),
+        Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(lanes),
+    }
+}
+
+/// The installed lanes, or inline-only lanes when none are.
+pub fn installed() -> Arc<TensorLanes> {
+    let installed = match INSTALLED.lock() {
+        Ok(installed) => installed.upgrade(),
+        Err(poisoned) => poisoned.into_inner().upgrade(),
+    };
+    installed.unwrap_or_else(TensorLanes::inline)
+}
+
+/// The lane settings `smg launch`'s flags describe.
+pub fn settings_from(args: &crate::cli::LaunchArgs) -> Result<LaneSettings, String> {
+    use crate::cli::TensorTransport;
+    let overrides = args
+        .worker_tensor_transport
+        .iter()
+        .map(|text| parse_override(text).map_err(|err| format!("--worker-tensor-transport {err}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LaneSettings {
+        mode: match args.multimodal_tensor_transport {
+            TensorTransport::Inline => LaneMode::Inline,
+            TensorTransport::Shm => LaneMode::Shm,
+            TensorTransport::Auto => LaneMode::Auto,
+            TensorTransport::Rdma => LaneMode::Rdma,
+        },
+        min_bytes: usize::try_from(args.multimodal_shm_min_bytes).unwrap_or(usize::MAX),
+        overrides,
+        shm_dir: args.multimodal_shm_dir.clone(),
+        shm_slot_bytes: args.multimodal_shm_slot_bytes,
+        shm_slots_per_core: args.multimodal_shm_slots_per_core,
+        shm_reclaim_after: Duration::from_millis(args.multimodal_shm_reclaim_ms),
+        shm_keep_free_bytes: args.multimodal_shm_keep_free_bytes,
+    })
+}
+
+/// Counts a decision-level fallback once per tensor it affected.
+pub fn record_fallback(fallback: &Fallback) {
+    metrics::counter!(
+        FALLBACKS_TOTAL,
+        "requested" => fallback.requested.name(),
+        "reason" => fallback.reason
+    )
+    .increment(1);
+}
+
+/// Counts a sealed tensor on its lane (and its own fallback, if any).
+pub fn record_tensor(tensor: &SealedTensor, nbytes: usize) {
+    let lane = tensor.lane.name();
+    metrics::counter!(TENSORS_TOTAL, "lane" => lane).increment(1);
+    metrics::counter!(BYTES_TOTAL, "lane" => lane).increment(nbytes as u64);
+    if let Some(fallback) = &tensor.fallback {
+        record_fallback(fallback);
+    }
+}
+
+/// The engine payload of a sealed tensor.
+pub fn engine_payload(payload: smg_dataplane::lanes::WirePayload) -> TensorPayload {
+    use smg_dataplane::lanes::WirePayload;
+    match payload {
+        WirePayload::Inline(bytes) => TensorPayload::Inline(bytes),
+        WirePayload::Shm { name, nbytes } => TensorPayload::Shm {
+            name,
+            offset: 0,
+            nbytes,
+            owner_id: owner_id(),
+        },
+        WirePayload::Remote {
+            transport,
+            descriptor,
+            nbytes,
+        } => TensorPayload::Remote {
+            transport,
+            descriptor,
+            nbytes,
+        },
+    }
+}
+
+/// Who owns the shm names this process publishes (`ShmHandle.owner_id`).
+fn owner_id() -> String {
+    format!("smg-{}", std::process::id())
+}
+
+/// Frees slots whose names are gone or overdue and publishes occupancy,
+/// until the lanes are dropped.
+async fn reclaim(lanes: Weak<TensorLanes>) {
+    let mut tick = tokio::time::interval(RECLAIM_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(lanes) = lanes.upgrade() else { return };
+        lanes.publish_occupancy();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_parse_with_and_without_a_threshold() {
+        assert_eq!(
+            parse_override("grpc://10.0.0.1:50051=shm").expect("valid"),
+            (
+                "10.0.0.1:50051".to_owned(),
+                WorkerLaneOverride {
+                    mode: LaneMode::Shm,
+                    min_bytes: None
+                }
+            )
+        );
+        assert_eq!(
+            parse_override("http://h:1/=auto,min_bytes=1048576").expect("valid"),
+            (
+                "h:1".to_owned(),
+                WorkerLaneOverride {
+                    mode: LaneMode::Auto,
+                    min_bytes: Some(1 << 20)
+                }
+            )
+        );
+        for bad in [
+            "grpc://h:1",
+            "=shm",
+            "grpc://h:1=tcp",
+            "grpc://h:1=shm,min_bytes=lots",
+            "grpc://h:1=shm,size=3",
+        ] {
+            assert!(parse_override(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,600 @@
+//! End-to-end tests of the tensor lanes in EPD: each image's pixel tensor
+//! reaches its encode worker inline or through a shm name, as
+//! `--multimodal-tensor-transport` (and `auto`'s namespace check) decide.
+//! Every test proves the encoder received the exact bytes (the sim worker's
+//! digest in the answer) and which lane carried them (its `--record-dir`
+//! sidecars), and that no shm name outlives its request: the gateway's names
+//! in its own shm directory return to its slots' private names and the pool
+//! reports every slot free on `/metrics`.
+//!
+//! Each test gives the gateway and its workers a shm directory of its own (a
+//! directory in /dev/shm, or a small tmpfs where mounting is allowed), so
+//! tests running in parallel never see each other's files.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use smg_shared::tensor::DType;
+use support::media::{
+    chat, expected, image_url, images_dir, messages, metric, metrics_text, processor,
+};
+use support::{Gateway, SimWorker};
+
+/// Large enough for the shm lane (over 64 KiB as bf16), small enough to fit
+/// a 256 KiB slot.
+const MEDIUM: &str = "rgba_150x100.png";
+/// Under the 64 KiB threshold: inline on every lane.
+const SMALL: &str = "tiny_20x20.png";
+/// Larger than a test slot: a one-off file.
+const LARGE: &str = "photo_640x480.jpg";
+const SLOT_BYTES: &str = "262144";
+
+/// A shm directory of the test's own, removed (or unmounted) on drop.
+struct ShmDir {
+    path: PathBuf,
+    mounted: bool,
+}
+
+impl ShmDir {
+    /// A fresh directory inside /dev/shm (same tmpfs, same namespace).
+    fn in_dev_shm() -> Self {
+        let path = PathBuf::from(format!(
+            "/dev/shm/smg-lanes-test-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&path).unwrap();
+        Self {
+            path,
+            mounted: false,
+        }
+    }
+
+    /// A tmpfs of `bytes` of its own, when this process may mount one.
+    fn small_tmpfs(bytes: u64) -> Option<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "smg-lanes-tmpfs-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&path).ok()?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !mounted {
+            let _ = std::fs::remove_dir(&path);
+            return None;
+        }
+        Some(Self {
+            path,
+            mounted: true,
+        })
+    }
+
+    fn arg(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// Names in the directory created by the gateway with process id `pid`.
+    fn names_of(&self, pid: u32) -> Vec<String> {
+        let prefix = format!("smg-{pid}-");
+        let mut names: Vec<String> = std::fs::read_dir(&self.path)
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg(&self.path)
+                .status();
+            let _ = std::fs::remove_dir(&self.path);
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// An EPD fleet whose encoder records what it received.
+struct Fleet {
+    _workers: Vec<SimWorker>,
+    record: tempfile::TempDir,
+    flags: Vec<String>,
+}
+
+fn fleet(shm: &ShmDir, encoder_flags: &[&str], prefill_flags: &[&str]) -> Fleet {
+    let record = tempfile::tempdir().unwrap();
+    let record_arg = record.path().display().to_string();
+    let shm_arg = shm.arg();
+    let mut encode_args = vec![
+        "--zero-delay",
+        "--record-dir",
+        &record_arg,
+        "--shm-dir",
+        &shm_arg,
+    ];
+    encode_args.extend_from_slice(encoder_flags);
+    let encoder = SimWorker::start("tokenspeed", "encode", &encode_args);
+    let mut prefill_args = vec!["--zero-delay", "--bootstrap-timeout-ms", "20000"];
+    prefill_args.extend_from_slice(prefill_flags);
+    let prefill = SimWorker::start("tokenspeed", "prefill", &prefill_args);
+    let decode = SimWorker::start(
+        "tokenspeed",
+        "decode",
+        &["--zero-delay", "--bootstrap-timeout-ms", "20000"],
+    );
+    let flags = vec![
+        "--epd-disaggregation".into(),
+        "--encode".into(),
+        encoder.grpc_url(),
+        encoder.bootstrap_port().to_string(),
+        "--prefill".into(),
+        prefill.grpc_url(),
+        prefill.bootstrap_port().to_string(),
+        "--decode".into(),
+        decode.grpc_url(),
+        "--served-model-name".into(),
+        "model".into(),
+        "--allowed-local-media-path".into(),
+        images_dir().display().to_string(),
+        "--multimodal-shm-dir".into(),
+        shm.arg(),
+        "--multimodal-shm-slot-bytes".into(),
+        SLOT_BYTES.into(),
+        "--multimodal-shm-slots-per-core".into(),
+        "2".into(),
+        "--dataplane-cores".into(),
+        "1".into(),
+        "--disable-health-check".into(),
+    ];
+    Fleet {
+        _workers: vec![encoder, prefill, decode],
+        record,
+        flags,
+    }
+}
+
+fn gateway(fleet: &Fleet, extra: &[&str]) -> Gateway {
+    let mut args: Vec<&str> = fleet.flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
+}
+
+/// The lane the encoder recorded for each image it received, by tensor
+/// size (so several images of different sizes are told apart).
+fn recorded_lanes(fleet: &Fleet) -> Vec<(u64, String)> {
+    recorded_in(fleet.record.path())
+}
+
+/// The (size, lane) of every encoder input recorded in `dir`, sorted.
+fn recorded_in(dir: &std::path::Path) -> Vec<(u64, String)> {
+    let mut lanes: Vec<(u64, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .map(|path| serde_json::from_str::<Value>(&std::fs::read_to_string(path).unwrap()).unwrap())
+        .filter(|sidecar| sidecar["name"] == "encoder_input")
+        .map(|sidecar| {
+            (
+                sidecar["nbytes"].as_u64().unwrap(),
+                sidecar["lane"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    lanes.sort();
+    lanes
+}
+
+/// The bf16 tensor size of a fixture image.
+fn tensor_bytes(name: &str) -> u64 {
+    let bytes = std::fs::read(images_dir().join(name)).unwrap();
+    processor().plan(&bytes, DType::BFloat16).unwrap().out_bytes as u64
+}
+
+/// Sends one chat with `images` and checks the answer carries the digest of
+/// exactly those tensors.
+async fn chat_exactly(gateway: &Gateway, images: &[&str]) {
+    let urls: Vec<String> = images.iter().map(|name| image_url(name)).collect();
+    let messages = messages(&urls);
+    let (status, body) = support::bounded("chat", chat(gateway, &messages)).await;
+    assert_eq!(status, 200, "{body}");
+    let content = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with(&expected(images, &messages)),
+        "the encoder saw other bytes: {content:?}"
+    );
+}
+
+/// Waits until every slot is free again and only the slots' private names
+/// remain in the directory; fails after 10 s.
+async fn assert_settles(gateway: &Gateway, shm: &ShmDir, private: &[String]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics_text(gateway).await;
+        let in_use = metric(&text, "smg_shm_slots_in_use", &[]);
+        let names = shm.names_of(gateway.pid());
+        if in_use == 0.0 && names == private {
+            assert_eq!(metric(&text, "smg_shm_slots_total", &[]), 2.0);
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lane did not settle: {in_use} slots in use, names {names:?} (private {private:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One request with a medium and a small image through `transport`; the
+/// medium image must travel `medium_lane`, the small one always inline.
+async fn one_lane(transport: &str, encoder_flags: &[&str], medium_lane: &str) -> (Gateway, Fleet) {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, encoder_flags, &[]);
+    let gateway = gateway(&fleet, &["--multimodal-tensor-transport", transport]);
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![
+            (tensor_bytes(SMALL), "inline".to_owned()),
+            (tensor_bytes(MEDIUM), medium_lane.to_owned()),
+        ],
+        "{transport}"
+    );
+    let text = metrics_text(&gateway).await;
+    let medium_on_its_lane = metric(
+        &text,
+        "smg_tensor_lane_tensors_total",
+        &[&format!("lane=\"{medium_lane}\"")],
+    );
+    assert!(medium_on_its_lane >= 1.0, "{transport}: {text}");
+    if matches!(transport, "shm" | "auto") {
+        assert_settles(&gateway, &shm, &private).await;
+    }
+    (gateway, fleet)
+}
+
+#[tokio::test]
+async fn inline_lane_carries_the_exact_bytes_in_the_message() {
+    let (gateway, _fleet) = one_lane("inline", &[], "inline").await;
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"shm\""]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn shm_lane_carries_tensors_over_the_threshold_through_a_name() {
+    let (gateway, _fleet) = one_lane("shm", &[], "shm").await;
+    let text = metrics_text(&gateway).await;
+    assert!(
+        metric(&text, "smg_tensor_lane_bytes_total", &["lane=\"shm\""])
+            >= tensor_bytes(MEDIUM) as f64
+    );
+}
+
+#[tokio::test]
+async fn auto_takes_shm_when_the_encoder_shares_our_namespace() {
+    one_lane("auto", &[], "shm").await;
+}
+
+#[tokio::test]
+async fn auto_goes_inline_when_the_encoder_is_on_another_host() {
+    let (gateway, _fleet) =
+        one_lane("auto", &["--shm-namespace-id", "another-boot:42"], "inline").await;
+    let text = metrics_text(&gateway).await;
+    assert!(
+        metric(
+            &text,
+            "smg_tensor_lane_fallbacks_total",
+            &["requested=\"shm\"", "reason=\"namespace_mismatch\""]
+        ) >= 1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_per_worker_override_beats_the_default() {
+    // Default inline, but this encoder is forced onto shm with a threshold
+    // low enough for the small image too.
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &[], &[]);
+    let encoder_url = fleet.flags[2].clone();
+    let override_flag = format!("{encoder_url}=shm,min_bytes=1024");
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "inline",
+            "--worker-tensor-transport",
+            &override_flag,
+        ],
+    );
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![
+            (tensor_bytes(SMALL), "shm".to_owned()),
+            (tensor_bytes(MEDIUM), "shm".to_owned()),
+        ]
+    );
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn rdma_falls_back_to_inline_and_says_so() {
+    let (gateway, _fleet) = one_lane("rdma", &[], "inline").await;
+    let text = metrics_text(&gateway).await;
+    assert!(
+        metric(
+            &text,
+            "smg_tensor_lane_fallbacks_total",
+            &["requested=\"rdma\"", "reason=\"rdma_unavailable\""]
+        ) >= 1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_a_refused_encode_sends_a_fresh_name() {
+    // The encoder reads (and unlinks) the first name, then refuses; the
+    // retry must carry a new name for the same slot.
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &["--refuse-encodes", "1"], &[]);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "shm",
+            "--retry-initial-backoff-ms",
+            "1",
+        ],
+    );
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    let lanes = recorded_lanes(&fleet);
+    assert_eq!(lanes.len(), 2, "read twice: {lanes:?}");
+    assert!(lanes.iter().all(|(_, lane)| lane == "shm"), "{lanes:?}");
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+/// Fault matrix: the request fails (never hangs) with `expected_code` and
+/// the lane settles.
+async fn fault(encoder_flags: &[&str], prefill_flags: &[&str], expected_code: &str) {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, encoder_flags, prefill_flags);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "shm",
+            "--disable-retries",
+            "--multimodal-shm-reclaim-ms",
+            "300",
+        ],
+    );
+    let private = shm.names_of(gateway.pid());
+    let messages = messages(&[image_url(MEDIUM)]);
+    let (status, body) = support::bounded("faulty chat", chat(&gateway, &messages)).await;
+    assert!(status >= 500, "{status}: {body}");
+    assert_eq!(body["error"]["code"], expected_code, "{body}");
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn an_encoder_that_refuses_leaves_nothing_behind() {
+    fault(&["--refuse-encodes", "100"], &[], "encode_failed").await;
+}
+
+#[tokio::test]
+async fn an_encoder_that_dies_mid_rpc_leaves_nothing_behind() {
+    fault(&["--exit-on-encode"], &[], "encode_failed").await;
+}
+
+#[tokio::test]
+async fn a_prefill_that_dies_after_the_encode_leaves_nothing_behind() {
+    fault(&[], &["--exit-after-tokens", "0"], "worker_error").await;
+}
+
+#[tokio::test]
+async fn an_encoder_that_never_unlinks_is_cleaned_up_after_the_deadline() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &["--keep-shm-names"], &[]);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "shm",
+            "--multimodal-shm-reclaim-ms",
+            "300",
+        ],
+    );
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(recorded_lanes(&fleet)[0].1, "shm");
+    // The worker kept the name; the gateway removes it after the deadline.
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_during_the_encode_frees_its_slot() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &["--stall-encodes", "--keep-shm-names"], &[]);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "shm",
+            "--multimodal-shm-reclaim-ms",
+            "300",
+        ],
+    );
+    let private = shm.names_of(gateway.pid());
+    let messages = messages(&[image_url(MEDIUM)]);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    let sent = client
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&json!({"model": "model", "messages": messages, "max_tokens": 4}))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the stalled encode never answers");
+    // The encoder received the tensor over shm before stalling.
+    assert_eq!(recorded_lanes(&fleet)[0].1, "shm");
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn a_killed_gateways_names_are_swept_by_the_next_one() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &["--keep-shm-names"], &[]);
+    let flags = ["--multimodal-tensor-transport", "shm"];
+    let first = gateway(&fleet, &flags);
+    let first_pid = first.pid();
+    chat_exactly(&first, &[MEDIUM]).await;
+    let left = shm.names_of(first_pid);
+    // Two private slot names and the public name the worker kept.
+    assert_eq!(left.len(), 3, "{left:?}");
+    drop(first); // SIGKILL: no chance to clean up.
+    assert_eq!(
+        shm.names_of(first_pid),
+        left,
+        "a killed gateway leaves its names"
+    );
+    let second = gateway(&fleet, &flags);
+    assert!(
+        shm.names_of(first_pid).is_empty(),
+        "the next gateway's start-up sweep removed them"
+    );
+    chat_exactly(&second, &[MEDIUM]).await;
+}
+
+#[tokio::test]
+async fn a_full_shm_directory_sends_tensors_inline_and_counts_it() {
+    // A tmpfs barely larger than the slots when mounting is allowed;
+    // otherwise /dev/shm with a free-space reserve nothing can satisfy.
+    let large = tensor_bytes(LARGE);
+    let (shm, extra) = match ShmDir::small_tmpfs(2 * 262_144 + 64 * 1024) {
+        Some(tmpfs) => (tmpfs, Vec::new()),
+        None => (
+            ShmDir::in_dev_shm(),
+            vec![
+                "--multimodal-shm-keep-free-bytes".to_owned(),
+                u64::MAX.to_string(),
+            ],
+        ),
+    };
+    assert!(large > 262_144, "the large image needs a one-off file");
+    let fleet = fleet(&shm, &[], &[]);
+    let mut flags = vec!["--multimodal-tensor-transport".to_owned(), "shm".to_owned()];
+    flags.extend(extra);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let gateway = gateway(&fleet, &flags);
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[LARGE, MEDIUM]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![
+            (tensor_bytes(MEDIUM), "shm".to_owned()),
+            (large, "inline".to_owned()),
+        ],
+        "the slot still serves; the one-off file did not fit"
+    );
+    let text = metrics_text(&gateway).await;
+    assert!(
+        metric(
+            &text,
+            "smg_tensor_lane_fallbacks_total",
+            &["requested=\"shm\"", "reason=\"shm_no_space\""]
+        ) >= 1.0,
+        "{text}"
+    );
+    assert_settles(&gateway, &shm, &private).await;
+}
+
+#[tokio::test]
+async fn regular_and_pd_tokenspeed_workers_read_mm_inputs_through_shm_too() {
+    for mode in ["regular", "pd"] {
+        let shm = ShmDir::in_dev_shm();
+        let record = tempfile::tempdir().unwrap();
+        let record_arg = record.path().display().to_string();
+        let shm_arg = shm.arg();
+        let reader_flags = [
+            "--zero-delay",
+            "--record-dir",
+            &record_arg,
+            "--shm-dir",
+            &shm_arg,
+        ];
+        let mut workers = Vec::new();
+        let mut flags: Vec<String> = Vec::new();
+        if mode == "regular" {
+            let worker = SimWorker::start("tokenspeed", "regular", &reader_flags);
+            flags.extend(["--worker-urls".into(), worker.grpc_url()]);
+            workers.push(worker);
+        } else {
+            let prefill = SimWorker::start("tokenspeed", "prefill", &reader_flags);
+            let decode = SimWorker::start("tokenspeed", "decode", &["--zero-delay"]);
+            flags.extend([
+                "--pd-disaggregation".into(),
+                "--prefill".into(),
+                prefill.grpc_url(),
+                prefill.bootstrap_port().to_string(),
+                "--decode".into(),
+                decode.grpc_url(),
+            ]);
+            workers.extend([prefill, decode]);
+        }
+        flags.extend(
+            [
+                "--served-model-name",
+                "model",
+                "--allowed-local-media-path",
+                &images_dir().display().to_string(),
+                "--multimodal-shm-dir",
+                &shm_arg,
+                "--multimodal-shm-slot-bytes",
+                SLOT_BYTES,
+                "--multimodal-shm-slots-per-core",
+                "2",
+                "--dataplane-cores",
+                "1",
+                "--disable-health-check",
+                "--multimodal-tensor-transport",
+                "shm",
+            ]
+            .map(String::from),
+        );
+        let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let gateway = Gateway::start(&args);
+        let private = shm.names_of(gateway.pid());
+        chat_exactly(&gateway, &[MEDIUM]).await;
+        assert_eq!(
+            recorded_in(record.path()),
+            [(tensor_bytes(MEDIUM), "shm".to_owned())],
+            "{mode}"
+        );
+        assert_settles(&gateway, &shm, &private).await;
+        drop(workers);
+    }
+}
