@@ -54,11 +54,12 @@ fn main() {
     let gateway = smg::tokenizer::Tokenizer::from_model_dir(&dir).expect("tokenizer");
     let hugging_face =
         tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer.json");
-    let words = [
-        "the", "model", "gateway", "request", "token", "serving", "latency", "answer", "cache",
-        "quickly", "Paris", "42", "1999", "we're", "it's", "naïve", "café", "data,", "(note)",
-        "end.", "\n", "multi-core", "GPU", "x86_64", "e-mail", "ok?", "yes!", "don't",
-    ];
+    let mut words: Vec<&str> = "the model gateway request token serving latency answer cache \
+         quickly Paris 42 1999 we're it's naïve café data, (note) end. multi-core GPU x86_64 \
+         e-mail ok? yes! don't"
+        .split_whitespace()
+        .collect();
+    words.push("\n");
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     let kinds: [(&str, Vec<String>); 2] = [
         (
