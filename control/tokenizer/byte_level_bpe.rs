@@ -79,6 +79,12 @@ struct Symbol {
 
 const NONE: u32 = u32::MAX;
 
+/// Pieces up to this many bytes merge on the stack by scanning for the
+/// lowest-ranked pair; longer ones use a priority queue.
+const SHORT_PIECE: usize = 32;
+/// The rank of a pair that has no merge.
+const NO_MERGE: (u32, u32) = (u32::MAX, 0);
+
 fn pair_key(left: u32, right: u32) -> u64 {
     (u64::from(left) << 32) | u64::from(right)
 }
@@ -208,6 +214,9 @@ impl ByteLevelBpe {
         {
             return ids.push(*id);
         }
+        if piece.len() <= SHORT_PIECE {
+            return self.merge_short(piece, ids);
+        }
         let Scratch { symbols, queue } = scratch;
         symbols.clear();
         queue.clear();
@@ -263,6 +272,55 @@ impl ByteLevelBpe {
             ids.push(symbol.id);
             position = symbol.next;
         }
+    }
+}
+
+impl ByteLevelBpe {
+    fn rank_of(&self, left: u32, right: u32) -> (u32, u32) {
+        self.merges
+            .get(&pair_key(left, right))
+            .copied()
+            .unwrap_or(NO_MERGE)
+    }
+
+    /// The same merge rule as the queue (lowest rank, leftmost on ties) for
+    /// a piece of at most [`SHORT_PIECE`] bytes: each step scans the pairs'
+    /// ranks, and only the two pairs next to a merge are looked up again.
+    fn merge_short(&self, piece: &[u8], ids: &mut Vec<u32>) {
+        let mut symbols = [0u32; SHORT_PIECE];
+        let mut len = piece.len();
+        for (slot, byte) in symbols.iter_mut().zip(piece) {
+            *slot = self.byte_ids[usize::from(*byte)];
+        }
+        // `pairs[i]`: (rank, merged id) of `symbols[i]` and `symbols[i + 1]`.
+        let mut pairs = [NO_MERGE; SHORT_PIECE];
+        for i in 0..len - 1 {
+            pairs[i] = self.rank_of(symbols[i], symbols[i + 1]);
+        }
+        loop {
+            let mut best = None;
+            let mut best_rank = NO_MERGE.0;
+            for (i, &(rank, _)) in pairs[..len - 1].iter().enumerate() {
+                if rank < best_rank {
+                    best_rank = rank;
+                    best = Some(i);
+                }
+            }
+            let Some(i) = best else { break };
+            symbols[i] = pairs[i].1;
+            symbols.copy_within(i + 2..len, i + 1);
+            if i + 2 < len {
+                pairs.copy_within(i + 2..len - 1, i + 1);
+            }
+            len -= 1;
+            if i > 0 {
+                pairs[i - 1] = self.rank_of(symbols[i - 1], symbols[i]);
+            }
+            if i + 1 < len {
+                pairs[i] = self.rank_of(symbols[i], symbols[i + 1]);
+            }
+        }
+        ids.extend_from_slice(&symbols[..len]);
     }
 }
 
@@ -418,7 +476,14 @@ mod tests {
         let tokenizer = load(json);
         let encoder = ByteLevelBpe::for_tokenizer(&tokenizer).expect("a supported shape");
         let mut checked = 0;
-        let long_runs = ["x".repeat(3000), " ".repeat(700), "12".repeat(500)];
+        // Pieces longer than SHORT_PIECE take the queue.
+        let long_runs = [
+            "x".repeat(3000),
+            " ".repeat(700),
+            "12".repeat(500),
+            "internationalization".repeat(3),
+            format!("{} and {}", "tokenizer".repeat(4), "é".repeat(20)),
+        ];
         let texts = [random_texts(11, 2000, false), random_texts(12, 1000, true)].concat();
         for text in texts.iter().chain(&probe_texts()).chain(&long_runs) {
             if let Some(ids) = direct(&encoder, text) {
@@ -506,6 +571,32 @@ mod tests {
             SysRegex::new(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+")
                 .unwrap();
         assert!(encoder.first_disagreement(&tokenizer).is_some());
+    }
+
+    #[test]
+    fn short_pieces_merge_like_the_tokenizer() {
+        let tokenizer = load(&fixture_json());
+        let encoder = ByteLevelBpe::for_tokenizer(&tokenizer).unwrap();
+        let words = [
+            "internationalization",
+            "tokenizer",
+            "aaaa",
+            "ing",
+            "é",
+            " the",
+            "er",
+        ];
+        for len in (2..8).chain(SHORT_PIECE - 3..=SHORT_PIECE) {
+            for word in words {
+                let piece: String = word.chars().cycle().take(len).collect();
+                if piece.len() > SHORT_PIECE {
+                    continue;
+                }
+                let mut short = Vec::new();
+                encoder.merge_short(piece.as_bytes(), &mut short);
+                assert_eq!(short, reference(&tokenizer, &piece), "{piece:?}");
+            }
+        }
     }
 
     #[test]
