@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{closed_loop, cpu_seconds, percentile, pin};
+use common::{
+    closed_loop, cpu_seconds, load_average, machine_jiffies, percentile, pin,
+    run_queue_wait_seconds,
+};
 use futures::StreamExt;
 use serde_json::json;
 use smg::proto::tokenspeed_scheduler as ts;
@@ -39,9 +42,60 @@ struct Row {
     requests_per_sec: f64,
     /// CPU the serving process used per wall second (1.0 = one full core).
     server_cpu_cores: f64,
+    /// Wall seconds per second the serving process was runnable but
+    /// waiting for its core (`server_cpu_cores` + this ≈ 1: saturated).
+    server_run_queue_wait: f64,
+    /// Requests per CPU-second of the serving process.
+    requests_per_server_cpu_sec: f64,
+    /// Cores the whole machine kept busy on average (everything running,
+    /// other users of the machine included), and the load average after.
+    machine_busy_cores: f64,
+    load_average: f64,
     mean_ms: f64,
     p50_ms: f64,
     p99_ms: f64,
+}
+
+/// What the machine did while a row ran.
+struct Usage {
+    wall: Duration,
+    /// CPU seconds of the serving process.
+    server_cpu: Option<f64>,
+    /// Seconds it waited, runnable, for a core.
+    server_wait: Option<f64>,
+    busy_cores: Option<f64>,
+}
+
+/// Measures `run`'s wall time, `server_pid`'s CPU time and the machine's.
+async fn measured<T>(server_pid: u32, run: impl std::future::Future<Output = T>) -> (T, Usage) {
+    let cpu_before = cpu_seconds(server_pid);
+    let wait_before = run_queue_wait_seconds(server_pid);
+    let machine_before = machine_jiffies();
+    let started = std::time::Instant::now();
+    let out = run.await;
+    let wall = started.elapsed();
+    let server_cpu = cpu_seconds(server_pid)
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    let server_wait = run_queue_wait_seconds(server_pid)
+        .zip(wait_before)
+        .map(|(after, before)| after - before);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let busy_cores =
+        machine_jiffies()
+            .zip(machine_before)
+            .map(|((busy, total), (busy0, total0))| {
+                cores * (busy - busy0) as f64 / (total - total0).max(1) as f64
+            });
+    (
+        out,
+        Usage {
+            wall,
+            server_cpu,
+            server_wait,
+            busy_cores,
+        },
+    )
 }
 
 fn row(
@@ -49,11 +103,12 @@ fn row(
     target: &str,
     concurrency: usize,
     mut latencies: Vec<f64>,
-    wall: Duration,
-    server_cpu: Option<f64>,
+    usage: &Usage,
 ) -> Row {
     latencies.sort_by(f64::total_cmp);
     let requests = latencies.len();
+    let wall = usage.wall;
+    let server_cpu = usage.server_cpu;
     Row {
         scenario: scenario.to_owned(),
         target: target.to_owned(),
@@ -61,6 +116,12 @@ fn row(
         requests,
         requests_per_sec: requests as f64 / wall.as_secs_f64(),
         server_cpu_cores: server_cpu.map_or(f64::NAN, |cpu| cpu / wall.as_secs_f64()),
+        server_run_queue_wait: usage
+            .server_wait
+            .map_or(f64::NAN, |wait| wait / wall.as_secs_f64()),
+        requests_per_server_cpu_sec: server_cpu.map_or(f64::NAN, |cpu| requests as f64 / cpu),
+        machine_busy_cores: usage.busy_cores.unwrap_or(f64::NAN),
+        load_average: load_average().unwrap_or(f64::NAN),
         mean_ms: latencies.iter().sum::<f64>() / requests.max(1) as f64,
         p50_ms: percentile(&latencies, 0.5),
         p99_ms: percentile(&latencies, 0.99),
@@ -148,8 +209,7 @@ fn main() {
             ("chat, streaming", true, 32),
         ] {
             let (http, url, body) = (http.clone(), chat_url.clone(), body.clone());
-            let cpu_before = cpu_seconds(gateway_pid);
-            let (latencies, wall) = closed_loop(concurrency, duration, move || {
+            let ((latencies, _), usage) = measured(gateway_pid, closed_loop(concurrency, duration, move || {
                 let (http, url, payload) = (http.clone(), url.clone(), body(stream));
                 async move {
                     match http.post(&url).json(&payload).send().await {
@@ -165,23 +225,12 @@ fn main() {
                         _ => false,
                     }
                 }
-            })
+            }))
             .await;
-            let cpu = cpu_seconds(gateway_pid)
-                .zip(cpu_before)
-                .map(|(after, before)| after - before);
-            rows.push(row(
-                scenario,
-                "gateway (HTTP)",
-                concurrency,
-                latencies,
-                wall,
-                cpu,
-            ));
+            rows.push(row(scenario, "gateway (HTTP)", concurrency, latencies, &usage));
 
             let (grpc, make) = (grpc.clone(), direct_request.clone());
-            let cpu_before = cpu_seconds(worker_pid);
-            let (latencies, wall) = closed_loop(concurrency, duration, move || {
+            let ((latencies, _), usage) = measured(worker_pid, closed_loop(concurrency, duration, move || {
                 let (mut grpc, request) = (grpc.clone(), make(stream));
                 async move {
                     match grpc.generate(request).await {
@@ -198,51 +247,54 @@ fn main() {
                         Err(_) => false,
                     }
                 }
-            })
+            }))
             .await;
-            let cpu = cpu_seconds(worker_pid)
-                .zip(cpu_before)
-                .map(|(after, before)| after - before);
-            rows.push(row(
-                scenario,
-                "worker direct (gRPC)",
-                concurrency,
-                latencies,
-                wall,
-                cpu,
-            ));
+            rows.push(row(scenario, "worker direct (gRPC)", concurrency, latencies, &usage));
         }
         rows
     });
 
     println!(
-        "\n{:<22} {:<22} {:>5} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9}",
+        "\n{:<22} {:<22} {:>5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>6} {:>9} {:>9} {:>9}",
         "scenario",
         "target",
         "conc",
         "requests",
         "req/s",
         "srv cpu",
-        "req/s/core",
+        "srv wait",
+        "req/srv-cpu-s",
+        "busy/cores",
+        "load",
         "mean ms",
         "p50 ms",
         "p99 ms"
     );
     for r in &rows {
         println!(
-            "{:<22} {:<22} {:>5} {:>9} {:>9.0} {:>9.2} {:>10.0} {:>9.3} {:>9.3} {:>9.3}",
+            "{:<22} {:<22} {:>5} {:>9} {:>9.0} {:>9.2} {:>9.2} {:>12.0} {:>7.2}/{cores} {:>6.1} {:>9.3} {:>9.3} {:>9.3}",
             r.scenario,
             r.target,
             r.concurrency,
             r.requests,
             r.requests_per_sec,
             r.server_cpu_cores,
-            r.requests_per_sec / r.server_cpu_cores,
+            r.server_run_queue_wait,
+            r.requests_per_server_cpu_sec,
+            r.machine_busy_cores,
+            r.load_average,
             r.mean_ms,
             r.p50_ms,
             r.p99_ms
         );
     }
+    println!(
+        "srv cpu: the serving process's CPU per wall second; srv wait: the time it was \
+         runnable but waited for its core, per wall second (cpu + wait near 1.00: the server \
+         was saturated, had it had the core to itself); \
+         req/srv-cpu-s: requests per CPU-second it used; busy/cores: cores the whole \
+         machine kept busy (other processes included); load: 1-minute load average after."
+    );
     for pair in rows.chunks(2) {
         if let [gateway, direct] = pair {
             println!(

@@ -65,6 +65,45 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((user + system) / 100.0)
 }
 
+/// Seconds the threads of process `pid` have spent runnable but waiting
+/// for a core (the second field of `/proc/<pid>/task/*/schedstat`). CPU
+/// time plus this wait, per wall second, near 1.0 means the process always
+/// had work: it was saturated, whether or not it got the core to itself.
+pub fn run_queue_wait_seconds(pid: u32) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let nanos: u64 = tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    Some(nanos as f64 * 1e-9)
+}
+
+/// Jiffies the whole machine has spent busy and in total so far (all cores,
+/// from the `cpu` line of `/proc/stat`); `None` where procfs is unavailable.
+pub fn machine_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|line| line.starts_with("cpu "))?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// The 1-minute load average.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Pins every thread of process `pid` to `core` (`taskset`, when present).
 pub fn pin(pid: u32, core: usize) {
     let _ = std::process::Command::new("taskset")

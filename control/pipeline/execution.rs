@@ -6,12 +6,17 @@
 //! every other call is aborted and the request fails at once, instead of
 //! waiting for a rendezvous timeout. A client that goes away aborts every leg.
 //! The response stream is decode's (or the single worker's) event stream.
+//!
+//! A lone leg (Regular mode: no prefill, no encodes) has nothing to run
+//! beside it, so its stream applies the same rules itself as it is polled,
+//! without a supervising task and channel per request.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -108,6 +113,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     let mut primary_abort = AbortOnDrop::new(&primary);
     let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
 
+    let primary_sequences = primary.request.sampling.n.max(1);
     let primary_start = primary.client.generate(primary.request);
     let (primary_stream, prefill_stream) = match prefill {
         Some(leg) => {
@@ -119,6 +125,15 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     // If either fails to start, the guards abort whatever did start.
     let primary_stream = primary_stream?;
     let prefill_stream = prefill_stream.transpose()?;
+    if prefill_stream.is_none() && side_calls.is_empty() {
+        return Ok(Box::pin(LoneLeg {
+            events: primary_stream,
+            abort: Some(primary_abort),
+            guards,
+            sequences: primary_sequences,
+            completes: 0,
+        }));
+    }
 
     let (sender, receiver) = mpsc::channel(32);
     tokio::spawn(async move {
@@ -139,6 +154,61 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
         drop(prefill_abort);
     });
     Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+/// The events of a leg that runs alone, under the supervisor's rules: an
+/// error ends the stream, a stream that ends before any sequence completed
+/// is `stream_interrupted`, and the leg is aborted on the worker unless it
+/// finished (dropping this stream early aborts it). Consumers stop reading
+/// once every sequence completed, so that counts as finished too.
+struct LoneLeg {
+    events: EventStream,
+    /// `None` once the stream has ended (then it yields nothing more).
+    abort: Option<AbortOnDrop>,
+    guards: Vec<LoadGuard>,
+    /// Sequences the leg generates (the request's `n`).
+    sequences: u32,
+    completes: u32,
+}
+
+impl LoneLeg {
+    /// Ends the stream: aborts the leg on the worker unless it finished
+    /// (now or earlier), and releases the guards.
+    fn end(&mut self, finished: bool) {
+        if let Some(mut abort) = self.abort.take() {
+            abort.armed &= !finished;
+        }
+        self.guards.clear();
+    }
+}
+
+impl Stream for LoneLeg {
+    type Item = Result<GenerateEvent>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.abort.is_none() {
+            return Poll::Ready(None);
+        }
+        let item = match ready!(this.events.poll_next_unpin(cx)) {
+            Some(Ok(event)) => {
+                if matches!(event, GenerateEvent::Complete { .. }) {
+                    this.completes += 1;
+                    if this.completes >= this.sequences
+                        && let Some(abort) = this.abort.as_mut()
+                    {
+                        abort.armed = false;
+                    }
+                }
+                return Poll::Ready(Some(Ok(event)));
+            }
+            Some(Err(err)) => Some(Err(err)),
+            None if this.completes == 0 => Some(Err(ended_before_completion())),
+            None => None,
+        };
+        this.end(item.is_none());
+        Poll::Ready(item)
+    }
 }
 
 enum Supervised {
@@ -189,11 +259,7 @@ async fn supervise(
                 }
                 None => {
                     if primary_completes == 0 {
-                        let err = Error::new(
-                            ErrorCode::StreamInterrupted,
-                            "the worker's stream ended before the request completed",
-                        );
-                        let _ = sender.send(Err(err)).await;
+                        let _ = sender.send(Err(ended_before_completion())).await;
                         return Supervised::Stopped;
                     }
                     return Supervised::Finished { prefill_done };
@@ -201,6 +267,13 @@ async fn supervise(
             },
         }
     }
+}
+
+fn ended_before_completion() -> Error {
+    Error::new(
+        ErrorCode::StreamInterrupted,
+        "the worker's stream ended before the request completed",
+    )
 }
 
 /// How long a failed leg waits for still-running encodes to report.

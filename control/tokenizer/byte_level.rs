@@ -24,6 +24,16 @@ fn byte_of(ch: char) -> Option<u8> {
         .nth(usize::try_from(rank).ok()?)
 }
 
+/// The vocabulary character that spells `byte`.
+pub(super) fn char_of(byte: u8) -> char {
+    if spelled_as_itself(byte) {
+        return char::from(byte);
+    }
+    let rank = (0..byte).filter(|&lower| !spelled_as_itself(lower)).count();
+    // At most 68 bytes are not spelled as themselves: U+0100..=U+0143.
+    char::from_u32(0x100 + rank as u32).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
 /// The bytes a byte-level vocabulary entry stands for, or `None` when the
 /// entry has a character outside the alphabet (e.g. an added token).
 pub(super) fn token_bytes(entry: &str) -> Option<Vec<u8>> {
@@ -43,6 +53,9 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), 256);
+        for byte in 0..=u8::MAX {
+            assert_eq!(byte_of(char_of(byte)), Some(byte));
+        }
     }
 
     #[test]

@@ -14,9 +14,12 @@
 //! - `detokenizer.rs` streams ids back to text without splitting characters.
 //! - `segments.rs` tokenizes prompts piece by piece between added tokens,
 //!   caching the pieces (system prompts, role headers) that recur.
+//! - `byte_level_bpe.rs` encodes those pieces directly for byte-level BPE
+//!   tokenizers (GPT-2, Qwen2, Llama 3 style), with `tokenizers`' ids.
 //! - `stop.rs` finds and trims stop strings in the streamed text.
 
 mod byte_level;
+mod byte_level_bpe;
 mod chat_template;
 mod detokenizer;
 mod files;

@@ -25,6 +25,8 @@ use std::sync::{Arc, Mutex};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
+use super::byte_level_bpe::ByteLevelBpe;
+
 /// Pieces longer than this are tokenized but never cached.
 const MAX_CACHED_PIECE_BYTES: usize = 256 * 1024;
 /// Independent cache shards (lock striping across tokio workers).
@@ -37,6 +39,8 @@ pub(super) struct SegmentEncoder {
     delimiters: AhoCorasick,
     delimiter_ids: Vec<u32>,
     cache: PieceCache,
+    /// Encodes pieces without `tokenizers`' bookkeeping, when it applies.
+    direct: Option<ByteLevelBpe>,
 }
 
 impl SegmentEncoder {
@@ -74,6 +78,7 @@ impl SegmentEncoder {
             delimiters,
             delimiter_ids: tokens.iter().map(|(id, _)| *id).collect(),
             cache: PieceCache::new(cache_bytes),
+            direct: ByteLevelBpe::for_tokenizer(tokenizer),
         };
         let probes = probe_texts(&tokens);
         let agrees = probes.iter().all(|probe| {
@@ -116,13 +121,23 @@ impl SegmentEncoder {
             ids.extend_from_slice(&cached);
             return Ok(());
         }
-        let encoding = tokenizer.encode_fast(piece, false)?;
-        let piece_ids = encoding.get_ids();
-        ids.extend_from_slice(piece_ids);
+        let start = ids.len();
+        let direct = self
+            .direct
+            .as_ref()
+            .is_some_and(|direct| direct.encode(piece, ids));
+        if !direct {
+            ids.extend_from_slice(tokenizer.encode_fast(piece, false)?.get_ids());
+        }
         if piece.len() <= MAX_CACHED_PIECE_BYTES {
-            self.cache.insert(piece, piece_ids);
+            self.cache.insert(piece, &ids[start..]);
         }
         Ok(())
+    }
+
+    #[cfg(test)]
+    fn uses_direct_bpe(&self) -> bool {
+        self.direct.is_some()
     }
 
     #[cfg(test)]
@@ -269,6 +284,7 @@ mod tests {
     fn cutting_at_added_tokens_gives_the_tokenizers_own_ids() {
         let tokenizer = fixture();
         let encoder = SegmentEncoder::for_tokenizer(&tokenizer).expect("fixture qualifies");
+        assert!(encoder.uses_direct_bpe());
         let texts = [
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
             "no added tokens at all",
