@@ -4,10 +4,12 @@
 //! A zero-delay TokenSpeed sim worker and `smg` in front of it. Text load:
 //! non-streaming 8-token chats, closed loop. Image load: chats carrying a
 //! 1920x1080 JPEG (`file://`, allow-listed), closed loop with enough in
-//! flight that the data plane's job ring never runs dry. Two gateway
+//! flight that the data plane's job ring never runs dry. Three gateway
 //! set-ups: the default split (`--dataplane-cores 1`: on two cores, tokio
-//! keeps core 0 and the data plane owns core 1) and the data plane sharing
-//! every core with tokio (`--dataplane-cores` = all cores). The worker is
+//! keeps core 0 and the data plane owns core 1); the same with the shm lane
+//! (the tensor reaches the worker as a `/dev/shm` name instead of inside
+//! the gRPC frame); and the data plane sharing every core with tokio
+//! (`--dataplane-cores` = all cores). The worker is
 //! pinned to core 0 when there are two or more cores. Prints a table and
 //! writes `bench-results/dataplane_isolation.json`.
 //!
@@ -151,9 +153,10 @@ fn main() {
     let images = images_dir().display().to_string();
     let all_cores = cores.to_string();
     let mut rows = Vec::new();
-    for (setup, dataplane_cores) in [
-        ("data plane on its own core (default)", "1"),
-        ("data plane sharing all cores", all_cores.as_str()),
+    for (setup, dataplane_cores, transport) in [
+        ("data plane on its own core (default)", "1", "inline"),
+        ("data plane on its own core, shm lane", "1", "shm"),
+        ("data plane sharing all cores", all_cores.as_str(), "inline"),
     ] {
         let gateway = support::Gateway::start(&[
             "--worker-urls",
@@ -169,6 +172,8 @@ fn main() {
             dataplane_cores,
             "--dataplane-submit-timeout-ms",
             "60000",
+            "--multimodal-tensor-transport",
+            transport,
         ]);
         let url = gateway.url("/v1/chat/completions");
         rows.extend(runtime.block_on(measure(setup, url, duration)));

@@ -23,7 +23,14 @@ pub enum Command {
     Demo(crate::demo::DemoArgs),
 }
 
-/// How image tensors travel to encode/prefill workers.
+/// Which memory the RDMA lane registers (`--multimodal-rdma-backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RdmaBackendArg {
+    Verbs,
+    Loopback,
+}
+
+/// How image tensors travel to the workers that read them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TensorTransport {
     Inline,
@@ -170,6 +177,21 @@ pub struct LaunchArgs {
     /// is removed by the gateway.
     #[arg(long, default_value_t = 30_000)]
     pub multimodal_shm_reclaim_ms: u64,
+    /// The RDMA lane's backend: the host's first RDMA device (`verbs`,
+    /// needs a build with `--features rdma-verbs`), or a `/dev/shm` arena
+    /// workers on this host read (`loopback`, for tests and single hosts).
+    #[arg(long, value_enum, default_value_t = RdmaBackendArg::Verbs)]
+    pub multimodal_rdma_backend: RdmaBackendArg,
+    /// Slots in the RDMA arena (registered once, shared by every core).
+    #[arg(long, default_value_t = 16)]
+    pub multimodal_rdma_slots: usize,
+    /// Bytes per RDMA slot: the largest tensor the lane takes.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub multimodal_rdma_slot_bytes: usize,
+    /// How long a published RDMA slot waits for its RPC to return before
+    /// the reaper takes it back (a late read then fails as stale).
+    #[arg(long, default_value_t = 30_000)]
+    pub multimodal_rdma_deadline_ms: u64,
     /// Free bytes a one-off shm file must leave in the tmpfs; tensors that
     /// would eat into them go inline (counted as fallbacks).
     #[arg(long, default_value_t = 0)]

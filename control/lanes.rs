@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
+use smg_dataplane::lanes::rdma::{RdmaArena, RdmaBackend, RdmaConfig, RdmaLane};
 use smg_dataplane::lanes::{
     Fallback, LaneChoice, LaneKind, SealedTensor, ShmLane, ShmLaneConfig, ShmOccupancy, TensorLane,
     shm,
@@ -137,6 +138,12 @@ pub struct LaneSettings {
     pub shm_slots_per_core: usize,
     pub shm_reclaim_after: Duration,
     pub shm_keep_free_bytes: u64,
+    pub rdma_backend: RdmaBackend,
+    pub rdma_slots: usize,
+    pub rdma_slot_bytes: usize,
+    /// How long a published RDMA slot waits for its RPC before the reaper
+    /// takes it back.
+    pub rdma_deadline: Duration,
 }
 
 /// What a worker advertised about its /dev/shm, as far as we know.
@@ -176,8 +183,8 @@ impl TensorLanes {
     /// directory, and creates the per-core pools when any mode uses shm. A
     /// pool that cannot be created (too little room) leaves shm off: those
     /// tensors go inline, counted as fallbacks.
-    /// `rdma` is the RDMA lane when this build has one (a device backend or
-    /// the loopback arena); without it `rdma` modes fall back to inline.
+    /// `rdma` is the RDMA lane when one opened ([`open_rdma`], which logs
+    /// why not); without it `rdma` modes fall back to inline.
     pub fn start(
         settings: &LaneSettings,
         cores: usize,
@@ -185,17 +192,6 @@ impl TensorLanes {
     ) -> Arc<Self> {
         let wants_shm =
             settings.mode.uses_shm() || settings.overrides.iter().any(|(_, o)| o.mode.uses_shm());
-        let wants_rdma = settings.mode == LaneMode::Rdma
-            || settings
-                .overrides
-                .iter()
-                .any(|(_, o)| o.mode == LaneMode::Rdma);
-        if wants_rdma && rdma.is_none() {
-            tracing::warn!(
-                "the rdma tensor transport has no device backend in this build; \
-                 tensors for rdma workers go inline (smg_tensor_lane_fallbacks_total{{requested=\"rdma\"}})"
-            );
-        }
         // Whatever this gateway's mode, names left by gateways that died
         // (pid and start time are in each name) are removed now.
         match shm::sweep_orphans(&settings.shm_dir) {
@@ -530,7 +526,57 @@ pub fn settings_from(args: &crate::cli::LaunchArgs) -> Result<LaneSettings, Stri
         shm_slots_per_core: args.multimodal_shm_slots_per_core,
         shm_reclaim_after: Duration::from_millis(args.multimodal_shm_reclaim_ms),
         shm_keep_free_bytes: args.multimodal_shm_keep_free_bytes,
+        rdma_backend: match args.multimodal_rdma_backend {
+            crate::cli::RdmaBackendArg::Verbs => RdmaBackend::Verbs,
+            crate::cli::RdmaBackendArg::Loopback => RdmaBackend::Loopback,
+        },
+        rdma_slots: args.multimodal_rdma_slots,
+        rdma_slot_bytes: args.multimodal_rdma_slot_bytes,
+        rdma_deadline: Duration::from_millis(args.multimodal_rdma_deadline_ms),
     })
+}
+
+/// Opens the RDMA lane when a mode asks for it: the verbs backend on the
+/// host's first device, or the loopback arena in the shm directory. Without
+/// one, `None` after one log line saying why (those tensors go inline,
+/// counted as `rdma_unavailable` fallbacks).
+pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<dyn TensorLane>> {
+    let wanted = settings.mode == LaneMode::Rdma
+        || settings
+            .overrides
+            .iter()
+            .any(|(_, o)| o.mode == LaneMode::Rdma);
+    if !wanted {
+        return None;
+    }
+    let config = RdmaConfig {
+        slot_bytes: settings.rdma_slot_bytes,
+        slots: settings.rdma_slots,
+        loopback_dir: settings.shm_dir.clone(),
+    };
+    let arena = match RdmaArena::open(settings.rdma_backend, &config) {
+        Ok(arena) => arena,
+        Err(why) => {
+            why.log_fallback();
+            return None;
+        }
+    };
+    let transport = arena.transport();
+    match RdmaLane::new(arena, settings.rdma_deadline) {
+        Ok(lane) => {
+            tracing::info!(
+                transport,
+                slots = settings.rdma_slots,
+                slot_bytes = settings.rdma_slot_bytes,
+                "rdma tensor lane ready"
+            );
+            Some(Arc::new(lane))
+        }
+        Err(err) => {
+            tracing::warn!(%err, "the rdma lane's reaper did not start; its tensors go inline");
+            None
+        }
+    }
 }
 
 /// Counts a decision-level fallback once per tensor it affected.

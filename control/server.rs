@@ -432,10 +432,11 @@ pub async fn launch(args: LaunchArgs, cores: CorePlan) -> anyhow::Result<()> {
     );
     let dataplane = DataPlane::start(dataplane_config(&args, &cores))
         .map_err(|err| anyhow::anyhow!("data plane: {err}"))?;
+    let lane_settings = crate::lanes::settings_from(&args).map_err(anyhow::Error::msg)?;
     let lanes = crate::lanes::TensorLanes::start(
-        &crate::lanes::settings_from(&args).map_err(anyhow::Error::msg)?,
+        &lane_settings,
         dataplane.threads(),
-        None,
+        crate::lanes::open_rdma(&lane_settings),
     );
     crate::lanes::install(&lanes);
     let served = serve_with(args, &dataplane, metrics).await;

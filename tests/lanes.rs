@@ -340,6 +340,50 @@ async fn a_per_worker_override_beats_the_default() {
 }
 
 #[tokio::test]
+async fn rdma_loopback_carries_the_exact_bytes_and_frees_its_slots() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &[], &[]);
+    let gateway = gateway(
+        &fleet,
+        &[
+            "--multimodal-tensor-transport",
+            "rdma",
+            "--multimodal-rdma-backend",
+            "loopback",
+            "--multimodal-rdma-slots",
+            "2",
+            "--multimodal-rdma-slot-bytes",
+            SLOT_BYTES,
+        ],
+    );
+    let arena = shm.names_of(gateway.pid());
+    assert_eq!(arena.len(), 1, "one arena file: {arena:?}");
+    // Three requests through a two-slot arena: slots must come back.
+    for _ in 0..3 {
+        chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
+    }
+    let lanes = recorded_lanes(&fleet);
+    assert_eq!(
+        lanes.iter().filter(|(_, lane)| lane == "remote").count(),
+        3,
+        "{lanes:?}"
+    );
+    assert!(
+        lanes
+            .iter()
+            .all(|(size, lane)| (lane == "remote") == (*size == tensor_bytes(MEDIUM))),
+        "{lanes:?}"
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"rdma\""]),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(shm.names_of(gateway.pid()), arena, "only the arena file");
+}
+
+#[tokio::test]
 async fn rdma_falls_back_to_inline_and_says_so() {
     let (gateway, _fleet) = one_lane("rdma", &[], "inline").await;
     let text = metrics_text(&gateway).await;

@@ -44,14 +44,14 @@ fn grid() -> Vec<u8> {
 fn remote_item(tensor: &RdmaTensor) -> ts::MultimodalItem {
     ts::MultimodalItem {
         modality: common::Modality::Image as i32,
-        content_hash: vec![0xcd; 32],
+        content_hash: vec![0xcd; 32].into(),
         encoder_input: Some(ts::TensorData {
             shape: SHAPE.to_vec(),
             dtype: "bfloat16".to_owned(),
             payload: Some(ts::tensor_data::Payload::Remote(
                 common::RemoteTensorHandle {
                     transport: tensor.transport().to_owned(),
-                    descriptor: tensor.descriptor().to_vec(),
+                    descriptor: tensor.descriptor().to_vec().into(),
                     nbytes: tensor.nbytes(),
                 },
             )),
@@ -61,7 +61,7 @@ fn remote_item(tensor: &RdmaTensor) -> ts::MultimodalItem {
             ts::TensorData {
                 shape: vec![1, 3],
                 dtype: "int64".to_owned(),
-                payload: Some(ts::tensor_data::Payload::Inline(grid())),
+                payload: Some(ts::tensor_data::Payload::Inline(grid().into())),
             },
         )]
         .into(),

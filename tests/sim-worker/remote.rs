@@ -13,13 +13,13 @@
 use std::sync::OnceLock;
 
 use smg_dataplane::lanes::rdma::{LOOPBACK_TRANSPORT, LoopbackReader, RemoteReadError};
-use smg_shared::shm::SHM_DIR;
 use tonic::Status;
 
-/// One reader per process: it keeps each arena mapped across requests.
+/// One reader per process (arenas in `--shm-dir`, else `/dev/shm`): it
+/// keeps each arena mapped across requests.
 fn reader() -> &'static LoopbackReader {
     static READER: OnceLock<LoopbackReader> = OnceLock::new();
-    READER.get_or_init(|| LoopbackReader::new(SHM_DIR))
+    READER.get_or_init(|| LoopbackReader::new(crate::tensor::shm_root()))
 }
 
 /// The bytes a remote handle names.

@@ -125,6 +125,11 @@ pub fn set_shm_dir(dir: PathBuf) {
 
 /// The path of a shm name; names are single path components in `/dev/shm`
 /// (an optional leading '/' as `shm_open` spells them).
+/// The directory shm names (and the RDMA loopback arena) live in.
+pub fn shm_root() -> &'static Path {
+    SHM_ROOT.get().map_or(Path::new(SHM_DIR), PathBuf::as_path)
+}
+
 fn shm_path(name: &str) -> Result<PathBuf, Status> {
     let bare = name.strip_prefix('/').unwrap_or(name);
     if bare.is_empty() || bare.contains('/') || bare == "." || bare == ".." {
@@ -132,8 +137,7 @@ fn shm_path(name: &str) -> Result<PathBuf, Status> {
             "shm name {name:?} is not a single name in {SHM_DIR}"
         )));
     }
-    let root = SHM_ROOT.get().map_or(Path::new(SHM_DIR), PathBuf::as_path);
-    Ok(root.join(bare))
+    Ok(shm_root().join(bare))
 }
 
 fn read_shm(name: &str, offset: u64, nbytes: u64, keep_name: bool) -> Result<Vec<u8>, Status> {

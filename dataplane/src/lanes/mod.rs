@@ -67,6 +67,8 @@ pub enum WirePayload {
 pub enum LaneError {
     #[error(transparent)]
     Shm(#[from] ShmError),
+    #[error(transparent)]
+    Rdma(#[from] rdma::RdmaError),
     #[error("{0}")]
     Other(String),
 }
@@ -76,6 +78,7 @@ impl LaneError {
     pub fn code(&self) -> &'static str {
         match self {
             LaneError::Shm(err) => err.code(),
+            LaneError::Rdma(err) => err.code(),
             LaneError::Other(_) => "lane_error",
         }
     }

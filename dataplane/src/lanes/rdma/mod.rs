@@ -40,6 +40,7 @@
 
 mod arena;
 pub mod descriptor;
+mod lane;
 pub mod loopback;
 #[cfg(feature = "rdma-verbs")]
 mod verbs;
@@ -53,6 +54,7 @@ use std::time::Duration;
 pub use arena::RdmaOccupancy;
 use arena::{ArenaLayout, SlotArena};
 pub use descriptor::{Descriptor, DescriptorError, Endpoint};
+pub use lane::RdmaLane;
 pub use loopback::{LOOPBACK_TRANSPORT, LoopbackReader, RemoteReadError};
 
 use crate::lanes::shm::ShmError;
