@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use smg_dataplane::lanes::rdma::{RdmaArena, RdmaBackend, RdmaConfig, RdmaLane};
+use smg_dataplane::lanes::rdma::{self, RdmaArena, RdmaBackend, RdmaConfig, RdmaLane};
 use smg_dataplane::lanes::{
     Fallback, LaneChoice, LaneKind, SealedTensor, ShmLane, ShmLaneConfig, ShmOccupancy, TensorLane,
     shm,
@@ -164,7 +164,7 @@ pub struct TensorLanes {
     /// Why the shm lane is missing although a mode asks for it.
     shm_missing: Option<&'static str>,
     /// The RDMA lane, when one was given to [`TensorLanes::start`].
-    rdma: Option<Arc<dyn TensorLane>>,
+    rdma: Option<Arc<RdmaLane>>,
     namespace: Option<ShmNamespace>,
     namespaces: Arc<RwLock<HashMap<String, KnownNamespace>>>,
 }
@@ -185,11 +185,7 @@ impl TensorLanes {
     /// tensors go inline, counted as fallbacks.
     /// `rdma` is the RDMA lane when one opened ([`open_rdma`], which logs
     /// why not); without it `rdma` modes fall back to inline.
-    pub fn start(
-        settings: &LaneSettings,
-        cores: usize,
-        rdma: Option<Arc<dyn TensorLane>>,
-    ) -> Arc<Self> {
+    pub fn start(settings: &LaneSettings, cores: usize, rdma: Option<Arc<RdmaLane>>) -> Arc<Self> {
         let wants_shm =
             settings.mode.uses_shm() || settings.overrides.iter().any(|(_, o)| o.mode.uses_shm());
         // Whatever this gateway's mode, names left by gateways that died
@@ -253,7 +249,7 @@ impl TensorLanes {
             namespace,
             namespaces: Arc::default(),
         });
-        if lanes.shm.is_some() {
+        if lanes.shm.is_some() || lanes.rdma.is_some() {
             lanes.publish_occupancy();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(reclaim(Arc::downgrade(&lanes)));
@@ -317,6 +313,11 @@ impl TensorLanes {
         if let Some(occupancy) = self.shm_occupancy() {
             metrics::gauge!(SHM_SLOTS_TOTAL).set(occupancy.slots_total as f64);
             metrics::gauge!(SHM_SLOTS_IN_USE).set(occupancy.slots_in_use as f64);
+        }
+        if let Some(rdma) = &self.rdma {
+            let occupancy = rdma.arena().occupancy();
+            metrics::gauge!(rdma::SLOTS_TOTAL_METRIC).set(occupancy.slots_total as f64);
+            metrics::gauge!(rdma::SLOTS_IN_USE_METRIC).set(occupancy.slots_in_use as f64);
         }
     }
 
@@ -397,7 +398,10 @@ impl TensorLanes {
                 self.shm.clone().map(|l| l as Arc<dyn TensorLane>),
                 self.shm_missing.unwrap_or("shm_unavailable"),
             ),
-            LaneKind::Rdma => (self.rdma.clone(), "rdma_unavailable"),
+            LaneKind::Rdma => (
+                self.rdma.clone().map(|l| l as Arc<dyn TensorLane>),
+                "rdma_unavailable",
+            ),
             LaneKind::Inline => (None, ""),
         };
         match available {
@@ -540,7 +544,7 @@ pub fn settings_from(args: &crate::cli::LaunchArgs) -> Result<LaneSettings, Stri
 /// host's first device, or the loopback arena in the shm directory. Without
 /// one, `None` after one log line saying why (those tensors go inline,
 /// counted as `rdma_unavailable` fallbacks).
-pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<dyn TensorLane>> {
+pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
     let wanted = settings.mode == LaneMode::Rdma
         || settings
             .overrides
@@ -627,8 +631,8 @@ fn owner_id() -> String {
     format!("smg-{}", std::process::id())
 }
 
-/// Frees slots whose names are gone or overdue and publishes occupancy,
-/// until the lanes are dropped.
+/// Frees shm slots whose names are gone or overdue and publishes both
+/// pools' occupancy, until the lanes are dropped.
 async fn reclaim(lanes: Weak<TensorLanes>) {
     let mut tick = tokio::time::interval(RECLAIM_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

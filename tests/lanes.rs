@@ -381,6 +381,17 @@ async fn rdma_loopback_carries_the_exact_bytes_and_frees_its_slots() {
         "{text}"
     );
     assert_eq!(shm.names_of(gateway.pid()), arena, "only the arena file");
+    // Every slot comes back once the RPCs have returned.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = metrics_text(&gateway).await;
+        if metric(&text, "smg_rdma_slots_in_use", &[]) == 0.0 {
+            assert_eq!(metric(&text, "smg_rdma_slots_total", &[]), 2.0, "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "rdma slots stay in use: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]
