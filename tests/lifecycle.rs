@@ -546,9 +546,6 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
 
 #[tokio::test]
 async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
-    use smg::proto::sglang_scheduler as sg;
-    use smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
-
     let worker = SimWorker::start(
         "sglang",
         "regular",
@@ -577,6 +574,20 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
     assert_eq!(workers[0]["url"], workers[1]["url"]);
     assert_ne!(workers[0]["id"], workers[1]["id"]);
 
+    let streams = start_rank_streams(&gateway, 2).await;
+    // Both requests run now, one on each rank.
+    let (ranks, running) = running_per_rank(worker.url()).await;
+    assert_eq!(ranks, 2);
+    assert_eq!(running, [(0, 1), (1, 1)]);
+    finish_rank_streams(streams).await;
+}
+
+/// Starts `n` streamed chats and reads each one's first chunk, so all `n`
+/// are under way on the workers when this returns.
+async fn start_rank_streams(
+    gateway: &Gateway,
+    n: usize,
+) -> Vec<impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin> {
     let body = json!({
         "model": "model",
         "messages": [{"role": "user", "content": "Hello, ranks."}],
@@ -585,7 +596,7 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
         "stream": true,
     });
     let mut streams = Vec::new();
-    for _ in 0..2 {
+    for _ in 0..n {
         let response = client()
             .post(gateway.url("/v1/chat/completions"))
             .json(&body)
@@ -597,23 +608,13 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
         stream.next().await.unwrap().unwrap();
         streams.push(stream);
     }
-    // Both requests run now, one on each rank.
-    let mut engine = SglangSchedulerClient::connect(worker.url()).await.unwrap();
-    let loads = engine
-        .get_loads(sg::GetLoadsRequest {
-            dp_rank: None,
-            include: vec![],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(loads.dp_rank_count, 2);
-    let running: Vec<(i32, i32)> = loads
-        .loads
-        .iter()
-        .map(|l| (l.dp_rank, l.num_running_reqs))
-        .collect();
-    assert_eq!(running, [(0, 1), (1, 1)]);
+    streams
+}
+
+/// Reads every stream to its end, which must be `data: [DONE]`.
+async fn finish_rank_streams(
+    streams: Vec<impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin>,
+) {
     for mut stream in streams {
         let mut text = String::new();
         bounded("a rank's stream ends", async {
@@ -626,8 +627,9 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
     }
 }
 
-/// `GetLoads` running requests per rank of the SGLang engine at `url`.
-async fn running_per_rank(url: String) -> Vec<(i32, i32)> {
+/// The SGLang engine at `url`'s DP rank count and `GetLoads` running
+/// requests per rank.
+async fn running_per_rank(url: String) -> (i32, Vec<(i32, i32)>) {
     use smg::proto::sglang_scheduler as sg;
     use smg::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 
@@ -640,11 +642,12 @@ async fn running_per_rank(url: String) -> Vec<(i32, i32)> {
         .await
         .unwrap()
         .into_inner();
-    loads
+    let running = loads
         .loads
         .iter()
         .map(|l| (l.dp_rank, l.num_running_reqs))
-        .collect()
+        .collect();
+    (loads.dp_rank_count, running)
 }
 
 #[tokio::test]
@@ -709,28 +712,9 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
 
     // Four logical workers in turn: one request on each rank of the new
     // engine (and one on the first engine).
-    let body = json!({
-        "model": "model",
-        "messages": [{"role": "user", "content": "Hello, ranks."}],
-        "max_tokens": 20,
-        "ignore_eos": true,
-        "stream": true,
-    });
-    let mut streams = Vec::new();
-    for _ in 0..4 {
-        let response = client()
-            .post(gateway.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200);
-        let mut stream = response.bytes_stream();
-        stream.next().await.unwrap().unwrap();
-        streams.push(stream);
-    }
+    let streams = start_rank_streams(&gateway, 4).await;
     assert_eq!(
-        running_per_rank(ranked.url()).await,
+        running_per_rank(ranked.url()).await.1,
         [(0, 1), (1, 1), (2, 1)]
     );
 
@@ -743,16 +727,7 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
     .await;
     assert_eq!(code, 202, "{removed}");
     assert_eq!(removed["status"], "draining");
-    for mut stream in streams {
-        let mut text = String::new();
-        bounded("a rank's stream ends", async {
-            while let Some(chunk) = stream.next().await {
-                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-            }
-        })
-        .await;
-        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    }
+    finish_rank_streams(streams).await;
     wait_status(&gateway, &id, "every rank is gone", |code, _| code == 404).await;
     let (_, listed) = get(&gateway, "/workers").await;
     let left: Vec<&Value> = listed["workers"].as_array().unwrap().iter().collect();
