@@ -169,8 +169,10 @@ fn fleet(shm: &ShmDir, encoder_flags: &[&str], prefill_flags: &[&str]) -> Fleet 
     }
 }
 
-fn gateway(fleet: &Fleet, extra: &[&str]) -> Gateway {
+/// A gateway in front of `fleet` sending tensors by `transport`.
+fn gateway(fleet: &Fleet, transport: &str, extra: &[&str]) -> Gateway {
     let mut args: Vec<&str> = fleet.flags.iter().map(String::as_str).collect();
+    args.extend_from_slice(&["--multimodal-tensor-transport", transport]);
     args.extend_from_slice(extra);
     Gateway::start(&args)
 }
@@ -246,7 +248,7 @@ async fn assert_settles(gateway: &Gateway, shm: &ShmDir, private: &[String]) {
 async fn one_lane(transport: &str, encoder_flags: &[&str], medium_lane: &str) -> (Gateway, Fleet) {
     let shm = ShmDir::in_dev_shm();
     let fleet = fleet(&shm, encoder_flags, &[]);
-    let gateway = gateway(&fleet, &["--multimodal-tensor-transport", transport]);
+    let gateway = gateway(&fleet, transport, &[]);
     let private = shm.names_of(gateway.pid());
     chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
     assert_eq!(
@@ -320,12 +322,8 @@ async fn a_per_worker_override_beats_the_default() {
     let override_flag = format!("{encoder_url}=shm,min_bytes=1024");
     let gateway = gateway(
         &fleet,
-        &[
-            "--multimodal-tensor-transport",
-            "inline",
-            "--worker-tensor-transport",
-            &override_flag,
-        ],
+        "inline",
+        &["--worker-tensor-transport", &override_flag],
     );
     let private = shm.names_of(gateway.pid());
     chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
@@ -345,9 +343,8 @@ async fn rdma_loopback_carries_the_exact_bytes_and_frees_its_slots() {
     let fleet = fleet(&shm, &[], &[]);
     let gateway = gateway(
         &fleet,
+        "rdma",
         &[
-            "--multimodal-tensor-transport",
-            "rdma",
             "--multimodal-rdma-backend",
             "loopback",
             "--multimodal-rdma-slots",
@@ -414,15 +411,7 @@ async fn a_retry_after_a_refused_encode_sends_a_fresh_name() {
     // retry must carry a new name for the same slot.
     let shm = ShmDir::in_dev_shm();
     let fleet = fleet(&shm, &["--refuse-encodes", "1"], &[]);
-    let gateway = gateway(
-        &fleet,
-        &[
-            "--multimodal-tensor-transport",
-            "shm",
-            "--retry-initial-backoff-ms",
-            "1",
-        ],
-    );
+    let gateway = gateway(&fleet, "shm", &["--retry-initial-backoff-ms", "1"]);
     let private = shm.names_of(gateway.pid());
     chat_exactly(&gateway, &[MEDIUM]).await;
     let lanes = recorded_lanes(&fleet);
@@ -438,13 +427,8 @@ async fn fault(encoder_flags: &[&str], prefill_flags: &[&str], expected_code: &s
     let fleet = fleet(&shm, encoder_flags, prefill_flags);
     let gateway = gateway(
         &fleet,
-        &[
-            "--multimodal-tensor-transport",
-            "shm",
-            "--disable-retries",
-            "--multimodal-shm-reclaim-ms",
-            "300",
-        ],
+        "shm",
+        &["--disable-retries", "--multimodal-shm-reclaim-ms", "300"],
     );
     let private = shm.names_of(gateway.pid());
     let messages = messages(&[image_url(MEDIUM)]);
@@ -473,15 +457,7 @@ async fn a_prefill_that_dies_after_the_encode_leaves_nothing_behind() {
 async fn an_encoder_that_never_unlinks_is_cleaned_up_after_the_deadline() {
     let shm = ShmDir::in_dev_shm();
     let fleet = fleet(&shm, &["--keep-shm-names"], &[]);
-    let gateway = gateway(
-        &fleet,
-        &[
-            "--multimodal-tensor-transport",
-            "shm",
-            "--multimodal-shm-reclaim-ms",
-            "300",
-        ],
-    );
+    let gateway = gateway(&fleet, "shm", &["--multimodal-shm-reclaim-ms", "300"]);
     let private = shm.names_of(gateway.pid());
     chat_exactly(&gateway, &[MEDIUM]).await;
     assert_eq!(recorded_lanes(&fleet)[0].1, "shm");
@@ -493,15 +469,7 @@ async fn an_encoder_that_never_unlinks_is_cleaned_up_after_the_deadline() {
 async fn a_client_that_disconnects_during_the_encode_frees_its_slot() {
     let shm = ShmDir::in_dev_shm();
     let fleet = fleet(&shm, &["--stall-encodes", "--keep-shm-names"], &[]);
-    let gateway = gateway(
-        &fleet,
-        &[
-            "--multimodal-tensor-transport",
-            "shm",
-            "--multimodal-shm-reclaim-ms",
-            "300",
-        ],
-    );
+    let gateway = gateway(&fleet, "shm", &["--multimodal-shm-reclaim-ms", "300"]);
     let private = shm.names_of(gateway.pid());
     let messages = messages(&[image_url(MEDIUM)]);
     let client = reqwest::Client::builder()
@@ -523,8 +491,7 @@ async fn a_client_that_disconnects_during_the_encode_frees_its_slot() {
 async fn a_killed_gateways_names_are_swept_by_the_next_one() {
     let shm = ShmDir::in_dev_shm();
     let fleet = fleet(&shm, &["--keep-shm-names"], &[]);
-    let flags = ["--multimodal-tensor-transport", "shm"];
-    let first = gateway(&fleet, &flags);
+    let first = gateway(&fleet, "shm", &[]);
     let first_pid = first.pid();
     chat_exactly(&first, &[MEDIUM]).await;
     let left = shm.names_of(first_pid);
@@ -536,7 +503,7 @@ async fn a_killed_gateways_names_are_swept_by_the_next_one() {
         left,
         "a killed gateway leaves its names"
     );
-    let second = gateway(&fleet, &flags);
+    let second = gateway(&fleet, "shm", &[]);
     assert!(
         shm.names_of(first_pid).is_empty(),
         "the next gateway's start-up sweep removed them"
@@ -561,10 +528,8 @@ async fn a_full_shm_directory_sends_tensors_inline_and_counts_it() {
     };
     assert!(large > 262_144, "the large image needs a one-off file");
     let fleet = fleet(&shm, &[], &[]);
-    let mut flags = vec!["--multimodal-tensor-transport".to_owned(), "shm".to_owned()];
-    flags.extend(extra);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let gateway = gateway(&fleet, &flags);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let gateway = gateway(&fleet, "shm", &extra);
     let private = shm.names_of(gateway.pid());
     chat_exactly(&gateway, &[LARGE, MEDIUM]).await;
     assert_eq!(
