@@ -53,6 +53,70 @@ where
     (all, started.elapsed())
 }
 
+/// Sends `op` at Poisson arrivals of `rate` per second for `duration`
+/// (seeded, so runs are comparable), each in its own task so a slow answer
+/// never delays the next send, and returns the successful ones' latencies
+/// (ms, from the moment the task starts the request) and the number of
+/// failures.
+pub async fn open_loop<F, Fut>(rate: f64, duration: Duration, seed: u64, op: F) -> (Vec<f64>, usize)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let start = tokio::time::Instant::now();
+    let mut scheduled = start;
+    let mut tasks = Vec::new();
+    loop {
+        // Exponential inter-arrival times: -ln(U) / rate, U in (0, 1].
+        let uniform: f64 = 1.0 - rng.random::<f64>();
+        scheduled += Duration::from_secs_f64(-uniform.ln() / rate);
+        if scheduled.duration_since(start) >= duration {
+            break;
+        }
+        tokio::time::sleep_until(scheduled).await;
+        let request = op();
+        tasks.push(tokio::spawn(async move {
+            let sent = std::time::Instant::now();
+            let ok = request.await;
+            ok.then(|| sent.elapsed().as_secs_f64() * 1000.0)
+        }));
+    }
+    let (mut latencies, mut failures) = (Vec::with_capacity(tasks.len()), 0);
+    for task in tasks {
+        match task.await {
+            Ok(Some(latency)) => latencies.push(latency),
+            _ => failures += 1,
+        }
+    }
+    (latencies, failures)
+}
+
+/// CPU seconds (user + system) the threads of process `pid` whose name
+/// starts with `prefix` have used so far (`/proc/<pid>/task/*/stat`).
+pub fn threads_cpu_seconds(pid: u32, prefix: &str) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0.0;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, tail)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, name)| name);
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let fields: Vec<&str> = tail.split_whitespace().collect();
+        let user: f64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0.0);
+        let system: f64 = fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0.0);
+        total += (user + system) / 100.0;
+    }
+    Some(total)
+}
+
 /// CPU seconds (user + system) a process has used so far, from
 /// `/proc/<pid>/stat`; `None` where procfs is unavailable.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
@@ -102,6 +166,26 @@ pub fn load_average() -> Option<f64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Restricts the calling thread to `cores` (`None`: every core the machine
+/// has). Threads and processes it starts afterwards inherit the mask, so a
+/// benchmark pins itself only while it drives load and widens the mask again
+/// before it starts a gateway, which sizes its data plane from the cores it
+/// is allowed.
+pub fn set_thread_cores(cores: Option<&[usize]>) {
+    // SAFETY: `cpu_set_t` is plain data; CPU_ZERO/CPU_SET write inside it and
+    // sched_setaffinity(0, ..) only reads it for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        match cores {
+            Some(cores) => cores.iter().for_each(|&core| libc::CPU_SET(core, &mut set)),
+            // The kernel keeps only the cores that exist (and are allowed).
+            None => (0..libc::CPU_SETSIZE as usize).for_each(|core| libc::CPU_SET(core, &mut set)),
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
 }
 
 /// Pins every thread of process `pid` to `core` (`taskset`, when present).

@@ -81,8 +81,6 @@ pub struct Faults {
     pub stall_encodes: bool,
     /// Never publish KV caches or embeddings to the rendezvous.
     pub withhold_bootstrap: bool,
-    /// Read shm tensors but leave their names behind.
-    pub keep_shm_names: bool,
     /// Report unhealthy in HealthCheck.
     pub unhealthy: bool,
     /// Report unhealthy in HealthCheck while this file exists (flapping).
@@ -95,6 +93,8 @@ pub struct EngineConfig {
     pub role: Role,
     pub timing: Timing,
     pub faults: Faults,
+    /// How tensors are taken in (including the never-unlink fault).
+    pub intake: crate::tensor::Intake,
     pub bootstrap_timeout: Duration,
     pub default_max_new_tokens: u32,
     pub max_running_requests: u32,

@@ -89,8 +89,7 @@ impl Worker {
         payload: Payload<'_>,
         context: RecordContext<'_>,
     ) -> Result<ReceivedTensor, Status> {
-        let keep = self.engine.config.faults.keep_shm_names;
-        let tensor = read_tensor(dtype, shape, payload, keep)?;
+        let tensor = read_tensor(dtype, shape, payload, self.engine.config.intake)?;
         if let Some(recorder) = &self.recorder {
             recorder.record(context, &tensor);
         }

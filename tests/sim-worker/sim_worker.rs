@@ -40,7 +40,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
 use crate::model::ModelFacts;
 use crate::service::Worker;
-use crate::tensor::Recorder;
+use crate::tensor::{Intake, Recorder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Protocol {
@@ -139,6 +139,12 @@ struct Args {
     /// Fault: read shm tensors but never unlink their names.
     #[arg(long)]
     keep_shm_names: bool,
+    /// Benchmarks only: check each tensor's size and consume its shm name,
+    /// but neither read nor digest its bytes (a real engine copies them to
+    /// its GPU on cores of its own). The output digest then covers each
+    /// tensor's dtype and shape, not its contents.
+    #[arg(long)]
+    skip_tensor_bytes: bool,
     /// Fault: report unhealthy in HealthCheck.
     #[arg(long)]
     unhealthy: bool,
@@ -187,9 +193,12 @@ impl Args {
                 exit_on_encode: self.exit_on_encode,
                 stall_encodes: self.stall_encodes,
                 withhold_bootstrap: self.withhold_bootstrap,
-                keep_shm_names: self.keep_shm_names,
                 unhealthy: self.unhealthy,
                 unhealthy_while_exists: self.unhealthy_while_exists.clone(),
+            },
+            intake: Intake {
+                keep_shm_names: self.keep_shm_names,
+                size_only: self.skip_tensor_bytes,
             },
             bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
             default_max_new_tokens: self.default_max_new_tokens,

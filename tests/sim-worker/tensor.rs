@@ -65,14 +65,25 @@ impl ReceivedTensor {
     }
 }
 
+/// How a worker takes tensors in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Intake {
+    /// Leave shm names in place (a fault: a worker that never unlinks).
+    pub keep_shm_names: bool,
+    /// Check each tensor's size against its shape and consume its shm name,
+    /// but neither read nor keep its bytes, so its digest covers dtype and
+    /// shape only. For benchmarks on small machines: a real engine copies
+    /// the bytes to its GPU on cores of its own, which the worker's read and
+    /// hash would otherwise take from the gateway under test.
+    pub size_only: bool,
+}
+
 /// Reads a tensor from its payload and checks it against its shape and dtype.
-/// `keep_shm_names` leaves shm names in place (a fault: a worker that never
-/// unlinks).
 pub fn read_tensor(
     dtype: &str,
     shape: &[u32],
     payload: Payload<'_>,
-    keep_shm_names: bool,
+    intake: Intake,
 ) -> Result<ReceivedTensor, Status> {
     let parsed: DType = dtype
         .parse()
@@ -84,26 +95,31 @@ pub fn read_tensor(
             "tensor shape {shape:?} overflows the address space"
         ))
     })?;
-    let (bytes, lane) = match payload {
-        Payload::Inline(bytes) => (bytes.to_vec(), Lane::Inline),
+    let (bytes, len, lane) = match payload {
+        Payload::Inline(bytes) if intake.size_only => (Vec::new(), bytes.len(), Lane::Inline),
+        Payload::Inline(bytes) => (bytes.to_vec(), bytes.len(), Lane::Inline),
         Payload::Shm {
             name,
             offset,
             nbytes,
-        } => (read_shm(name, offset, nbytes, keep_shm_names)?, Lane::Shm),
+        } => {
+            let (bytes, len) = read_shm(name, offset, nbytes, intake)?;
+            (bytes, len, Lane::Shm)
+        }
         Payload::Remote {
             transport,
             descriptor,
             nbytes,
-        } => (
-            crate::remote::read_remote(transport, descriptor, nbytes)?,
-            Lane::Remote,
-        ),
+        } => {
+            let bytes = crate::remote::read_remote(transport, descriptor, nbytes)?;
+            let len = bytes.len();
+            let bytes = if intake.size_only { Vec::new() } else { bytes };
+            (bytes, len, Lane::Remote)
+        }
     };
-    if bytes.len() != expected {
+    if len != expected {
         return Err(Status::invalid_argument(format!(
-            "tensor of {} bytes does not match shape {shape:?} and dtype {dtype} ({expected} bytes)",
-            bytes.len()
+            "tensor of {len} bytes does not match shape {shape:?} and dtype {dtype} ({expected} bytes)"
         )));
     }
     Ok(ReceivedTensor {
@@ -140,7 +156,13 @@ fn shm_path(name: &str) -> Result<PathBuf, Status> {
     Ok(shm_root().join(bare))
 }
 
-fn read_shm(name: &str, offset: u64, nbytes: u64, keep_name: bool) -> Result<Vec<u8>, Status> {
+/// The bytes (none when `intake.size_only`) and their length.
+fn read_shm(
+    name: &str,
+    offset: u64,
+    nbytes: u64,
+    intake: Intake,
+) -> Result<(Vec<u8>, usize), Status> {
     let path = shm_path(name)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -149,16 +171,24 @@ fn read_shm(name: &str, offset: u64, nbytes: u64, keep_name: bool) -> Result<Vec
         .map_err(|err| {
             Status::invalid_argument(format!("cannot open shm tensor {}: {err}", path.display()))
         })?;
-    let result = read_opened(&file, &path, offset, nbytes);
+    let result = read_opened(&file, &path, offset, nbytes, intake.size_only);
     // Like a real worker: once opened, the name is consumed whatever the read
     // found, so a bad request cannot leak it.
-    if !keep_name && let Err(err) = std::fs::remove_file(&path) {
+    if !intake.keep_shm_names
+        && let Err(err) = std::fs::remove_file(&path)
+    {
         tracing::warn!(path = %path.display(), %err, "could not unlink shm tensor");
     }
     result
 }
 
-fn read_opened(file: &File, path: &Path, offset: u64, nbytes: u64) -> Result<Vec<u8>, Status> {
+fn read_opened(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    nbytes: u64,
+    size_only: bool,
+) -> Result<(Vec<u8>, usize), Status> {
     let meta = file
         .metadata()
         .map_err(|err| Status::internal(format!("cannot stat {}: {err}", path.display())))?;
@@ -180,10 +210,13 @@ fn read_opened(file: &File, path: &Path, offset: u64, nbytes: u64) -> Result<Vec
         })?;
     let len = usize::try_from(end - offset)
         .map_err(|_| Status::invalid_argument("shm tensor larger than memory"))?;
+    if size_only {
+        return Ok((Vec::new(), len));
+    }
     let mut bytes = vec![0u8; len];
     file.read_exact_at(&mut bytes, offset)
         .map_err(|err| Status::internal(format!("cannot read {}: {err}", path.display())))?;
-    Ok(bytes)
+    Ok((bytes, len))
 }
 
 /// Writes every received tensor to a directory, with a JSON sidecar.
@@ -268,12 +301,23 @@ mod tests {
 
     #[test]
     fn inline_tensor_must_match_its_shape() {
-        let ok = read_tensor("bfloat16", &[2, 2], Payload::Inline(&[0; 8]), false);
+        let ok = read_tensor(
+            "bfloat16",
+            &[2, 2],
+            Payload::Inline(&[0; 8]),
+            Intake::default(),
+        );
         assert_eq!(ok.expect("8 bytes is 2x2 bf16").lane, Lane::Inline);
-        let err = read_tensor("bfloat16", &[2, 3], Payload::Inline(&[0; 8]), false)
-            .expect_err("size mismatch");
+        let err = read_tensor(
+            "bfloat16",
+            &[2, 3],
+            Payload::Inline(&[0; 8]),
+            Intake::default(),
+        )
+        .expect_err("size mismatch");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
-        let err = read_tensor("fp8", &[1], Payload::Inline(&[0]), false).expect_err("bad dtype");
+        let err = read_tensor("fp8", &[1], Payload::Inline(&[0]), Intake::default())
+            .expect_err("bad dtype");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 
@@ -286,9 +330,38 @@ mod tests {
             offset: 16,
             nbytes: 32,
         };
-        let tensor = read_tensor("float32", &[8], payload, false).expect("read");
+        let tensor = read_tensor("float32", &[8], payload, Intake::default()).expect("read");
         assert_eq!(tensor.bytes, bytes[16..48]);
         assert!(!path.exists(), "the worker unlinks the name it read");
+    }
+
+    #[test]
+    fn size_only_intake_checks_the_size_and_consumes_the_name() {
+        let size_only = Intake {
+            size_only: true,
+            ..Intake::default()
+        };
+        let (name, path) = shm_file(&[7; 32]);
+        let payload = Payload::Shm {
+            name: &name,
+            offset: 0,
+            nbytes: 32,
+        };
+        let tensor = read_tensor("float32", &[8], payload, size_only).expect("size matches");
+        assert!(tensor.bytes.is_empty(), "no bytes are read");
+        assert!(!path.exists(), "the name is consumed all the same");
+        let (name, path) = shm_file(&[7; 16]);
+        let payload = Payload::Shm {
+            name: &name,
+            offset: 0,
+            nbytes: 16,
+        };
+        let err = read_tensor("float32", &[8], payload, size_only).expect_err("16 != 32");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(!path.exists());
+        let err = read_tensor("bfloat16", &[2, 3], Payload::Inline(&[0; 8]), size_only)
+            .expect_err("inline size is checked too");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 
     #[test]
@@ -299,7 +372,7 @@ mod tests {
             offset: 0,
             nbytes: 16,
         };
-        let err = read_tensor("float32", &[8], payload, false).expect_err("32 != 16");
+        let err = read_tensor("float32", &[8], payload, Intake::default()).expect_err("32 != 16");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(!path.exists());
     }
@@ -315,7 +388,7 @@ mod tests {
             offset: 0,
             nbytes: 4,
         };
-        let err = read_tensor("float32", &[1], payload, false).expect_err("O_NOFOLLOW");
+        let err = read_tensor("float32", &[1], payload, Intake::default()).expect_err("O_NOFOLLOW");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         std::fs::remove_file(&link).expect("cleanup link");
         std::fs::remove_file(&target).expect("cleanup target");
@@ -325,7 +398,8 @@ mod tests {
             offset: 0,
             nbytes: 4,
         };
-        let err = read_tensor("float32", &[1], payload, false).expect_err("not a shm name");
+        let err =
+            read_tensor("float32", &[1], payload, Intake::default()).expect_err("not a shm name");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
     }
 
@@ -336,9 +410,11 @@ mod tests {
             descriptor: &[0; 68],
             nbytes: 4,
         };
-        let err = read_tensor("float32", &[1], payload("rdma"), false).expect_err("no NIC");
+        let err =
+            read_tensor("float32", &[1], payload("rdma"), Intake::default()).expect_err("no NIC");
         assert_eq!(err.code(), tonic::Code::Unimplemented);
-        let err = read_tensor("float32", &[1], payload("loopback"), false).expect_err("garbage");
+        let err = read_tensor("float32", &[1], payload("loopback"), Intake::default())
+            .expect_err("garbage");
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(
             err.message().contains("rdma_descriptor_malformed"),
