@@ -154,8 +154,10 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
 
-    /// How image tensors reach encode/prefill workers.
-    #[arg(long, value_enum, default_value_t = TensorTransport::Inline)]
+    /// How image tensors reach encode/prefill workers. `auto` (the default)
+    /// writes them to `/dev/shm` when every receiving worker shares this
+    /// host's shm namespace and sends them inline otherwise.
+    #[arg(long, value_enum, default_value_t = TensorTransport::Auto)]
     pub multimodal_tensor_transport: TensorTransport,
     /// Tensors smaller than this go inline even on the shm lane.
     #[arg(long, default_value_t = 64 * 1024)]
@@ -417,6 +419,11 @@ mod tests {
         assert_eq!(args.worker_urls, ["grpc://a:1", "grpc://b:2"]);
         assert_eq!(args.policy, PolicyKind::PowerOfTwo);
         assert!(args.log_json);
+        assert_eq!(
+            args.multimodal_tensor_transport,
+            TensorTransport::Auto,
+            "same-host workers get the shm lane unless told otherwise"
+        );
         assert!(Cli::try_parse_from(["smg", "launch", "--policy", "fastest"]).is_err());
     }
 }
