@@ -8,21 +8,22 @@
 //! core 0 splits its time. `SMG_BENCH_ROUNDS` (default 3) alternating rounds
 //! of text alone and text under image load, `SMG_BENCH_SECS` (default 8)
 //! each; percentiles pool every round, and each round's ratio is printed
-//! too. Image load: chats carrying a
-//! 1920x1080 JPEG (`file://`, allow-listed), closed loop with enough in
-//! flight that the data plane's job ring never runs dry (the table's
-//! data-plane CPU column shows how busy its threads were). Three gateway
-//! set-ups: the default split (`--dataplane-cores 1`: on two cores, tokio
-//! keeps core 0 and the data plane owns core 1); the same with the shm lane
-//! (the tensor reaches the worker as a `/dev/shm` name instead of inside
-//! the gRPC frame); and the data plane sharing every core with tokio
-//! (`--dataplane-cores` = all cores). A fourth set-up repeats the shm one
-//! with a worker that checks each tensor's size but neither reads nor
-//! digests its 25 MB (`--skip-tensor-bytes`): on a machine too small to give
-//! the worker cores of its own, that separates the gateway's share from the
-//! worker's. The worker and this load generator are pinned to core 0 when
-//! there are two or more cores, so core 1 belongs to the data plane alone in
-//! the split set-ups. Prints a table and writes
+//! too. Image load: chats carrying a 1920x1080 JPEG (`file://`,
+//! allow-listed), closed loop with enough in flight that the data plane's
+//! job ring never runs dry (the table's data-plane CPU column shows how busy
+//! its threads were). Four gateway
+//! set-ups, each differing from the previous in one thing: the default
+//! split (`--dataplane-cores 1`: on two cores, tokio keeps core 0 and the
+//! data plane owns core 1) with the inline lane (the 25 MB tensor inside
+//! the gRPC frame); the same with the shm lane (a `/dev/shm` name on the
+//! wire; what `auto` picks for a same-host worker); the same with a worker
+//! that checks each tensor's size but neither reads nor digests its bytes
+//! (`--skip-tensor-bytes`: on a machine too small to give the worker cores
+//! of its own, this separates the gateway's share from the worker's); and
+//! that with the data plane sharing every core with tokio
+//! (`--dataplane-cores` = all cores). The worker and this load generator
+//! are pinned to core 0 when there are two or more cores, so core 1
+//! belongs to the data plane alone in the split set-ups. Prints a table and writes
 //! `bench-results/dataplane_isolation.json`.
 //!
 //! Run: `cargo bench --bench dataplane_isolation`. Not a test: nothing here
@@ -241,30 +242,22 @@ fn main() {
     let text = json!({"model": "model", "max_tokens": 8, "ignore_eos": true,
         "messages": [{"role": "user", "content": "How far is the moon?"}]});
     let mut rows = Vec::new();
+    // Each set-up differs from the one before it in one thing: the lane, the
+    // worker's reading, then the data plane's pinning.
     for (setup, dataplane_cores, transport, worker) in [
+        ("own core, inline lane", "1", "inline", &digesting),
+        ("own core, shm lane", "1", "shm", &digesting),
         (
-            "data plane on its own core (default)",
-            "1",
-            "inline",
-            &digesting,
-        ),
-        (
-            "data plane on its own core, shm lane",
-            "1",
-            "shm",
-            &digesting,
-        ),
-        (
-            "data plane on its own core, shm lane, worker skips tensor bytes",
+            "own core, shm lane, worker skips tensor bytes",
             "1",
             "shm",
             &size_only,
         ),
         (
-            "data plane sharing all cores",
+            "sharing all cores, shm lane, worker skips tensor bytes",
             all_cores.as_str(),
-            "inline",
-            &digesting,
+            "shm",
+            &size_only,
         ),
     ] {
         let gateway = support::Gateway::start(&[
