@@ -8,20 +8,17 @@
 //!
 //! Without IMAGE arguments it runs the committed 1920x1080 fixture and a
 //! 3840x2160 JPEG made from it (upscaled 2x by the kernel's own resampler,
-//! then encoded baseline 4:2:0 at quality 85 by libjpeg). Each stage is timed
-//! on its own, `rounds` times: decode alone; the resize of an already decoded
-//! image, a band of `merge * patch` rows at a time as `write_into` pulls it;
-//! and the whole `write_into` into a reused (warm) destination. "rest" is the
-//! whole minus decode and resize medians. Each image gets two rows: `fresh`
-//! allocates the intermediate buffers (decoded pixels, resampler rows, band)
-//! per image, as `write_into` does; `pooled` reuses one `ScratchSpace`, as a
-//! data-plane core does (`write_into_with`). Machines are shared and noisy: the
-//! table shows medians, the minimum of the whole, and images per second of
-//! this thread's CPU time during the whole-kernel rounds (what one core does
-//! when it gets the core to itself, short of cache and memory contention).
+//! then encoded baseline 4:2:0 at quality 85 by libjpeg). Each round is one
+//! whole kernel run (`write_into_timed`, the production kernel with a clock
+//! read at each stage boundary) into a reused (warm) destination with a
+//! reused `ScratchSpace`, as a data-plane core runs it. The stage columns
+//! are means over the rounds and add up to the mean total; the table also
+//! shows the median and minimum total, and images per second of this
+//! thread's CPU time (what one core does when it gets the core to itself,
+//! short of cache and memory contention).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The gateway's allocator (`control/main.rs`), so per-image allocations
 /// cost here what they cost on a data-plane core.
@@ -29,8 +26,10 @@ use std::time::{Duration, Instant};
 static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use smg_dataplane::preprocess::decode::{self, ImageLimits};
-use smg_dataplane::preprocess::resize::{BicubicRgbResampler, resize_to_rgb8};
-use smg_dataplane::preprocess::{Qwen2VlImageProcessor, ScratchSpace, VisionPreprocessConfig};
+use smg_dataplane::preprocess::resize::resize_to_rgb8;
+use smg_dataplane::preprocess::{
+    Qwen2VlImageProcessor, ScratchSpace, StageTimes, VisionPreprocessConfig,
+};
 use smg_shared::tensor::DType;
 
 struct Options {
@@ -82,24 +81,6 @@ fn parse_options() -> Result<Options, String> {
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
-}
-
-fn time<T>(rounds: usize, work: impl FnMut() -> T) -> Vec<Duration> {
-    time_after_gap(rounds, Duration::ZERO, work)
-}
-
-/// As [`time`], idling `gap` (untimed) before each round.
-fn time_after_gap<T>(rounds: usize, gap: Duration, mut work: impl FnMut() -> T) -> Vec<Duration> {
-    (0..rounds)
-        .map(|_| {
-            if !gap.is_zero() {
-                std::thread::sleep(gap);
-            }
-            let start = Instant::now();
-            std::hint::black_box(work());
-            start.elapsed()
-        })
-        .collect()
 }
 
 /// CPU time this thread has used (user + system), from
@@ -155,7 +136,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = parse_options()?;
     let model_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/model");
     let config = VisionPreprocessConfig::from_model_dir(&model_dir)?;
-    let band_rows = (config.patch_size * config.merge_size) as usize;
     let processor = Qwen2VlImageProcessor::new(config, ImageLimits::default())?;
     let limits = *processor.limits();
 
@@ -173,84 +153,63 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
-        "rounds {} per stage, output {}, one thread",
+        "rounds {}, output {}, one thread",
         options.rounds, options.dtype
     );
     println!(
-        "| image | buffers | resized | out shape | out MB | decode ms | resize ms | rest ms | total ms | min total ms | img/s | out GB/s | img per CPU-s | faults/img |"
+        "| image | resized | out shape | out MB | decode ms | resize ms | rest ms | mean total ms | median total ms | min total ms | img/s | out GB/s | img per CPU-s | faults/img |"
     );
-    println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, bytes) in &inputs {
         let plan = processor.plan(bytes, options.dtype)?;
-        let decoded = decode::decode(bytes, &limits)?;
-        let pixels = decoded.pixels().ok_or("decoded buffer size")?;
-        let (out_width, out_height) = (plan.resized_width as usize, plan.resized_height as usize);
-        let mut band = vec![0u8; band_rows * out_width * 3];
-        let resize_median = median(time(options.rounds, || {
-            let mut resampler = BicubicRgbResampler::new(pixels, out_width, out_height);
-            while resampler.remaining_rows() > 0 {
-                resampler.write_rows(&mut band);
-            }
-            band[0]
-        }));
         let mut dst = vec![0u8; plan.out_bytes];
-        processor.write_into(&plan, bytes, &mut dst)?; // touch the pages once
-        for pooled in [false, true] {
-            let mut scratch = ScratchSpace::default();
-            let mut reused = Vec::new();
-            let decode_median = median(time(options.rounds, || {
-                if !pooled {
-                    return decode::decode(bytes, &limits).map(|image| image.layout());
-                }
-                let image = decode::decode_into(bytes, &limits, std::mem::take(&mut reused))?;
-                let layout = image.layout();
-                reused = image.into_buffer();
-                Ok(layout)
-            }));
-            let mut write = || {
-                if pooled {
-                    processor.write_into_with(&plan, bytes, &mut dst, &mut scratch)
-                } else {
-                    processor.write_into(&plan, bytes, &mut dst)
-                }
-            };
-            write()?; // warm the scratch space
-            let cpu_before = thread_cpu_time();
-            let faults_before = thread_minor_faults();
-            let totals = time_after_gap(options.rounds, options.gap, &mut write);
-            let faults = faults_before
-                .zip(thread_minor_faults())
-                .map_or("-".to_string(), |(before, after)| {
-                    format!("{}", (after - before) / options.rounds as u64)
-                });
-            let cpu_per_image = cpu_before
-                .zip(thread_cpu_time())
-                .map(|(before, after)| (after - before) / options.rounds as u32);
-            let min_total = totals.iter().min().copied().unwrap_or_default();
-            let total_median = median(totals);
-            let rest = total_median.saturating_sub(decode_median + resize_median);
-            let ms = |d: Duration| d.as_secs_f64() * 1e3;
-            let per_cpu_second = cpu_per_image
-                .filter(|cpu| !cpu.is_zero())
-                .map_or("-".to_string(), |cpu| {
-                    format!("{:.1}", 1.0 / cpu.as_secs_f64())
-                });
-            println!(
-                "| {name} | {} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} | {faults} |",
-                if pooled { "pooled" } else { "fresh" },
-                out_width,
-                out_height,
-                plan.out_shape,
-                plan.out_bytes as f64 / 1e6,
-                ms(decode_median),
-                ms(resize_median),
-                ms(rest),
-                ms(total_median),
-                ms(min_total),
-                1.0 / total_median.as_secs_f64(),
-                plan.out_bytes as f64 / total_median.as_secs_f64() / 1e9,
-            );
+        let mut scratch = ScratchSpace::default();
+        // Touch the destination's pages and warm the scratch space.
+        processor.write_into_timed(&plan, bytes, &mut dst, &mut scratch)?;
+        let cpu_before = thread_cpu_time();
+        let faults_before = thread_minor_faults();
+        let mut runs = Vec::with_capacity(options.rounds);
+        for _ in 0..options.rounds {
+            if !options.gap.is_zero() {
+                std::thread::sleep(options.gap);
+            }
+            runs.push(processor.write_into_timed(&plan, bytes, &mut dst, &mut scratch)?);
         }
+        std::hint::black_box(&dst);
+        let faults = faults_before
+            .zip(thread_minor_faults())
+            .map_or("-".to_string(), |(before, after)| {
+                format!("{}", (after - before) / options.rounds as u64)
+            });
+        let per_cpu_second = cpu_before
+            .zip(thread_cpu_time())
+            .map(|(before, after)| (after - before) / options.rounds as u32)
+            .filter(|cpu| !cpu.is_zero())
+            .map_or("-".to_string(), |cpu| {
+                format!("{:.1}", 1.0 / cpu.as_secs_f64())
+            });
+        let mean = |stage: fn(&StageTimes) -> Duration| {
+            runs.iter().map(stage).sum::<Duration>() / options.rounds as u32
+        };
+        let totals: Vec<Duration> = runs.iter().map(StageTimes::total).collect();
+        let min_total = totals.iter().min().copied().unwrap_or_default();
+        let mean_total = mean(StageTimes::total);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {name} | {}x{} | {:?} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {per_cpu_second} | {faults} |",
+            plan.resized_width,
+            plan.resized_height,
+            plan.out_shape,
+            plan.out_bytes as f64 / 1e6,
+            ms(mean(|t| t.decode)),
+            ms(mean(|t| t.resize)),
+            ms(mean(|t| t.rest)),
+            ms(mean_total),
+            ms(median(totals)),
+            ms(min_total),
+            1.0 / mean_total.as_secs_f64(),
+            plan.out_bytes as f64 / mean_total.as_secs_f64() / 1e9,
+        );
     }
     Ok(())
 }

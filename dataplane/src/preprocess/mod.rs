@@ -34,6 +34,8 @@ pub mod scratch;
 pub use config::{ConfigError, VisionPreprocessConfig};
 pub use decode::{ImageLimits, SourceFormat};
 pub use error::{IMAGE_ERROR_CODES, PreprocessError};
-pub use qwen2_vl::{ImagePlan, PreprocessedImage, Qwen2VlImageProcessor, preprocess_image};
+pub use qwen2_vl::{
+    ImagePlan, PreprocessedImage, Qwen2VlImageProcessor, StageTimes, preprocess_image,
+};
 pub use resize::{ResizeError, smart_resize};
 pub use scratch::{ScratchPolicy, ScratchSpace};

@@ -22,6 +22,8 @@
 //! within a patch, channel, then time, then row, then column. A still image
 //! is one frame repeated `temporal_patch_size` times, so `grid_t` is 1.
 
+use std::time::{Duration, Instant};
+
 use smg_shared::tensor::DType;
 
 use super::config::{CHANNELS, VisionPreprocessConfig};
@@ -30,6 +32,30 @@ use super::error::PreprocessError;
 use super::output::EncodedValueTable;
 use super::resize::{BicubicRgbResampler, ResizeError, smart_resize};
 use super::scratch::{ScratchSpace, sized};
+
+/// The kernel's stages, as [`Qwen2VlImageProcessor::write_into_timed`]
+/// splits its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Decode,
+    Resize,
+    /// Everything else: checks, rescale + normalize + patchify + encode.
+    Rest,
+}
+
+/// Wall time per stage of one kernel run (they add up to the run's time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    pub decode: Duration,
+    pub resize: Duration,
+    pub rest: Duration,
+}
+
+impl StageTimes {
+    pub fn total(&self) -> Duration {
+        self.decode + self.resize + self.rest
+    }
+}
 
 /// Everything known about an image's output before decoding it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +217,48 @@ impl Qwen2VlImageProcessor {
         dst: &mut [u8],
         scratch: &mut ScratchSpace,
     ) -> Result<(), PreprocessError> {
+        self.write_observed(plan, bytes, dst, scratch, &mut |_| {})
+    }
+
+    /// As [`write_into_with`](Self::write_into_with), timing each stage of
+    /// this one run: decode, the resize (band by band), and the rest
+    /// (checks, rescale + normalize + patchify + encode, buffer hand-back).
+    /// The three add up to the call's wall time. For benchmarks: it reads
+    /// the clock twice per band.
+    pub fn write_into_timed(
+        &self,
+        plan: &ImagePlan,
+        bytes: &[u8],
+        dst: &mut [u8],
+        scratch: &mut ScratchSpace,
+    ) -> Result<StageTimes, PreprocessError> {
+        let started = Instant::now();
+        let mut times = StageTimes::default();
+        let mut lap = started;
+        self.write_observed(plan, bytes, dst, scratch, &mut |stage| {
+            let now = Instant::now();
+            let spent = now - lap;
+            lap = now;
+            match stage {
+                Stage::Decode => times.decode += spent,
+                Stage::Resize => times.resize += spent,
+                Stage::Rest => times.rest += spent,
+            }
+        })?;
+        times.rest += lap.elapsed();
+        Ok(times)
+    }
+
+    /// The kernel, telling `finished` each time a stage's piece of work ends
+    /// (production passes a no-op, which compiles away).
+    fn write_observed(
+        &self,
+        plan: &ImagePlan,
+        bytes: &[u8],
+        dst: &mut [u8],
+        scratch: &mut ScratchSpace,
+        finished: &mut impl FnMut(Stage),
+    ) -> Result<(), PreprocessError> {
         let replanned = self.plan_dimensions(
             plan.format,
             plan.source_width,
@@ -210,8 +278,10 @@ impl Qwen2VlImageProcessor {
             return Err(PreprocessError::PlanMismatch);
         }
         let policy = *scratch.policy();
+        finished(Stage::Rest);
         let decoded = decode::decode_into(bytes, &self.limits, scratch.decoded.take())?;
-        let written = self.write_decoded(plan, &decoded, dst, scratch);
+        finished(Stage::Decode);
+        let written = self.write_decoded(plan, &decoded, dst, scratch, finished);
         scratch.decoded.give_back(decoded.into_buffer(), &policy);
         written
     }
@@ -223,6 +293,7 @@ impl Qwen2VlImageProcessor {
         decoded: &decode::DecodedImage,
         dst: &mut [u8],
         scratch: &mut ScratchSpace,
+        finished: &mut impl FnMut(Stage),
     ) -> Result<(), PreprocessError> {
         let pixels = decoded.pixels().ok_or_else(|| {
             PreprocessError::CorruptImage("decoder returned a buffer of the wrong size".into())
@@ -245,11 +316,24 @@ impl Qwen2VlImageProcessor {
             scratch.band.take(),
             geometry.band_rows() * resampler.row_bytes(),
         );
+        finished(Stage::Rest);
         match plan.out_dtype {
-            DType::BFloat16 => {
-                write_bands(&mut resampler, &geometry, &self.bfloat16, &mut band, dst)
-            }
-            _ => write_bands(&mut resampler, &geometry, &self.float32, &mut band, dst),
+            DType::BFloat16 => write_bands(
+                &mut resampler,
+                &geometry,
+                &self.bfloat16,
+                &mut band,
+                dst,
+                finished,
+            ),
+            _ => write_bands(
+                &mut resampler,
+                &geometry,
+                &self.float32,
+                &mut band,
+                dst,
+                finished,
+            ),
         }
         scratch.band.give_back(band, &policy);
         scratch.resize.give_back(resampler.into_scratch(), &policy);
@@ -336,11 +420,14 @@ fn write_bands<const N: usize>(
     table: &EncodedValueTable<N>,
     band: &mut [u8],
     dst: &mut [u8],
+    finished: &mut impl FnMut(Stage),
 ) {
     let (elements, _) = dst.as_chunks_mut::<N>();
     for band_out in elements.chunks_exact_mut(geometry.band_elements()) {
         resampler.write_rows(band);
+        finished(Stage::Resize);
         patchify_band(band, geometry, table, band_out);
+        finished(Stage::Rest);
     }
 }
 
@@ -541,6 +628,38 @@ mod tests {
             .write_into(&fresh.plan, &bytes, &mut dirty)
             .expect("write");
         assert_eq!(dirty, fresh.data);
+    }
+
+    /// The timed kernel is the same kernel: identical bytes, and every stage
+    /// it reports took time (decode and resize do real work on a 640x480
+    /// photo; "rest" patchifies it).
+    #[test]
+    fn timed_kernel_writes_the_same_tensor_and_reports_each_stage() {
+        let processor = qwen2_vl();
+        let bytes = fixture("photo_640x480.jpg");
+        for dtype in [DType::Float32, DType::BFloat16] {
+            let fresh = processor.preprocess(&bytes, dtype).expect("preprocess");
+            let mut timed = vec![0xA5u8; fresh.plan.out_bytes];
+            let times = processor
+                .write_into_timed(
+                    &fresh.plan,
+                    &bytes,
+                    &mut timed,
+                    &mut ScratchSpace::default(),
+                )
+                .expect("timed run");
+            assert!(timed == fresh.data, "{dtype:?}: the timed run differs");
+            assert!(times.decode > Duration::ZERO, "{times:?}");
+            assert!(times.resize > Duration::ZERO, "{times:?}");
+            assert!(times.rest > Duration::ZERO, "{times:?}");
+            assert_eq!(times.total(), times.decode + times.resize + times.rest);
+        }
+        let mut short = vec![0u8; 16];
+        let plan = processor.plan(&bytes, DType::Float32).expect("plan");
+        assert!(matches!(
+            processor.write_into_timed(&plan, &bytes, &mut short, &mut ScratchSpace::default()),
+            Err(PreprocessError::BufferSizeMismatch { .. })
+        ));
     }
 
     /// One scratch space through images of every format, size and layout,
