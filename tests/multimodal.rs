@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use smg_dataplane::preprocess::{ImageLimits, Qwen2VlImageProcessor, VisionPreprocessConfig};
 use smg_shared::tensor::DType;
-use support::media::{chat, expected, image_url, images_dir, messages};
+use support::media::{
+    Packing, chat, expected, expected_for, image_data_url, image_url, images_dir, messages, metric,
+    metrics_text,
+};
 use support::{Gateway, SimWorker};
 
 const ZERO: &[&str] = &["--zero-delay"];
@@ -107,6 +110,70 @@ async fn an_image_reaches_the_worker_in_every_mode_and_protocol() {
         assert!(
             content.starts_with(&header),
             "{protocol} {mode}: {content:?} vs {header}"
+        );
+    }
+}
+
+/// Several images in one chat, `data:` and `file://` URLs mixed, in Regular
+/// and PD for both protocols: the worker's digest covers the expanded
+/// prompt and every image's exact tensor, shape and grid, in order (SGLang:
+/// one item, the images' tensors concatenated, as its wire has it). With the
+/// default transport (`auto`) a TokenSpeed worker on this host gets its
+/// larger tensors through `/dev/shm`; SGLang's wire has no shm payload, so
+/// its tensors go inline.
+#[tokio::test]
+async fn several_images_as_data_and_file_urls_reach_the_worker_in_regular_and_pd() {
+    let names = [
+        "photo_640x480.jpg",
+        "rgba_150x100.png",
+        "odd_333x517.png",
+        "tiny_9x7.jpg",
+    ];
+    let urls = vec![
+        image_data_url(names[0]),
+        image_url(names[1]),
+        image_data_url(names[2]),
+        image_url(names[3]),
+    ];
+    let messages = messages(&urls);
+    for (protocol, mode, lane_for_large) in [
+        ("tokenspeed", "regular", "shm"),
+        ("tokenspeed", "pd", "shm"),
+        ("sglang", "regular", "inline"),
+        ("sglang", "pd", "inline"),
+    ] {
+        let packing = match protocol {
+            "sglang" => Packing::Concatenated,
+            _ => Packing::PerItem,
+        };
+        let header = expected_for(packing, &names, &messages);
+        let fleet = fleet(protocol, mode, 0, &[]);
+        let gateway = gateway(&fleet, &[]);
+        let (status, body) = chat(&gateway, &messages).await;
+        assert_eq!(status, 200, "{protocol} {mode}: {body}");
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content");
+        assert!(
+            content.starts_with(&header),
+            "{protocol} {mode}: {content:?} vs {header}"
+        );
+        let metrics = metrics_text(&gateway).await;
+        let tensors = |lane: &str| {
+            metric(
+                &metrics,
+                "smg_tensor_lane_tensors_total",
+                &[&format!("lane=\"{lane}\"")],
+            )
+        };
+        assert!(
+            tensors(lane_for_large) >= 1.0,
+            "{protocol} {mode}: the 640x480 photo's 3.7 MB tensor took the {lane_for_large} lane:\n{metrics}"
+        );
+        assert_eq!(
+            tensors("shm") + tensors("inline"),
+            names.len() as f64,
+            "{protocol} {mode}: one tensor per image"
         );
     }
 }

@@ -25,6 +25,19 @@ pub fn image_url(name: &str) -> String {
     format!("file://{}", images_dir().join(name).display())
 }
 
+/// A fixture image as a `data:` URL (base64, with its media type).
+pub fn image_data_url(name: &str) -> String {
+    use base64::Engine as _;
+    let bytes = std::fs::read(images_dir().join(name)).expect("fixture image");
+    let media_type = match name.rsplit('.').next() {
+        Some("png") => "image/png",
+        Some("webp") => "image/webp",
+        _ => "image/jpeg",
+    };
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    format!("data:{media_type};base64,{encoded}")
+}
+
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -42,9 +55,26 @@ pub fn messages(images: &[String]) -> Value {
     json!([{"role": "user", "content": content}])
 }
 
-/// What the worker must have received for these fixture images: the
-/// prompt's ids with each placeholder expanded, and each item's digest.
+/// What a TokenSpeed worker must have received for these fixture images:
+/// the prompt's ids with each placeholder expanded, and each item's digest.
+/// (For one image, SGLang's single concatenated item digests the same.)
 pub fn expected(images: &[&str], messages: &Value) -> String {
+    expected_for(Packing::PerItem, images, messages)
+}
+
+/// How a protocol packs a request's images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// TokenSpeed: one `MultimodalItem` per image, in prompt order.
+    PerItem,
+    /// SGLang: one `pixel_values` and one `image_grid_thw`, each the images'
+    /// tensors concatenated along the first axis.
+    Concatenated,
+}
+
+/// What a worker speaking a protocol that packs images as `packing` must
+/// have received.
+pub fn expected_for(packing: Packing, images: &[&str], messages: &Value) -> String {
     let tokenizer =
         smg::tokenizer::Tokenizer::from_model_dir(&super::model_dir()).expect("tokenizer");
     let options = smg::tokenizer::ChatTemplateOptions {
@@ -56,8 +86,9 @@ pub fn expected(images: &[&str], messages: &Value) -> String {
         .expect("template");
     let ids = tokenizer.encode(&text, false).expect("ids");
     let processor = processor();
-    let mut items = Vec::new();
     let mut tokens = Vec::new();
+    // Per image: pixel rows, pixel bytes, grid bytes.
+    let mut tensors: Vec<(u32, Vec<u8>, Vec<u8>)> = Vec::new();
     for name in images {
         let bytes = std::fs::read(images_dir().join(name)).expect("fixture image");
         let image = processor
@@ -69,15 +100,33 @@ pub fn expected(images: &[&str], messages: &Value) -> String {
             .iter()
             .flat_map(|&v| i64::from(v).to_le_bytes())
             .collect();
-        items.push(digest::item_digest(
-            &digest::tensor_digest("bfloat16", &image.plan.out_shape, &image.data),
+        tokens.push(image.plan.tokens as usize);
+        tensors.push((image.plan.out_shape[0], image.data, grid));
+    }
+    let item = |rows: u32, pixels: &[u8], grids: u32, grid: &[u8]| {
+        let columns = u32::try_from(pixels.len() / 2 / rows.max(1) as usize).expect("columns");
+        digest::item_digest(
+            &digest::tensor_digest("bfloat16", &[rows, columns], pixels),
             &[(
                 "image_grid_thw".to_owned(),
-                digest::tensor_digest("int64", &[1, 3], &grid),
+                digest::tensor_digest("int64", &[grids, 3], grid),
             )],
-        ));
-        tokens.push(image.plan.tokens as usize);
-    }
+        )
+    };
+    let items: Vec<[u8; 32]> = match packing {
+        Packing::PerItem => tensors
+            .iter()
+            .map(|(rows, pixels, grid)| item(*rows, pixels, 1, grid))
+            .collect(),
+        Packing::Concatenated if tensors.is_empty() => Vec::new(),
+        Packing::Concatenated => {
+            let rows = tensors.iter().map(|(rows, _, _)| rows).sum();
+            let pixels: Vec<u8> = tensors.iter().flat_map(|(_, p, _)| p.clone()).collect();
+            let grid: Vec<u8> = tensors.iter().flat_map(|(_, _, g)| g.clone()).collect();
+            let count = u32::try_from(tensors.len()).expect("image count");
+            vec![item(rows, &pixels, count, &grid)]
+        }
+    };
     let mut expanded = Vec::new();
     let mut per_image = tokens.into_iter();
     for id in ids {
