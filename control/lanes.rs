@@ -6,18 +6,23 @@
 //! workers that may receive it (the encode pool in EPD, the regular or
 //! prefill pool otherwise). `--multimodal-tensor-transport` sets the default
 //! mode; `--worker-tensor-transport URL=MODE[,min_bytes=N]` overrides it per
-//! worker. The shm lane is taken only when every available receiver accepts
+//! worker, and a worker registered through the admin API may carry its own
+//! override (the same [`WorkerLaneOverride`], which then wins over the
+//! flag's for its URL; [`TensorLanes::transport_for`] is the one place that
+//! resolves registration → flag → default). The shm lane is taken only when every available receiver accepts
 //! it (mode `shm`, or `auto` with the worker's advertised `shm_namespace_id`
 //! equal to ours); otherwise the tensor goes inline, and where inline was not
 //! what the operator asked for, `smg_tensor_lane_fallbacks_total` says why.
 //!
 //! It also owns the shm lane's lifetime: the start-up sweep of dead
-//! gateways' names, the per-core pools, and a reclaimer task that frees
-//! slots whose names are gone (or overdue) and publishes occupancy gauges.
+//! gateways' names, the per-core pools (created at start-up when a flag asks
+//! for shm, else on the first registration that does; likewise the RDMA
+//! lane), and a reclaimer task that frees slots whose names are gone (or
+//! overdue) and publishes occupancy gauges.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Once, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use smg_dataplane::lanes::rdma::{self, RdmaArena, RdmaBackend, RdmaConfig, RdmaLane};
@@ -76,11 +81,44 @@ impl LaneMode {
     }
 }
 
-/// One worker's override of the mode and the inline threshold.
+/// One worker's override of the mode and the inline threshold: from
+/// `--worker-tensor-transport`, or from the worker's admin registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkerLaneOverride {
     pub mode: LaneMode,
     pub min_bytes: Option<usize>,
+}
+
+/// Where a worker's transport comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportSource {
+    /// Its admin registration's `tensor_transport`.
+    Registration,
+    /// A `--worker-tensor-transport` for its URL.
+    Flag,
+    /// `--multimodal-tensor-transport` / `--multimodal-shm-min-bytes`.
+    Default,
+    /// Its runtime takes tensors inline only (SGLang).
+    Runtime,
+}
+
+impl TransportSource {
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportSource::Registration => "registration",
+            TransportSource::Flag => "flag",
+            TransportSource::Default => "default",
+            TransportSource::Runtime => "runtime",
+        }
+    }
+}
+
+/// The mode and threshold the lane decision applies to one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerTransport {
+    pub mode: LaneMode,
+    pub min_bytes: usize,
+    pub source: TransportSource,
 }
 
 /// Parses `URL=MODE[,min_bytes=N]` (`--worker-tensor-transport`).
@@ -146,6 +184,16 @@ pub struct LaneSettings {
     pub rdma_deadline: Duration,
 }
 
+impl LaneSettings {
+    fn wants_shm(&self) -> bool {
+        self.mode.uses_shm() || self.overrides.iter().any(|(_, o)| o.mode.uses_shm())
+    }
+
+    fn wants_rdma(&self) -> bool {
+        self.mode == LaneMode::Rdma || self.overrides.iter().any(|(_, o)| o.mode == LaneMode::Rdma)
+    }
+}
+
 /// What a worker advertised about its /dev/shm, as far as we know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum KnownNamespace {
@@ -160,11 +208,16 @@ pub struct TensorLanes {
     mode: LaneMode,
     min_bytes: usize,
     overrides: HashMap<String, WorkerLaneOverride>,
-    shm: Option<Arc<ShmLane>>,
-    /// Why the shm lane is missing although a mode asks for it.
-    shm_missing: Option<&'static str>,
-    /// The RDMA lane, when one was given to [`TensorLanes::start`].
-    rdma: Option<Arc<RdmaLane>>,
+    /// The shm lane once some mode asked for it, or why it could not be
+    /// created (the fallback reason).
+    shm: OnceLock<Result<Arc<ShmLane>, &'static str>>,
+    /// The RDMA lane once some mode asked for it (`None`: it did not open).
+    rdma: OnceLock<Option<Arc<RdmaLane>>>,
+    /// What lanes asked for later ([`TensorLanes::prepare`]) are made from;
+    /// `None` for [`TensorLanes::inline`].
+    settings: Option<(LaneSettings, usize)>,
+    /// The reclaimer runs from the first lane that holds resources.
+    reclaimer: Once,
     namespace: Option<ShmNamespace>,
     namespaces: Arc<RwLock<HashMap<String, KnownNamespace>>>,
 }
@@ -186,8 +239,6 @@ impl TensorLanes {
     /// `rdma` is the RDMA lane when one opened ([`open_rdma`], which logs
     /// why not); without it `rdma` modes fall back to inline.
     pub fn start(settings: &LaneSettings, cores: usize, rdma: Option<Arc<RdmaLane>>) -> Arc<Self> {
-        let wants_shm =
-            settings.mode.uses_shm() || settings.overrides.iter().any(|(_, o)| o.mode.uses_shm());
         // Whatever this gateway's mode, names left by gateways that died
         // (pid and start time are in each name) are removed now.
         match shm::sweep_orphans(&settings.shm_dir) {
@@ -201,38 +252,6 @@ impl TensorLanes {
                 tracing::warn!(%err, dir = %settings.shm_dir.display(), "shm orphan sweep failed")
             }
         }
-        let mut shm_missing = None;
-        let shm = if wants_shm {
-            let config = ShmLaneConfig {
-                dir: settings.shm_dir.clone(),
-                slot_bytes: settings.shm_slot_bytes,
-                slots_per_core: settings.shm_slots_per_core,
-                reclaim_after: settings.shm_reclaim_after,
-                keep_free_bytes: settings.shm_keep_free_bytes,
-            };
-            match ShmLane::create(&config, cores) {
-                Ok(lane) => {
-                    tracing::info!(
-                        dir = %settings.shm_dir.display(),
-                        cores,
-                        slots_per_core = settings.shm_slots_per_core,
-                        slot_bytes = settings.shm_slot_bytes,
-                        "shm tensor lane ready"
-                    );
-                    Some(Arc::new(lane))
-                }
-                Err(err) => {
-                    tracing::warn!(%err, dir = %settings.shm_dir.display(), "the shm tensor lane is unavailable; its tensors go inline");
-                    shm_missing = Some(match err {
-                        shm::ShmError::NoSpace { .. } => "shm_no_space",
-                        shm::ShmError::Io { .. } => "shm_unavailable",
-                    });
-                    None
-                }
-            }
-        } else {
-            None
-        };
         let namespace = ShmNamespace::read_from(
             std::path::Path::new("/proc/sys/kernel/random/boot_id"),
             &settings.shm_dir,
@@ -243,19 +262,71 @@ impl TensorLanes {
             mode: settings.mode,
             min_bytes: settings.min_bytes,
             overrides: settings.overrides.iter().cloned().collect(),
-            shm,
-            shm_missing,
-            rdma,
+            shm: OnceLock::new(),
+            rdma: OnceLock::new(),
+            settings: Some((settings.clone(), cores)),
+            reclaimer: Once::new(),
             namespace,
             namespaces: Arc::default(),
         });
-        if lanes.shm.is_some() || lanes.rdma.is_some() {
-            lanes.publish_occupancy();
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(reclaim(Arc::downgrade(&lanes)));
-            }
+        if settings.wants_shm() {
+            lanes.shm.get_or_init(|| create_shm(settings, cores));
         }
+        if rdma.is_some() || settings.wants_rdma() {
+            lanes.rdma.get_or_init(|| rdma);
+        }
+        lanes.start_reclaimer();
         lanes
+    }
+
+    /// Makes the lane `mode` needs if no earlier mode did (a worker
+    /// registered at run time asking for shm or rdma on a gateway whose
+    /// flags did not): the same pools, and the same fallbacks when they
+    /// cannot be made, as at start-up. A pool is created and touched on a
+    /// blocking thread. Made once: a lane that could not be made is not
+    /// tried again.
+    pub async fn prepare(self: &Arc<Self>, mode: LaneMode) {
+        if self.settings.is_none() || mode == LaneMode::Inline {
+            return;
+        }
+        let lanes = Arc::clone(self);
+        let made = tokio::task::spawn_blocking(move || {
+            let Some((settings, cores)) = &lanes.settings else {
+                return;
+            };
+            if mode == LaneMode::Rdma {
+                lanes.rdma.get_or_init(|| open_rdma_lane(settings));
+            } else {
+                lanes.shm.get_or_init(|| create_shm(settings, *cores));
+            }
+        })
+        .await;
+        if let Err(err) = made {
+            tracing::warn!(%err, "making a tensor lane failed");
+        }
+        self.start_reclaimer();
+    }
+
+    /// Starts the reclaimer once some lane holds resources.
+    fn start_reclaimer(self: &Arc<Self>) {
+        if self.shm_lane().is_none() && self.rdma_lane().is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.reclaimer.call_once(|| {
+            self.publish_occupancy();
+            runtime.spawn(reclaim(Arc::downgrade(self)));
+        });
+    }
+
+    fn shm_lane(&self) -> Option<&Arc<ShmLane>> {
+        self.shm.get().and_then(|made| made.as_ref().ok())
+    }
+
+    fn rdma_lane(&self) -> Option<&Arc<RdmaLane>> {
+        self.rdma.get().and_then(Option::as_ref)
     }
 
     /// Inline only (tests, and models without images).
@@ -264,9 +335,10 @@ impl TensorLanes {
             mode: LaneMode::Inline,
             min_bytes: 0,
             overrides: HashMap::new(),
-            shm: None,
-            shm_missing: None,
-            rdma: None,
+            shm: OnceLock::new(),
+            rdma: OnceLock::new(),
+            settings: None,
+            reclaimer: Once::new(),
             namespace: None,
             namespaces: Arc::default(),
         })
@@ -306,7 +378,7 @@ impl TensorLanes {
 
     /// The shm lane's occupancy, when it exists.
     pub fn shm_occupancy(&self) -> Option<ShmOccupancy> {
-        self.shm.as_ref().map(|lane| lane.occupancy())
+        self.shm_lane().map(|lane| lane.occupancy())
     }
 
     fn publish_occupancy(&self) {
@@ -314,10 +386,57 @@ impl TensorLanes {
             metrics::gauge!(SHM_SLOTS_TOTAL).set(occupancy.slots_total as f64);
             metrics::gauge!(SHM_SLOTS_IN_USE).set(occupancy.slots_in_use as f64);
         }
-        if let Some(rdma) = &self.rdma {
+        if let Some(rdma) = self.rdma_lane() {
             let occupancy = rdma.arena().occupancy();
             metrics::gauge!(rdma::SLOTS_TOTAL_METRIC).set(occupancy.slots_total as f64);
             metrics::gauge!(rdma::SLOTS_IN_USE_METRIC).set(occupancy.slots_in_use as f64);
+        }
+    }
+
+    /// The mode and threshold for the worker at `url` whose registration
+    /// carried `registered` (a registration is the newer, more specific
+    /// statement, so it wins over a flag for the same URL; either beats the
+    /// default; an override without a threshold takes the default one).
+    pub fn transport_for(
+        &self,
+        url: &str,
+        registered: Option<WorkerLaneOverride>,
+    ) -> WorkerTransport {
+        let flagged = || self.overrides.get(&normalize_url(url)).copied();
+        let (chosen, source) = match registered {
+            Some(o) => (Some(o), TransportSource::Registration),
+            None => (flagged(), TransportSource::Flag),
+        };
+        match chosen {
+            Some(o) => WorkerTransport {
+                mode: o.mode,
+                min_bytes: o.min_bytes.unwrap_or(self.min_bytes),
+                source,
+            },
+            None => WorkerTransport {
+                mode: self.mode,
+                min_bytes: self.min_bytes,
+                source: TransportSource::Default,
+            },
+        }
+    }
+
+    /// [`Self::transport_for`] as a `runtime` worker gets it: SGLang
+    /// workers take tensors inline whatever is asked (what
+    /// [`Self::decide`] does).
+    pub fn effective_transport(
+        &self,
+        runtime: Runtime,
+        url: &str,
+        registered: Option<WorkerLaneOverride>,
+    ) -> WorkerTransport {
+        match runtime {
+            Runtime::Sglang => WorkerTransport {
+                mode: LaneMode::Inline,
+                min_bytes: 0,
+                source: TransportSource::Runtime,
+            },
+            Runtime::TokenSpeed => self.transport_for(url, registered),
         }
     }
 
@@ -351,14 +470,11 @@ impl TensorLanes {
         let mut fallback = None;
         for worker in receivers {
             let key = normalize_url(worker.url());
-            let (mode, threshold) = match self.overrides.get(&key) {
-                Some(o) => (o.mode, o.min_bytes.unwrap_or(self.min_bytes)),
-                None => (self.mode, self.min_bytes),
-            };
-            min_bytes = min_bytes.max(threshold);
-            let accepted = match mode {
+            let transport = self.transport_for(worker.url(), worker.lane_override());
+            min_bytes = min_bytes.max(transport.min_bytes);
+            let accepted = match transport.mode {
                 LaneMode::Inline => Err(None),
-                LaneMode::Rdma if self.rdma.is_some() => Ok(LaneKind::Rdma),
+                LaneMode::Rdma if self.rdma_lane().is_some() => Ok(LaneKind::Rdma),
                 LaneMode::Rdma => Err(Some(Fallback {
                     requested: LaneKind::Rdma,
                     reason: "rdma_unavailable",
@@ -394,12 +510,14 @@ impl TensorLanes {
             }
         };
         let (available, missing) = match lane {
-            LaneKind::Shm => (
-                self.shm.clone().map(|l| l as Arc<dyn TensorLane>),
-                self.shm_missing.unwrap_or("shm_unavailable"),
-            ),
+            LaneKind::Shm => match self.shm.get() {
+                Some(Ok(lane)) => (Some(Arc::clone(lane) as Arc<dyn TensorLane>), ""),
+                Some(Err(why)) => (None, *why),
+                None => (None, "shm_unavailable"),
+            },
             LaneKind::Rdma => (
-                self.rdma.clone().map(|l| l as Arc<dyn TensorLane>),
+                self.rdma_lane()
+                    .map(|l| Arc::clone(l) as Arc<dyn TensorLane>),
                 "rdma_unavailable",
             ),
             LaneKind::Inline => (None, ""),
@@ -545,14 +663,14 @@ pub fn settings_from(args: &crate::cli::LaunchArgs) -> Result<LaneSettings, Stri
 /// one, `None` after one log line saying why (those tensors go inline,
 /// counted as `rdma_unavailable` fallbacks).
 pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
-    let wanted = settings.mode == LaneMode::Rdma
-        || settings
-            .overrides
-            .iter()
-            .any(|(_, o)| o.mode == LaneMode::Rdma);
-    if !wanted {
+    if !settings.wants_rdma() {
         return None;
     }
+    open_rdma_lane(settings)
+}
+
+/// Opens the RDMA lane `settings` describe (`None`, logged, when it cannot).
+fn open_rdma_lane(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
     let config = RdmaConfig {
         slot_bytes: settings.rdma_slot_bytes,
         slots: settings.rdma_slots,
@@ -579,6 +697,37 @@ pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
         Err(err) => {
             tracing::warn!(%err, "the rdma lane's reaper did not start; its tensors go inline");
             None
+        }
+    }
+}
+
+/// Creates the per-core shm pools `settings` describe, or says why not (the
+/// fallback reason its tensors are counted under).
+fn create_shm(settings: &LaneSettings, cores: usize) -> Result<Arc<ShmLane>, &'static str> {
+    let config = ShmLaneConfig {
+        dir: settings.shm_dir.clone(),
+        slot_bytes: settings.shm_slot_bytes,
+        slots_per_core: settings.shm_slots_per_core,
+        reclaim_after: settings.shm_reclaim_after,
+        keep_free_bytes: settings.shm_keep_free_bytes,
+    };
+    match ShmLane::create(&config, cores) {
+        Ok(lane) => {
+            tracing::info!(
+                dir = %settings.shm_dir.display(),
+                cores,
+                slots_per_core = settings.shm_slots_per_core,
+                slot_bytes = settings.shm_slot_bytes,
+                "shm tensor lane ready"
+            );
+            Ok(Arc::new(lane))
+        }
+        Err(err) => {
+            tracing::warn!(%err, dir = %settings.shm_dir.display(), "the shm tensor lane is unavailable; its tensors go inline");
+            Err(match err {
+                shm::ShmError::NoSpace { .. } => "shm_no_space",
+                shm::ShmError::Io { .. } => "shm_unavailable",
+            })
         }
     }
 }

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::EngineClient;
 use crate::error::{Error, ErrorCode, Result};
+use crate::lanes::WorkerLaneOverride;
 
 /// A worker's part in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,6 +107,9 @@ pub struct Worker {
     load: LoadCell,
     /// Cancelled when the worker leaves the fleet; stops its probe loop.
     retired: CancellationToken,
+    /// The tensor transport its admin registration asked for; it lives
+    /// and goes with the worker.
+    lane_override: Option<WorkerLaneOverride>,
 }
 
 impl Worker {
@@ -138,7 +142,19 @@ impl Worker {
             breaker,
             load: LoadCell::default(),
             retired: CancellationToken::new(),
+            lane_override: None,
         })
+    }
+
+    /// The worker with the tensor transport its registration asked for.
+    pub fn with_lane_override(mut self, lane_override: Option<WorkerLaneOverride>) -> Self {
+        self.lane_override = lane_override;
+        self
+    }
+
+    /// The tensor transport its registration asked for, if any.
+    pub fn lane_override(&self) -> Option<WorkerLaneOverride> {
+        self.lane_override
     }
 
     /// The worker with this circuit-breaker configuration.

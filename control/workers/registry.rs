@@ -27,6 +27,7 @@ use super::{
 };
 use crate::engine::{EngineClient, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
+use crate::lanes::{LaneMode, WorkerLaneOverride, WorkerTransport};
 
 /// How long a registration waits for the worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,6 +62,42 @@ pub struct WorkerSpec {
     /// tokenspeed). A single-model gateway uses its own runtime.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// `inline`, `shm`, `auto` or `rdma`: this worker's tensor transport,
+    /// as a `--worker-tensor-transport` for its URL would set it (and
+    /// winning over one).
+    #[serde(default)]
+    pub tensor_transport: Option<String>,
+    /// This worker's inline threshold (with `tensor_transport`; default
+    /// `--multimodal-shm-min-bytes`).
+    #[serde(default)]
+    pub shm_min_bytes: Option<u64>,
+}
+
+impl WorkerSpec {
+    /// The transport override the registration carries, checked.
+    fn lane_override(&self) -> Result<Option<WorkerLaneOverride>> {
+        let Some(text) = self.tensor_transport.as_deref() else {
+            return match self.shm_min_bytes {
+                Some(_) => Err(Error::invalid_parameter(
+                    "shm_min_bytes",
+                    "shm_min_bytes goes with a tensor_transport (inline, shm, auto or rdma)",
+                )),
+                None => Ok(None),
+            };
+        };
+        let mode = LaneMode::parse(text).ok_or_else(|| {
+            Error::invalid_parameter(
+                "tensor_transport",
+                format!("unknown tensor transport {text:?} (inline, shm, auto or rdma)"),
+            )
+        })?;
+        Ok(Some(WorkerLaneOverride {
+            mode,
+            min_bytes: self
+                .shm_min_bytes
+                .map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX)),
+        }))
+    }
 }
 
 fn regular() -> String {
@@ -80,6 +117,14 @@ pub struct WorkerStatus {
     pub circuit: &'static str,
     pub in_flight: usize,
     pub bootstrap_port: Option<u16>,
+    /// The tensor transport the lane decision applies to it (`inline`,
+    /// `shm`, `auto`, `rdma`; always `inline` for SGLang)...
+    pub tensor_transport: &'static str,
+    /// ...its inline threshold in bytes...
+    pub shm_min_bytes: usize,
+    /// ...and where they come from: `registration`, `flag`
+    /// (`--worker-tensor-transport`), `default` or `runtime` (SGLang).
+    pub tensor_transport_source: &'static str,
     /// The data-parallel rank this logical worker stands for (`--dp-aware`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dp_rank: Option<u32>,
@@ -105,6 +150,7 @@ struct Job {
     url: String,
     role: WorkerRole,
     bootstrap_port: Option<u16>,
+    lane_override: Option<WorkerLaneOverride>,
     error: Option<String>,
 }
 
@@ -162,6 +208,7 @@ impl WorkerRegistry {
             .role
             .parse()
             .map_err(|why: String| Error::invalid_parameter("role", why))?;
+        let lane_override = spec.lane_override()?;
         if !self.roles.contains(&role) {
             return Err(Error::invalid_parameter(
                 "role",
@@ -202,6 +249,7 @@ impl WorkerRegistry {
                     url: client.url().to_owned(),
                     role,
                     bootstrap_port: spec.bootstrap_port,
+                    lane_override,
                     error: None,
                 },
             );
@@ -209,7 +257,10 @@ impl WorkerRegistry {
         let registry = Arc::clone(self);
         let job_id = id.clone();
         tokio::spawn(async move {
-            match registry.admit(client, role, spec.bootstrap_port).await {
+            match registry
+                .admit(client, role, spec.bootstrap_port, lane_override)
+                .await
+            {
                 Ok(()) => {
                     registry.jobs().remove(&job_id);
                 }
@@ -231,6 +282,7 @@ impl WorkerRegistry {
         client: EngineClient,
         role: WorkerRole,
         bootstrap_port: Option<u16>,
+        lane_override: Option<WorkerLaneOverride>,
     ) -> std::result::Result<(), String> {
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (bootstrap_port, needs_bootstrap) {
@@ -255,10 +307,17 @@ impl WorkerRegistry {
         } else {
             None
         };
+        if let Some(wanted) = lane_override
+            && self.runtime == Runtime::TokenSpeed
+        {
+            // Its lane exists before its first request can pick it.
+            crate::lanes::installed().prepare(wanted.mode).await;
+        }
         let workers = (0..ranks.unwrap_or(1))
             .map(|rank| {
                 let worker = Worker::new(client.clone(), role, port)
                     .map_err(|err| err.message)?
+                    .with_lane_override(lane_override)
                     .with_breaker(self.lifecycle.breaker)
                     .with_health(HealthState::Pending);
                 Ok(Arc::new(match ranks {
@@ -381,7 +440,13 @@ impl WorkerRegistry {
         all
     }
 
+    /// What the lanes make of a worker at `url` registered with `registered`.
+    fn transport(&self, url: &str, registered: Option<WorkerLaneOverride>) -> WorkerTransport {
+        crate::lanes::installed().effective_transport(self.runtime, url, registered)
+    }
+
     fn describe(&self, worker: &Worker) -> WorkerStatus {
+        let transport = self.transport(worker.url(), worker.lane_override());
         let status = if worker.is_draining() {
             "draining"
         } else {
@@ -396,6 +461,9 @@ impl WorkerRegistry {
             circuit: worker.breaker().state().name(),
             in_flight: worker.in_flight(),
             bootstrap_port: worker.bootstrap_port(),
+            tensor_transport: transport.mode.name(),
+            shm_min_bytes: transport.min_bytes,
+            tensor_transport_source: transport.source.name(),
             dp_rank: worker.dp_rank(),
             load: worker
                 .load_cell()
@@ -412,6 +480,7 @@ impl WorkerRegistry {
     }
 
     fn job_status(&self, id: &str, job: &Job) -> WorkerStatus {
+        let transport = self.transport(&job.url, job.lane_override);
         WorkerStatus {
             id: id.to_owned(),
             url: job.url.clone(),
@@ -425,6 +494,9 @@ impl WorkerRegistry {
             circuit: "closed",
             in_flight: 0,
             bootstrap_port: job.bootstrap_port,
+            tensor_transport: transport.mode.name(),
+            shm_min_bytes: transport.min_bytes,
+            tensor_transport_source: transport.source.name(),
             dp_rank: None,
             load: None,
             error: job.error.clone(),
