@@ -618,3 +618,268 @@ async fn regular_and_pd_tokenspeed_workers_read_mm_inputs_through_shm_too() {
         drop(workers);
     }
 }
+
+/// Sends an admin API call to `gateway`.
+async fn admin(
+    gateway: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = support::media::http().request(method, gateway.url(path));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Registers `url` with the extra `fields`, waits until it is ready, and
+/// returns its status.
+async fn register_ready(gateway: &Gateway, url: &str, fields: Value) -> Value {
+    let mut body = json!({ "url": url });
+    body.as_object_mut()
+        .unwrap()
+        .extend(fields.as_object().unwrap().clone());
+    let (status, answer) = admin(gateway, reqwest::Method::POST, "/workers", Some(body)).await;
+    assert_eq!(status, 202, "{answer}");
+    let path = format!("/workers/{}", answer["id"].as_str().unwrap());
+    support::bounded("registration", async {
+        loop {
+            let (_, status) = admin(gateway, reqwest::Method::GET, &path, None).await;
+            if status["status"] == "ready" {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Removes worker `id` and waits until it has drained and is gone.
+async fn remove_worker(gateway: &Gateway, id: &str) {
+    let path = format!("/workers/{id}");
+    let (status, answer) = admin(gateway, reqwest::Method::DELETE, &path, None).await;
+    assert_eq!(status, 202, "{answer}");
+    support::bounded("removal", async {
+        while admin(gateway, reqwest::Method::GET, &path, None).await.0 != 404 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// `(tensor_transport, shm_min_bytes, tensor_transport_source)` of a status.
+fn transport_of(status: &Value) -> (&str, u64, &str) {
+    (
+        status["tensor_transport"].as_str().unwrap(),
+        status["shm_min_bytes"].as_u64().unwrap(),
+        status["tensor_transport_source"].as_str().unwrap(),
+    )
+}
+
+/// A Regular gateway serving `first` (given on the command line) with the
+/// shm settings of these tests, plus `extra` flags.
+fn regular_gateway(shm: &ShmDir, first: &SimWorker, extra: &[&str]) -> Gateway {
+    let mut args = vec![
+        "--worker-urls".to_owned(),
+        first.grpc_url(),
+        "--served-model-name".into(),
+        "model".into(),
+        "--allowed-local-media-path".into(),
+        images_dir().display().to_string(),
+        "--multimodal-shm-dir".into(),
+        shm.arg(),
+        "--multimodal-shm-slot-bytes".into(),
+        SLOT_BYTES.into(),
+        "--multimodal-shm-slots-per-core".into(),
+        "2".into(),
+        "--dataplane-cores".into(),
+        "1".into(),
+        "--disable-health-check".into(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Gateway::start(&args)
+}
+
+/// A regular TokenSpeed worker recording what it reads into `record`.
+fn recording_worker(shm: &ShmDir, record: &tempfile::TempDir) -> SimWorker {
+    let record_arg = record.path().display().to_string();
+    let shm_arg = shm.arg();
+    SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--zero-delay",
+            "--record-dir",
+            &record_arg,
+            "--shm-dir",
+            &shm_arg,
+        ],
+    )
+}
+
+/// Forgets what a recording worker has recorded so far.
+fn clear_records(record: &tempfile::TempDir) {
+    for entry in std::fs::read_dir(record.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
+    // Default inline and no shm anywhere on the command line: the pool is
+    // made when the registration asks for shm.
+    let shm = ShmDir::in_dev_shm();
+    let record = tempfile::tempdir().unwrap();
+    let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let reader = recording_worker(&shm, &record);
+    let gateway = regular_gateway(&shm, &first, &["--multimodal-tensor-transport", "inline"]);
+    assert_eq!(shm.names_of(gateway.pid()), Vec::<String>::new());
+
+    // Bad values are refused, and nothing is registered.
+    for (fields, code, param) in [
+        (
+            json!({"tensor_transport": "tcp"}),
+            "invalid_parameter",
+            "tensor_transport",
+        ),
+        (
+            json!({"shm_min_bytes": 1024}),
+            "invalid_parameter",
+            "shm_min_bytes",
+        ),
+        (
+            json!({"tensor_transport": "shm", "shm_min_bytes": -1}),
+            "invalid_request",
+            "shm_min_bytes",
+        ),
+    ] {
+        let mut body = json!({ "url": reader.url() });
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (status, answer) =
+            admin(&gateway, reqwest::Method::POST, "/workers", Some(body)).await;
+        assert_eq!(status, 400, "{fields}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{fields}: {answer}");
+        assert_eq!(answer["error"]["param"], param, "{fields}: {answer}");
+    }
+    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
+    assert_eq!(listed["workers"].as_array().unwrap().len(), 1, "{listed}");
+    let first_id = listed["workers"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        transport_of(&listed["workers"][0]),
+        ("inline", 65536, "default")
+    );
+
+    // shm with a threshold low enough for the small image too.
+    let status = register_ready(
+        &gateway,
+        &reader.url(),
+        json!({"tensor_transport": "shm", "shm_min_bytes": 1024}),
+    )
+    .await;
+    assert_eq!(transport_of(&status), ("shm", 1024, "registration"));
+    let reader_id = status["id"].as_str().unwrap().to_owned();
+    let private = shm.names_of(gateway.pid());
+    assert!(!private.is_empty(), "the registration made no shm pool");
+    // The inline worker would keep every tensor inline (every receiver
+    // must accept shm); once it is gone the registered one decides.
+    remove_worker(&gateway, &first_id).await;
+    chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
+    assert_eq!(
+        recorded_in(record.path()),
+        vec![
+            (tensor_bytes(SMALL), "shm".to_owned()),
+            (tensor_bytes(MEDIUM), "shm".to_owned()),
+        ]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"shm\""]),
+        2.0,
+        "{text}"
+    );
+    assert_settles(&gateway, &shm, &private).await;
+
+    // Removed and registered again without the fields: the default again.
+    remove_worker(&gateway, &reader_id).await;
+    clear_records(&record);
+    let status = register_ready(&gateway, &reader.url(), json!({})).await;
+    assert_eq!(transport_of(&status), ("inline", 65536, "default"));
+    chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
+    assert_eq!(
+        recorded_in(record.path()),
+        vec![
+            (tensor_bytes(SMALL), "inline".to_owned()),
+            (tensor_bytes(MEDIUM), "inline".to_owned()),
+        ]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"shm\""]),
+        2.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_registered_transport_wins_over_the_flag_for_its_url() {
+    // Default auto; the flag sends the reader's tensors through shm, its
+    // registration says inline.
+    let shm = ShmDir::in_dev_shm();
+    let record = tempfile::tempdir().unwrap();
+    let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let reader = recording_worker(&shm, &record);
+    let flag = format!("{}=shm", reader.grpc_url());
+    let gateway = regular_gateway(&shm, &first, &["--worker-tensor-transport", &flag]);
+    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
+    let first_id = listed["workers"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        transport_of(&listed["workers"][0]),
+        ("auto", 65536, "default")
+    );
+
+    let status = register_ready(
+        &gateway,
+        &reader.url(),
+        json!({"tensor_transport": "inline"}),
+    )
+    .await;
+    assert_eq!(transport_of(&status), ("inline", 65536, "registration"));
+    let reader_id = status["id"].as_str().unwrap().to_owned();
+    remove_worker(&gateway, &first_id).await;
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_in(record.path()),
+        [(tensor_bytes(MEDIUM), "inline".to_owned())]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"shm\""]),
+        0.0,
+        "{text}"
+    );
+
+    // Without its registration's word, the flag for its URL applies again.
+    remove_worker(&gateway, &reader_id).await;
+    clear_records(&record);
+    let status = register_ready(&gateway, &reader.url(), json!({})).await;
+    assert_eq!(transport_of(&status), ("shm", 65536, "flag"));
+    let private = shm.names_of(gateway.pid());
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_in(record.path()),
+        [(tensor_bytes(MEDIUM), "shm".to_owned())]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"shm\""]),
+        1.0,
+        "{text}"
+    );
+    assert_settles(&gateway, &shm, &private).await;
+}

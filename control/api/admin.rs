@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `POST /workers` `{"url", "role"?, "bootstrap_port"?, "model_id"?}` | 202 and the registration's status; 400 bad URL/role, 409 duplicate |
+//! | `POST /workers` `{"url", "role"?, "bootstrap_port"?, "model_id"?, "runtime"?, "tensor_transport"?, "shm_min_bytes"?}` | 202 and the registration's status; 400 bad URL/role/transport, 409 duplicate |
 //! | `GET /workers[?model_id=&role=&status=]` | `{"workers": [...]}`, filtered |
 //! | `GET /workers/{id}` | the worker's status; 404 `worker_not_found` |
 //! | `DELETE /workers/{id}` | 202, the worker drains (in-flight requests finish) |
