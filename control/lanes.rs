@@ -796,6 +796,62 @@ async fn reclaim(lanes: Weak<TensorLanes>) {
 mod tests {
     use super::*;
 
+    /// Lanes with this default and these flag overrides (no pools).
+    fn configured(
+        mode: LaneMode,
+        min_bytes: usize,
+        flags: &[(&str, WorkerLaneOverride)],
+    ) -> TensorLanes {
+        TensorLanes {
+            mode,
+            min_bytes,
+            overrides: flags
+                .iter()
+                .map(|(url, o)| ((*url).to_owned(), *o))
+                .collect(),
+            shm: OnceLock::new(),
+            rdma: OnceLock::new(),
+            settings: None,
+            reclaimer: Once::new(),
+            namespace: None,
+            namespaces: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn a_registration_wins_over_the_flag_which_wins_over_the_default() {
+        let flagged = WorkerLaneOverride {
+            mode: LaneMode::Shm,
+            min_bytes: Some(10),
+        };
+        let lanes = configured(LaneMode::Auto, 64, &[("h:1", flagged)]);
+        let registered = WorkerLaneOverride {
+            mode: LaneMode::Inline,
+            min_bytes: None,
+        };
+        let transport = |url, registered| {
+            let t = lanes.transport_for(url, registered);
+            (t.mode, t.min_bytes, t.source)
+        };
+        assert_eq!(
+            transport("grpc://h:1/", Some(registered)),
+            (LaneMode::Inline, 64, TransportSource::Registration)
+        );
+        assert_eq!(
+            transport("http://h:1", None),
+            (LaneMode::Shm, 10, TransportSource::Flag)
+        );
+        assert_eq!(
+            transport("grpc://h:2", None),
+            (LaneMode::Auto, 64, TransportSource::Default)
+        );
+        let sglang = lanes.effective_transport(Runtime::Sglang, "grpc://h:1", Some(flagged));
+        assert_eq!(
+            (sglang.mode, sglang.source),
+            (LaneMode::Inline, TransportSource::Runtime)
+        );
+    }
+
     #[test]
     fn overrides_parse_with_and_without_a_threshold() {
         assert_eq!(

@@ -761,8 +761,7 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
         body.as_object_mut()
             .unwrap()
             .extend(fields.as_object().unwrap().clone());
-        let (status, answer) =
-            admin(&gateway, reqwest::Method::POST, "/workers", Some(body)).await;
+        let (status, answer) = admin(&gateway, reqwest::Method::POST, "/workers", Some(body)).await;
         assert_eq!(status, 400, "{fields}: {answer}");
         assert_eq!(answer["error"]["code"], code, "{fields}: {answer}");
         assert_eq!(answer["error"]["param"], param, "{fields}: {answer}");
