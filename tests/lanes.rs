@@ -882,3 +882,51 @@ async fn a_registered_transport_wins_over_the_flag_for_its_url() {
     );
     assert_settles(&gateway, &shm, &private).await;
 }
+
+#[tokio::test]
+async fn a_registration_asking_for_rdma_opens_the_lane() {
+    // No rdma on the command line: the loopback arena opens when the
+    // registration asks for it.
+    let shm = ShmDir::in_dev_shm();
+    let record = tempfile::tempdir().unwrap();
+    let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let reader = recording_worker(&shm, &record);
+    let gateway = regular_gateway(
+        &shm,
+        &first,
+        &[
+            "--multimodal-tensor-transport",
+            "inline",
+            "--multimodal-rdma-backend",
+            "loopback",
+            "--multimodal-rdma-slots",
+            "2",
+            "--multimodal-rdma-slot-bytes",
+            SLOT_BYTES,
+        ],
+    );
+    assert_eq!(shm.names_of(gateway.pid()), Vec::<String>::new());
+    let status = register_ready(&gateway, &reader.url(), json!({"tensor_transport": "rdma"})).await;
+    assert_eq!(transport_of(&status), ("rdma", 65536, "registration"));
+    assert_eq!(shm.names_of(gateway.pid()).len(), 1, "one arena file");
+    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
+    let first_id = listed["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] != status["url"])
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .unwrap();
+    remove_worker(&gateway, &first_id).await;
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_in(record.path()),
+        [(tensor_bytes(MEDIUM), "remote".to_owned())]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(&text, "smg_tensor_lane_tensors_total", &["lane=\"rdma\""]),
+        1.0,
+        "{text}"
+    );
+}
