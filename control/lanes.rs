@@ -9,9 +9,9 @@
 //! worker, and a worker registered through the admin API may carry its own
 //! override (the same [`WorkerLaneOverride`], which then wins over the
 //! flag's for its URL; [`TensorLanes::transport_for`] is the one place that
-//! resolves registration → flag → default). The shm lane is taken only when every available receiver accepts
-//! it (mode `shm`, or `auto` with the worker's advertised `shm_namespace_id`
-//! equal to ours); otherwise the tensor goes inline, and where inline was not
+//! resolves registration → flag → default). The shm lane is taken only when
+//! every available receiver accepts it (mode `shm`, or `auto` with the
+//! worker's advertised `shm_namespace_id` equal to ours); otherwise the tensor goes inline, and where inline was not
 //! what the operator asked for, `smg_tensor_lane_fallbacks_total` says why.
 //!
 //! It also owns the shm lane's lifetime: the start-up sweep of dead
