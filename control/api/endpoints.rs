@@ -995,3 +995,167 @@ pub async fn models(State(state): State<SharedState>) -> Response {
     })
     .into_response()
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! The exact bytes the OpenAI dialects write, streamed and whole: what
+    //! clients parse, pinned byte for byte.
+    use super::*;
+    use crate::pipeline::respond::CollectedChoice;
+
+    fn info() -> GenerationInfo {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        GenerationInfo {
+            id: "req-1".to_owned(),
+            model: "m".to_owned(),
+            created: 7,
+            started: Instant::now(),
+            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
+        }
+    }
+
+    /// "Hello world" is [39, 415, 78, 1009] ("H", "ell", "o", " world") in
+    /// the fixture.
+    fn report(token_ids: &[u32]) -> LogProbs {
+        LogProbs {
+            token_logprobs: token_ids.iter().map(|_| -0.5).collect(),
+            token_ids: token_ids.to_vec(),
+            top: token_ids.iter().map(|&id| vec![(-0.5, id)]).collect(),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            cached_tokens: 2,
+        }
+    }
+
+    fn text(frames: Vec<Bytes>) -> Vec<String> {
+        frames
+            .into_iter()
+            .map(|frame| String::from_utf8(frame.to_vec()).unwrap())
+            .collect()
+    }
+
+    /// Two sequences interleaved: a delta with logprobs, a delta without,
+    /// finishes (one before any text), usage, the end.
+    fn stream(dialect: &mut impl Dialect, info: &GenerationInfo) -> Vec<String> {
+        let mut frames = dialect.start(info);
+        frames.extend(dialect.delta(0, "Hello".into(), &[39, 415], Some(&report(&[39, 415]))));
+        frames.extend(dialect.delta(1, "Hi".into(), &[78], None));
+        frames.extend(dialect.delta(0, " world".into(), &[78, 1009], Some(&report(&[78, 1009]))));
+        frames.extend(dialect.finish(0, FinishReason::Length, None));
+        frames.extend(dialect.finish(2, FinishReason::Abort, None));
+        frames.extend(dialect.finish(1, FinishReason::Stop, Some(MatchedStop::TokenId(2))));
+        frames.extend(dialect.usage(&usage()));
+        frames.extend(dialect.end());
+        text(frames)
+    }
+
+    fn collected() -> CollectedOutput {
+        CollectedOutput {
+            choices: vec![
+                CollectedChoice {
+                    index: 0,
+                    text: "Hello world".into(),
+                    token_ids: vec![39, 415, 78, 1009],
+                    finish_reason: Some(FinishReason::Length),
+                    matched_stop: None,
+                    logprobs: vec![report(&[39, 415]), report(&[78, 1009])],
+                },
+                CollectedChoice {
+                    index: 1,
+                    text: "Hi".into(),
+                    token_ids: vec![78],
+                    finish_reason: None,
+                    matched_stop: None,
+                    logprobs: Vec::new(),
+                },
+            ],
+            usage: usage(),
+            first_token_after: None,
+        }
+    }
+
+    /// The SSE `data:` frames of `payloads`.
+    fn frames(payloads: &[&str]) -> Vec<String> {
+        payloads
+            .iter()
+            .map(|payload| format!("data: {payload}\n\n"))
+            .collect()
+    }
+
+    async fn body(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn chat_frames_and_body_are_pinned() {
+        let info = info();
+        let mut dialect = ChatDialect {
+            info: None,
+            include_usage: true,
+            role_sent: Vec::new(),
+        };
+        let expected = [
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"logprobs":{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[{"token":"H","logprob":-0.5,"bytes":[72]}]},{"token":"ell","logprob":-0.5,"bytes":[101,108,108],"top_logprobs":[{"token":"ell","logprob":-0.5,"bytes":[101,108,108]}]}]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":1,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" world"},"logprobs":{"content":[{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]}]},{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100],"top_logprobs":[{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100]}]}]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":2,"delta":{"role":"assistant"},"logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":1,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"[DONE]"#,
+        ];
+        assert_eq!(stream(&mut dialect, &info), frames(&expected));
+        let mut quiet = ChatDialect {
+            info: None,
+            include_usage: false,
+            role_sent: Vec::new(),
+        };
+        quiet.start(&info);
+        assert!(quiet.usage(&usage()).is_empty());
+        assert_eq!(
+            body(dialect.json(&info, collected())).await,
+            r#"{"id":"req-1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"logprobs":{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[{"token":"H","logprob":-0.5,"bytes":[72]}]},{"token":"ell","logprob":-0.5,"bytes":[101,108,108],"top_logprobs":[{"token":"ell","logprob":-0.5,"bytes":[101,108,108]}]},{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]}]},{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100],"top_logprobs":[{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100]}]}]},"finish_reason":"length"},{"index":1,"message":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn completion_frames_and_body_are_pinned() {
+        let info = info();
+        let mut dialect = CompletionDialect {
+            info: None,
+            include_usage: true,
+            text_offsets: Vec::new(),
+        };
+        let expected = [
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"Hello","logprobs":{"tokens":["H","ell"],"token_logprobs":[-0.5,-0.5],"top_logprobs":[{"H":-0.5},{"ell":-0.5}],"text_offset":[0,1]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":1,"text":"Hi","logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":" world","logprobs":{"tokens":["o"," world"],"token_logprobs":[-0.5,-0.5],"top_logprobs":[{"o":-0.5},{" world":-0.5}],"text_offset":[4,5]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":2,"text":"","logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":1,"text":"","logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"[DONE]"#,
+        ];
+        assert_eq!(stream(&mut dialect, &info), frames(&expected));
+        let mut quiet = CompletionDialect {
+            info: None,
+            include_usage: false,
+            text_offsets: Vec::new(),
+        };
+        quiet.start(&info);
+        assert!(quiet.usage(&usage()).is_empty());
+        assert_eq!(
+            body(dialect.json(&info, collected())).await,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"Hello world","logprobs":{"tokens":["H","ell","o"," world"],"token_logprobs":[-0.5,-0.5,-0.5,-0.5],"top_logprobs":[{"H":-0.5},{"ell":-0.5},{"o":-0.5},{" world":-0.5}],"text_offset":[0,1,4,5]},"finish_reason":"length"},{"index":1,"text":"Hi","logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
+        );
+    }
+}
