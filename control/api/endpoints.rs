@@ -24,7 +24,9 @@ use crate::engine::{LogProbs, MatchedStop};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pipeline::Endpoint;
-use crate::pipeline::respond::{CollectedOutput, FinishReason, OutputEvent, Usage, collect};
+use crate::pipeline::respond::{
+    CollectedChoice, CollectedOutput, FinishReason, OutputEvent, Usage, collect,
+};
 use crate::router::Generation;
 use crate::tokenizer::Tokenizer;
 
@@ -267,42 +269,84 @@ where
 }
 
 // ----------------------------------------------------------------------------
-// OpenAI chat
+// OpenAI chat and text completions
 // ----------------------------------------------------------------------------
 
-struct ChatDialect {
-    info: Option<GenerationInfo>,
-    include_usage: bool,
-    role_sent: Vec<bool>,
+/// What differs between chat and text completions on the way out: the
+/// `object` tags, the choice shapes and what a sequence carries from chunk
+/// to chunk. [`OpenAiDialect`] writes both around them.
+trait OpenAiShape: Send + 'static {
+    type ChunkObject: Default + serde::Serialize;
+    type ResponseObject: Default + serde::Serialize;
+    type ChunkChoice: serde::Serialize;
+    type Choice: serde::Serialize;
+    /// What one sequence remembers between its chunks.
+    type Sequence: Default + Clone + Send;
+
+    /// The chunk choice for new text of sequence `index`.
+    fn delta(
+        sequence: &mut Self::Sequence,
+        tokenizer: Option<&Tokenizer>,
+        index: u32,
+        text: String,
+        logprobs: Option<&LogProbs>,
+    ) -> Self::ChunkChoice;
+    /// The chunk choice that ends sequence `index`.
+    fn finish(
+        sequence: &mut Self::Sequence,
+        index: u32,
+        reason: openai::FinishReason,
+    ) -> Self::ChunkChoice;
+    /// One choice of the whole answer.
+    fn choice(tokenizer: &Tokenizer, choice: CollectedChoice) -> Self::Choice;
 }
 
-impl ChatDialect {
-    fn chunk(&self, choices: Vec<openai::ChunkChoice>, usage: Option<openai::Usage>) -> Bytes {
+/// The state of sequence `index`, made (default) on first use.
+fn sequence_slot<T: Default + Clone>(sequences: &mut Vec<T>, index: u32) -> &mut T {
+    let slot = index as usize;
+    if sequences.len() <= slot {
+        sequences.resize(slot + 1, T::default());
+    }
+    &mut sequences[slot]
+}
+
+/// OpenAI's chat or text completions, streamed or whole.
+struct OpenAiDialect<S: OpenAiShape> {
+    info: Option<GenerationInfo>,
+    include_usage: bool,
+    sequences: Vec<S::Sequence>,
+}
+
+type ChatDialect = OpenAiDialect<ChatShape>;
+type CompletionDialect = OpenAiDialect<TextCompletionShape>;
+
+impl<S: OpenAiShape> OpenAiDialect<S> {
+    fn new(include_usage: bool) -> Self {
+        Self {
+            info: None,
+            include_usage,
+            sequences: Vec::new(),
+        }
+    }
+
+    fn chunk(&self, choices: Vec<S::ChunkChoice>, usage: Option<openai::Usage>) -> Bytes {
         let (id, model, created) = self
             .info
             .as_ref()
             .map(|i| (i.id.clone(), i.model.clone(), i.created))
             .unwrap_or_default();
-        data_frame(&openai::ChatCompletionChunk {
+        data_frame(&openai::CompletionEnvelope {
             id,
-            object: openai::ChatCompletionChunkObject,
+            object: S::ChunkObject::default(),
             created,
             model,
             choices,
             usage,
         })
     }
-
-    fn role_pending(&mut self, index: u32) -> bool {
-        let slot = index as usize;
-        if self.role_sent.len() <= slot {
-            self.role_sent.resize(slot + 1, false);
-        }
-        !std::mem::replace(&mut self.role_sent[slot], true)
-    }
 }
 
-impl Dialect for ChatDialect {
+impl<S: OpenAiShape> Dialect for OpenAiDialect<S> {
     fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
         self.info = Some(generation.clone());
         Vec::new()
@@ -315,23 +359,10 @@ impl Dialect for ChatDialect {
         _token_ids: &[u32],
         logprobs: Option<&LogProbs>,
     ) -> Vec<Bytes> {
-        let role = self.role_pending(index).then_some(openai::AssistantRole);
-        let logprobs = logprobs
-            .zip(self.info.as_ref())
-            .map(|(report, info)| logprobs::chat(&info.tokenizer, [report]));
-        vec![self.chunk(
-            vec![openai::ChunkChoice {
-                index,
-                delta: openai::Delta {
-                    role,
-                    content: Some(text),
-                    tool_calls: None,
-                },
-                logprobs,
-                finish_reason: None,
-            }],
-            None,
-        )]
+        let tokenizer = self.info.as_ref().map(|info| &info.tokenizer);
+        let sequence = sequence_slot(&mut self.sequences, index);
+        let choice = S::delta(sequence, tokenizer, index, text, logprobs);
+        vec![self.chunk(vec![choice], None)]
     }
 
     fn finish(
@@ -340,20 +371,9 @@ impl Dialect for ChatDialect {
         reason: FinishReason,
         _matched: Option<MatchedStop>,
     ) -> Vec<Bytes> {
-        let role = self.role_pending(index).then_some(openai::AssistantRole);
-        vec![self.chunk(
-            vec![openai::ChunkChoice {
-                index,
-                delta: openai::Delta {
-                    role,
-                    content: None,
-                    tool_calls: None,
-                },
-                logprobs: None,
-                finish_reason: Some(openai_finish(reason)),
-            }],
-            None,
-        )]
+        let sequence = sequence_slot(&mut self.sequences, index);
+        let choice = S::finish(sequence, index, openai_finish(reason));
+        vec![self.chunk(vec![choice], None)]
     }
 
     fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
@@ -365,30 +385,146 @@ impl Dialect for ChatDialect {
     }
 
     fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
-        let choices = output
-            .choices
-            .into_iter()
-            .map(|choice| openai::ChatChoice {
-                index: choice.index,
-                logprobs: (!choice.logprobs.is_empty())
-                    .then(|| logprobs::chat(&generation.tokenizer, &choice.logprobs)),
-                message: openai::AssistantMessage {
-                    role: openai::AssistantRole,
-                    content: Some(choice.text),
-                    tool_calls: None,
-                },
-                finish_reason: choice.finish_reason.map(openai_finish),
-            })
-            .collect();
-        axum::Json(openai::ChatCompletionResponse {
+        axum::Json(openai::CompletionEnvelope {
             id: generation.id.clone(),
-            object: openai::ChatCompletionObject,
+            object: S::ResponseObject::default(),
             created: generation.created,
             model: generation.model.clone(),
-            choices,
+            choices: output
+                .choices
+                .into_iter()
+                .map(|choice| S::choice(&generation.tokenizer, choice))
+                .collect::<Vec<_>>(),
             usage: openai_usage(&output.usage),
         })
         .into_response()
+    }
+}
+
+/// Chat: the first chunk of each sequence carries the assistant role.
+struct ChatShape;
+
+/// Per chat sequence: whether its role went out.
+#[derive(Default, Clone)]
+struct RoleSent(bool);
+
+impl RoleSent {
+    /// The role, the first time only.
+    fn take(&mut self) -> Option<openai::AssistantRole> {
+        (!std::mem::replace(&mut self.0, true)).then_some(openai::AssistantRole)
+    }
+}
+
+impl OpenAiShape for ChatShape {
+    type ChunkObject = openai::ChatCompletionChunkObject;
+    type ResponseObject = openai::ChatCompletionObject;
+    type ChunkChoice = openai::ChunkChoice;
+    type Choice = openai::ChatChoice;
+    type Sequence = RoleSent;
+
+    fn delta(
+        role_sent: &mut RoleSent,
+        tokenizer: Option<&Tokenizer>,
+        index: u32,
+        text: String,
+        logprobs: Option<&LogProbs>,
+    ) -> openai::ChunkChoice {
+        openai::ChunkChoice {
+            index,
+            delta: openai::Delta {
+                role: role_sent.take(),
+                content: Some(text),
+                tool_calls: None,
+            },
+            logprobs: logprobs
+                .zip(tokenizer)
+                .map(|(report, tokenizer)| logprobs::chat(tokenizer, [report])),
+            finish_reason: None,
+        }
+    }
+
+    fn finish(
+        role_sent: &mut RoleSent,
+        index: u32,
+        reason: openai::FinishReason,
+    ) -> openai::ChunkChoice {
+        openai::ChunkChoice {
+            index,
+            delta: openai::Delta {
+                role: role_sent.take(),
+                content: None,
+                tool_calls: None,
+            },
+            logprobs: None,
+            finish_reason: Some(reason),
+        }
+    }
+
+    fn choice(tokenizer: &Tokenizer, choice: CollectedChoice) -> openai::ChatChoice {
+        openai::ChatChoice {
+            index: choice.index,
+            logprobs: (!choice.logprobs.is_empty())
+                .then(|| logprobs::chat(tokenizer, &choice.logprobs)),
+            message: openai::AssistantMessage {
+                role: openai::AssistantRole,
+                content: Some(choice.text),
+                tool_calls: None,
+            },
+            finish_reason: choice.finish_reason.map(openai_finish),
+        }
+    }
+}
+
+/// Text completions: chunks carry only the new text; logprob offsets
+/// continue from chunk to chunk.
+struct TextCompletionShape;
+
+impl OpenAiShape for TextCompletionShape {
+    type ChunkObject = openai::TextCompletionObject;
+    type ResponseObject = openai::TextCompletionObject;
+    type ChunkChoice = openai::CompletionChoice;
+    type Choice = openai::CompletionChoice;
+    /// Characters of logprob tokens reported so far.
+    type Sequence = u32;
+
+    fn delta(
+        text_offset: &mut u32,
+        tokenizer: Option<&Tokenizer>,
+        index: u32,
+        text: String,
+        logprobs: Option<&LogProbs>,
+    ) -> openai::CompletionChoice {
+        openai::CompletionChoice {
+            index,
+            text,
+            logprobs: logprobs
+                .zip(tokenizer)
+                .map(|(report, tokenizer)| logprobs::completion(tokenizer, [report], text_offset)),
+            finish_reason: None,
+        }
+    }
+
+    fn finish(
+        _text_offset: &mut u32,
+        index: u32,
+        reason: openai::FinishReason,
+    ) -> openai::CompletionChoice {
+        openai::CompletionChoice {
+            index,
+            text: String::new(),
+            logprobs: None,
+            finish_reason: Some(reason),
+        }
+    }
+
+    fn choice(tokenizer: &Tokenizer, choice: CollectedChoice) -> openai::CompletionChoice {
+        openai::CompletionChoice {
+            index: choice.index,
+            logprobs: (!choice.logprobs.is_empty())
+                .then(|| logprobs::completion(tokenizer, &choice.logprobs, &mut 0)),
+            text: choice.text,
+            finish_reason: choice.finish_reason.map(openai_finish),
+        }
     }
 }
 
@@ -400,127 +536,9 @@ pub async fn chat_completions(
     let spec =
         parse_json::<openai::ChatCompletionRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
     run(state, Endpoint::ChatCompletions, spec, &headers, |spec| {
-        ChatDialect {
-            info: None,
-            include_usage: spec.include_usage,
-            role_sent: Vec::new(),
-        }
+        ChatDialect::new(spec.include_usage)
     })
     .await
-}
-
-// ----------------------------------------------------------------------------
-// OpenAI completions
-// ----------------------------------------------------------------------------
-
-struct CompletionDialect {
-    info: Option<GenerationInfo>,
-    include_usage: bool,
-    /// Per sequence: characters of logprob tokens reported so far.
-    text_offsets: Vec<u32>,
-}
-
-impl CompletionDialect {
-    fn chunk(&self, choices: Vec<openai::CompletionChoice>, usage: Option<openai::Usage>) -> Bytes {
-        let (id, model, created) = self
-            .info
-            .as_ref()
-            .map(|i| (i.id.clone(), i.model.clone(), i.created))
-            .unwrap_or_default();
-        data_frame(&openai::CompletionChunk {
-            id,
-            object: openai::TextCompletionObject,
-            created,
-            model,
-            choices,
-            usage,
-        })
-    }
-}
-
-impl Dialect for CompletionDialect {
-    fn start(&mut self, generation: &GenerationInfo) -> Vec<Bytes> {
-        self.info = Some(generation.clone());
-        Vec::new()
-    }
-
-    fn delta(
-        &mut self,
-        index: u32,
-        text: String,
-        _token_ids: &[u32],
-        logprobs: Option<&LogProbs>,
-    ) -> Vec<Bytes> {
-        let slot = index as usize;
-        if self.text_offsets.len() <= slot {
-            self.text_offsets.resize(slot + 1, 0);
-        }
-        let logprobs = match (logprobs, self.info.as_ref()) {
-            (Some(report), Some(info)) => Some(logprobs::completion(
-                &info.tokenizer,
-                [report],
-                &mut self.text_offsets[slot],
-            )),
-            _ => None,
-        };
-        vec![self.chunk(
-            vec![openai::CompletionChoice {
-                index,
-                text,
-                logprobs,
-                finish_reason: None,
-            }],
-            None,
-        )]
-    }
-
-    fn finish(
-        &mut self,
-        index: u32,
-        reason: FinishReason,
-        _matched: Option<MatchedStop>,
-    ) -> Vec<Bytes> {
-        vec![self.chunk(
-            vec![openai::CompletionChoice {
-                index,
-                text: String::new(),
-                logprobs: None,
-                finish_reason: Some(openai_finish(reason)),
-            }],
-            None,
-        )]
-    }
-
-    fn usage(&mut self, usage: &Usage) -> Vec<Bytes> {
-        if self.include_usage {
-            vec![self.chunk(Vec::new(), Some(openai_usage(usage)))]
-        } else {
-            Vec::new()
-        }
-    }
-
-    fn json(&self, generation: &GenerationInfo, output: CollectedOutput) -> Response {
-        let choices = output
-            .choices
-            .into_iter()
-            .map(|choice| openai::CompletionChoice {
-                index: choice.index,
-                logprobs: (!choice.logprobs.is_empty())
-                    .then(|| logprobs::completion(&generation.tokenizer, &choice.logprobs, &mut 0)),
-                text: choice.text,
-                finish_reason: choice.finish_reason.map(openai_finish),
-            })
-            .collect();
-        axum::Json(openai::CompletionResponse {
-            id: generation.id.clone(),
-            object: openai::TextCompletionObject,
-            created: generation.created,
-            model: generation.model.clone(),
-            choices,
-            usage: openai_usage(&output.usage),
-        })
-        .into_response()
-    }
 }
 
 pub async fn completions(
@@ -531,11 +549,7 @@ pub async fn completions(
     let spec =
         parse_json::<openai::CompletionRequest>(&body).and_then(|r| r.to_spec(&limits(&state)));
     run(state, Endpoint::Completions, spec, &headers, |spec| {
-        CompletionDialect {
-            info: None,
-            include_usage: spec.include_usage,
-            text_offsets: Vec::new(),
-        }
+        CompletionDialect::new(spec.include_usage)
     })
     .await
 }
@@ -561,12 +575,8 @@ struct GenerateDialect {
 
 impl GenerateDialect {
     fn sequence(&mut self, index: u32) -> &mut SoFar {
-        let slot = index as usize;
-        if self.sequences.len() <= slot {
-            self.sequences.resize(slot + 1, SoFar::default());
-            self.finished.resize(slot + 1, None);
-        }
-        &mut self.sequences[slot]
+        sequence_slot(&mut self.finished, index);
+        sequence_slot(&mut self.sequences, index)
     }
 
     fn response(
@@ -994,4 +1004,151 @@ pub async fn models(State(state): State<SharedState>) -> Response {
             .collect(),
     })
     .into_response()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! The exact bytes the OpenAI dialects write, streamed and whole: what
+    //! clients parse, pinned byte for byte.
+    use super::*;
+
+    fn info() -> GenerationInfo {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        GenerationInfo {
+            id: "req-1".to_owned(),
+            model: "m".to_owned(),
+            created: 7,
+            started: Instant::now(),
+            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
+        }
+    }
+
+    /// "Hello world" is [39, 415, 78, 1009] ("H", "ell", "o", " world") in
+    /// the fixture.
+    fn report(token_ids: &[u32]) -> LogProbs {
+        LogProbs {
+            token_logprobs: token_ids.iter().map(|_| -0.5).collect(),
+            token_ids: token_ids.to_vec(),
+            top: token_ids.iter().map(|&id| vec![(-0.5, id)]).collect(),
+        }
+    }
+
+    fn usage() -> Usage {
+        Usage {
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            cached_tokens: 2,
+        }
+    }
+
+    fn text(frames: Vec<Bytes>) -> Vec<String> {
+        frames
+            .into_iter()
+            .map(|frame| String::from_utf8(frame.to_vec()).unwrap())
+            .collect()
+    }
+
+    /// Two sequences interleaved: a delta with logprobs, a delta without,
+    /// finishes (one before any text), usage, the end.
+    fn stream(dialect: &mut impl Dialect, info: &GenerationInfo) -> Vec<String> {
+        let mut frames = dialect.start(info);
+        frames.extend(dialect.delta(0, "Hello".into(), &[39, 415], Some(&report(&[39, 415]))));
+        frames.extend(dialect.delta(1, "Hi".into(), &[78], None));
+        frames.extend(dialect.delta(0, " world".into(), &[78, 1009], Some(&report(&[78, 1009]))));
+        frames.extend(dialect.finish(0, FinishReason::Length, None));
+        frames.extend(dialect.finish(2, FinishReason::Abort, None));
+        frames.extend(dialect.finish(1, FinishReason::Stop, Some(MatchedStop::TokenId(2))));
+        frames.extend(dialect.usage(&usage()));
+        frames.extend(dialect.end());
+        text(frames)
+    }
+
+    fn collected() -> CollectedOutput {
+        CollectedOutput {
+            choices: vec![
+                CollectedChoice {
+                    index: 0,
+                    text: "Hello world".into(),
+                    token_ids: vec![39, 415, 78, 1009],
+                    finish_reason: Some(FinishReason::Length),
+                    matched_stop: None,
+                    logprobs: vec![report(&[39, 415]), report(&[78, 1009])],
+                },
+                CollectedChoice {
+                    index: 1,
+                    text: "Hi".into(),
+                    token_ids: vec![78],
+                    finish_reason: None,
+                    matched_stop: None,
+                    logprobs: Vec::new(),
+                },
+            ],
+            usage: usage(),
+            first_token_after: None,
+        }
+    }
+
+    /// The SSE `data:` frames of `payloads`.
+    fn frames(payloads: &[&str]) -> Vec<String> {
+        payloads
+            .iter()
+            .map(|payload| format!("data: {payload}\n\n"))
+            .collect()
+    }
+
+    async fn body(response: Response) -> String {
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn chat_frames_and_body_are_pinned() {
+        let info = info();
+        let mut dialect = ChatDialect::new(true);
+        let expected = [
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"logprobs":{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[{"token":"H","logprob":-0.5,"bytes":[72]}]},{"token":"ell","logprob":-0.5,"bytes":[101,108,108],"top_logprobs":[{"token":"ell","logprob":-0.5,"bytes":[101,108,108]}]}]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":1,"delta":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" world"},"logprobs":{"content":[{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]}]},{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100],"top_logprobs":[{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100]}]}]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":2,"delta":{"role":"assistant"},"logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":1,"delta":{},"logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"[DONE]"#,
+        ];
+        assert_eq!(stream(&mut dialect, &info), frames(&expected));
+        let mut quiet = ChatDialect::new(false);
+        quiet.start(&info);
+        assert!(quiet.usage(&usage()).is_empty());
+        assert_eq!(
+            body(dialect.json(&info, collected())).await,
+            r#"{"id":"req-1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"logprobs":{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[{"token":"H","logprob":-0.5,"bytes":[72]}]},{"token":"ell","logprob":-0.5,"bytes":[101,108,108],"top_logprobs":[{"token":"ell","logprob":-0.5,"bytes":[101,108,108]}]},{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]}]},{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100],"top_logprobs":[{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100]}]}]},"finish_reason":"length"},{"index":1,"message":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn completion_frames_and_body_are_pinned() {
+        let info = info();
+        let mut dialect = CompletionDialect::new(true);
+        let expected = [
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"Hello","logprobs":{"tokens":["H","ell"],"token_logprobs":[-0.5,-0.5],"top_logprobs":[{"H":-0.5},{"ell":-0.5}],"text_offset":[0,1]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":1,"text":"Hi","logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":" world","logprobs":{"tokens":["o"," world"],"token_logprobs":[-0.5,-0.5],"top_logprobs":[{"o":-0.5},{" world":-0.5}],"text_offset":[4,5]},"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":2,"text":"","logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":1,"text":"","logprobs":null,"finish_reason":"stop"}]}"#,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            r#"[DONE]"#,
+        ];
+        assert_eq!(stream(&mut dialect, &info), frames(&expected));
+        let mut quiet = CompletionDialect::new(false);
+        quiet.start(&info);
+        assert!(quiet.usage(&usage()).is_empty());
+        assert_eq!(
+            body(dialect.json(&info, collected())).await,
+            r#"{"id":"req-1","object":"text_completion","created":7,"model":"m","choices":[{"index":0,"text":"Hello world","logprobs":{"tokens":["H","ell","o"," world"],"token_logprobs":[-0.5,-0.5,-0.5,-0.5],"top_logprobs":[{"H":-0.5},{"ell":-0.5},{"o":-0.5},{" world":-0.5}],"text_offset":[0,1,4,5]},"finish_reason":"length"},{"index":1,"text":"Hi","logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
+        );
+    }
 }

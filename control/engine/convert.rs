@@ -5,7 +5,8 @@
 //! (swapped field numbers, int32 vs int64 rooms, per-item tensors vs one
 //! concatenated pixel tensor, optional vs always-present sampling fields).
 //! Each protocol gets its own submodule; what both need (room limits, JSON
-//! from protobuf `Struct`s, summing per-rank loads) lives here. Nothing in
+//! from protobuf `Struct`s, summing per-rank loads, reading the messages
+//! both protocols shape alike: model info and Generate events) lives here. Nothing in
 //! this module does I/O, so every rule is unit tested without a socket.
 
 pub(crate) mod sglang;
@@ -105,6 +106,73 @@ pub(crate) fn log_probs(
             .collect(),
     }
 }
+
+/// [`ModelInfo`](crate::engine::ModelInfo) from either protocol's
+/// `GetModelInfoResponse`: both carry these fields under the same names and
+/// types (wire.md), so one reading serves both.
+macro_rules! model_info_from {
+    ($info:expr) => {{
+        let info = $info;
+        $crate::engine::ModelInfo {
+            model_path: info.model_path,
+            tokenizer_path: info.tokenizer_path,
+            served_model_name: info.served_model_name,
+            model_type: info.model_type,
+            architectures: info.architectures,
+            max_context_length: $crate::engine::convert::non_negative(info.max_context_length),
+            max_req_input_len: $crate::engine::convert::non_negative(info.max_req_input_len),
+            vocab_size: $crate::engine::convert::non_negative(info.vocab_size),
+            eos_token_ids: info
+                .eos_token_ids
+                .into_iter()
+                .filter_map(|id| u32::try_from(id).ok())
+                .collect(),
+            bos_token_id: u32::try_from(info.bos_token_id).ok(),
+            pad_token_id: u32::try_from(info.pad_token_id).ok(),
+            weight_version: info.weight_version,
+            supports_vision: info.supports_vision,
+        }
+    }};
+}
+pub(crate) use model_info_from;
+
+/// A [`GenerateEvent`](crate::engine::GenerateEvent) from either protocol's
+/// `GenerateResponse` (`$proto` is its generated module): both protocols'
+/// chunk and complete messages carry the same fields (wire.md), so one
+/// reading serves both; `$log_probs` converts the protocol's logprobs.
+macro_rules! generate_event_from {
+    ($proto:ident, $response:expr, $log_probs:expr) => {{
+        use $crate::engine::{GenerateEvent, MatchedStop};
+        use $proto::generate_response::Response;
+        Some(match $response.response? {
+            Response::Chunk(chunk) => GenerateEvent::Chunk {
+                index: chunk.index,
+                token_ids: chunk.token_ids,
+                prompt_tokens: chunk.prompt_tokens,
+                completion_tokens: chunk.completion_tokens,
+                cached_tokens: chunk.cached_tokens,
+                logprobs: chunk.output_logprobs.map($log_probs),
+            },
+            Response::Complete(done) => GenerateEvent::Complete {
+                index: done.index,
+                output_ids: done.output_ids,
+                finish_reason: done.finish_reason,
+                matched_stop: done.matched_stop.map(|stop| {
+                    use $proto::generate_complete::MatchedStop as Wire;
+                    match stop {
+                        Wire::MatchedTokenId(id) => MatchedStop::TokenId(id),
+                        Wire::MatchedStopStr(text) => MatchedStop::Text(text),
+                    }
+                }),
+                prompt_tokens: done.prompt_tokens,
+                completion_tokens: done.completion_tokens,
+                cached_tokens: done.cached_tokens,
+                logprobs: done.output_logprobs.map($log_probs),
+            },
+        })
+    }};
+}
+pub(crate) use generate_event_from;
 
 /// One DP rank's load, as both protocols report it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -738,17 +738,42 @@ pub struct ChatChoice {
     pub finish_reason: Option<FinishReason>,
 }
 
-/// A non-streamed chat completion.
+/// The envelope of every OpenAI completion answer, chat or text, whole or
+/// streamed: `Object` is its `object` tag, `Choice` its choice shape and
+/// `U` its usage — [`Usage`] on whole answers, `Option<Usage>` on stream
+/// chunks, where only the last (usage-only) chunk writes it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionResponse {
+pub struct CompletionEnvelope<Object, Choice, U: UsageField> {
     pub id: String,
-    pub object: ChatCompletionObject,
+    pub object: Object,
     /// Unix seconds.
     pub created: u64,
     pub model: String,
-    pub choices: Vec<ChatChoice>,
-    pub usage: Usage,
+    pub choices: Vec<Choice>,
+    #[serde(skip_serializing_if = "UsageField::is_absent")]
+    pub usage: U,
 }
+
+/// The `usage` of a [`CompletionEnvelope`]: always written on whole
+/// answers, written when present on chunks.
+pub trait UsageField {
+    fn is_absent(&self) -> bool;
+}
+
+impl UsageField for Usage {
+    fn is_absent(&self) -> bool {
+        false
+    }
+}
+
+impl UsageField for Option<Usage> {
+    fn is_absent(&self) -> bool {
+        self.is_none()
+    }
+}
+
+/// A non-streamed chat completion.
+pub type ChatCompletionResponse = CompletionEnvelope<ChatCompletionObject, ChatChoice, Usage>;
 
 /// What a stream chunk adds to a choice. The first chunk of a choice
 /// carries the role; later ones text or tool-call fragments.
@@ -795,16 +820,8 @@ pub struct ChunkChoice {
 /// One `data:` event of a streamed chat completion. With
 /// `stream_options.include_usage`, the last chunk has no choices and carries
 /// `usage`; other chunks omit `usage`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionChunk {
-    pub id: String,
-    pub object: ChatCompletionChunkObject,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<ChunkChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+pub type ChatCompletionChunk =
+    CompletionEnvelope<ChatCompletionChunkObject, ChunkChoice, Option<Usage>>;
 
 /// Completion logprobs, in OpenAI's legacy column form.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -862,28 +879,12 @@ pub struct CompletionChoice {
 }
 
 /// A non-streamed completion.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompletionResponse {
-    pub id: String,
-    pub object: TextCompletionObject,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    pub usage: Usage,
-}
+pub type CompletionResponse = CompletionEnvelope<TextCompletionObject, CompletionChoice, Usage>;
 
 /// One `data:` event of a streamed completion (OpenAI tags these
 /// `"text_completion"` too); `text` is the new text only.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CompletionChunk {
-    pub id: String,
-    pub object: TextCompletionObject,
-    pub created: u64,
-    pub model: String,
-    pub choices: Vec<CompletionChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-}
+pub type CompletionChunk =
+    CompletionEnvelope<TextCompletionObject, CompletionChoice, Option<Usage>>;
 
 /// One served model, for `GET /v1/models`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -1561,6 +1562,10 @@ mod tests {
                 "choices": [{"index": 0, "text": " the", "logprobs": null, "finish_reason": null}],
             })
         );
+        let back: CompletionChunk =
+            serde_json::from_value(serde_json::to_value(&chunk).expect("serialize"))
+                .expect("a chunk without usage parses back");
+        assert_eq!(back, chunk);
     }
 
     #[test]

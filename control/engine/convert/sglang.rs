@@ -14,11 +14,10 @@
 
 use std::collections::HashMap;
 
-use super::{LOAD_SECTIONS, RankLoad, checked_room, json_from_struct, non_negative};
+use super::{LOAD_SECTIONS, RankLoad, checked_room, json_from_struct};
 use crate::engine::{
-    Constraint, Embedding, GenerateEvent, GenerateRequest, KvBootstrap, Load, LogProbs,
-    MatchedStop, MediaItem, Modality, ModelInfo, Runtime, Sampling, ServerInfo, Tensor,
-    TensorPayload,
+    Constraint, Embedding, GenerateEvent, GenerateRequest, KvBootstrap, Load, LogProbs, MediaItem,
+    Modality, ModelInfo, Runtime, Sampling, ServerInfo, Tensor, TensorPayload,
 };
 use crate::error::{Error, Result};
 use crate::proto::sglang_scheduler as sg;
@@ -285,33 +284,7 @@ fn concatenate(what: &str, parts: &[&Tensor]) -> Result<Option<sg::TensorData>> 
 /// One Generate stream message as an event; `None` if it carries neither a
 /// chunk nor a completion.
 pub(crate) fn event(response: sg::GenerateResponse) -> Option<GenerateEvent> {
-    use sg::generate_response::Response;
-    Some(match response.response? {
-        Response::Chunk(chunk) => GenerateEvent::Chunk {
-            index: chunk.index,
-            token_ids: chunk.token_ids,
-            prompt_tokens: chunk.prompt_tokens,
-            completion_tokens: chunk.completion_tokens,
-            cached_tokens: chunk.cached_tokens,
-            logprobs: chunk.output_logprobs.map(log_probs),
-        },
-        Response::Complete(done) => GenerateEvent::Complete {
-            index: done.index,
-            output_ids: done.output_ids,
-            finish_reason: done.finish_reason,
-            matched_stop: done.matched_stop.map(|stop| {
-                use sg::generate_complete::MatchedStop as Wire;
-                match stop {
-                    Wire::MatchedTokenId(id) => MatchedStop::TokenId(id),
-                    Wire::MatchedStopStr(text) => MatchedStop::Text(text),
-                }
-            }),
-            prompt_tokens: done.prompt_tokens,
-            completion_tokens: done.completion_tokens,
-            cached_tokens: done.cached_tokens,
-            logprobs: done.output_logprobs.map(log_probs),
-        },
-    })
+    super::generate_event_from!(sg, response, log_probs)
 }
 
 fn log_probs(probs: sg::OutputLogProbs) -> LogProbs {
@@ -353,25 +326,7 @@ pub(crate) fn embedding(response: sg::EmbedResponse) -> Result<Embedding, String
 }
 
 pub(crate) fn model_info(info: sg::GetModelInfoResponse) -> ModelInfo {
-    ModelInfo {
-        model_path: info.model_path,
-        tokenizer_path: info.tokenizer_path,
-        served_model_name: info.served_model_name,
-        model_type: info.model_type,
-        architectures: info.architectures,
-        max_context_length: non_negative(info.max_context_length),
-        max_req_input_len: non_negative(info.max_req_input_len),
-        vocab_size: non_negative(info.vocab_size),
-        eos_token_ids: info
-            .eos_token_ids
-            .into_iter()
-            .filter_map(|id| u32::try_from(id).ok())
-            .collect(),
-        bos_token_id: u32::try_from(info.bos_token_id).ok(),
-        pad_token_id: u32::try_from(info.pad_token_id).ok(),
-        weight_version: info.weight_version,
-        supports_vision: info.supports_vision,
-    }
+    super::model_info_from!(info)
 }
 
 pub(crate) fn server_info(info: sg::GetServerInfoResponse) -> ServerInfo {
@@ -417,6 +372,7 @@ mod tests {
     use smg_shared::tensor::DType;
 
     use super::*;
+    use crate::engine::MatchedStop;
     use crate::engine::convert::wire::{Raw, field};
     use crate::error::ErrorCode;
 

@@ -308,21 +308,12 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
     loop {
         let mut progress = reap(&mut ring, &mut reaped);
         for &(user_data, result) in &reaped {
-            match user_data {
-                DOORBELL => {
-                    worker.shared.jobs_bell.woke();
-                    doorbell_armed = false;
-                    if !worker.closed() {
-                        arm_doorbell(&mut ring, &mut doorbell_count);
-                        doorbell_armed = true;
-                    }
-                }
-                CLOSE => {}
-                index => {
-                    if let Some((reply, outcome)) = files.advance(&mut ring, index as usize, result)
-                    {
-                        worker.complete(reply, outcome);
-                    }
+            if on_completion(&mut worker, &mut ring, &mut files, user_data, result) {
+                worker.shared.jobs_bell.woke();
+                doorbell_armed = false;
+                if !worker.closed() {
+                    arm_doorbell(&mut ring, &mut doorbell_count);
+                    doorbell_armed = true;
                 }
             }
         }
@@ -384,15 +375,8 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
         }
         reap(&mut ring, &mut reaped);
         for &(user_data, result) in &reaped {
-            match user_data {
-                DOORBELL => doorbell_armed = false,
-                CLOSE => {}
-                index => {
-                    if let Some((reply, outcome)) = files.advance(&mut ring, index as usize, result)
-                    {
-                        worker.complete(reply, outcome);
-                    }
-                }
+            if on_completion(&mut worker, &mut ring, &mut files, user_data, result) {
+                doorbell_armed = false;
             }
         }
     }
@@ -400,6 +384,29 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
     let _ = ring.submit();
     drop(doorbell_count);
     worker.finish();
+}
+
+/// Handles one reaped completion, for the running loop and the shutdown
+/// drain alike: a file operation moves on (and is answered when it is
+/// done), a close needs nothing. Returns true for the doorbell's read,
+/// which each caller handles its own way.
+fn on_completion(
+    worker: &mut CoreWorker,
+    ring: &mut IoUring,
+    files: &mut FileOps,
+    user_data: u64,
+    result: i32,
+) -> bool {
+    match user_data {
+        DOORBELL => return true,
+        CLOSE => {}
+        index => {
+            if let Some((reply, outcome)) = files.advance(ring, index as usize, result) {
+                worker.complete(reply, outcome);
+            }
+        }
+    }
+    false
 }
 
 /// Collects the completion queue into `into`; true if anything completed.
