@@ -11,19 +11,20 @@
 //! too. Image load: chats carrying a 1920x1080 JPEG (`file://`,
 //! allow-listed), closed loop with enough in flight that the data plane's
 //! job ring never runs dry (the table's data-plane CPU column shows how busy
-//! its threads were). Four gateway
-//! set-ups, each differing from the previous in one thing: the default
-//! split (`--dataplane-cores 1`: on two cores, tokio keeps core 0 and the
-//! data plane owns core 1) with the inline lane (the 25 MB tensor inside
-//! the gRPC frame); the same with the shm lane (a `/dev/shm` name on the
-//! wire; what `auto` picks for a same-host worker); the same with a worker
-//! that checks each tensor's size but neither reads nor digests its bytes
-//! (`--skip-tensor-bytes`: on a machine too small to give the worker cores
-//! of its own, this separates the gateway's share from the worker's); and
-//! that with the data plane sharing every core with tokio
+//! its threads were).
+//!
+//! Four gateway set-ups, each differing from the previous in one thing: the
+//! default split (`--dataplane-cores 1`: on two cores, tokio keeps core 0
+//! and the data plane owns core 1) with the inline lane (the 25 MB tensor
+//! inside the gRPC frame); the same with the shm lane (a `/dev/shm` name on
+//! the wire; what `auto` picks for a same-host worker); the same with a
+//! worker that checks each tensor's size but neither reads nor digests its
+//! bytes (`--skip-tensor-bytes`: on a machine too small to give the worker
+//! cores of its own, this separates the gateway's share from the worker's);
+//! and that with the data plane sharing every core with tokio
 //! (`--dataplane-cores` = all cores). The worker and this load generator
-//! are pinned to core 0 when there are two or more cores, so core 1
-//! belongs to the data plane alone in the split set-ups. Prints a table and writes
+//! are pinned to core 0 when there are two or more cores, so core 1 belongs
+//! to the data plane alone in the split set-ups. Prints a table and writes
 //! `bench-results/dataplane_isolation.json`.
 //!
 //! Run: `cargo bench --bench dataplane_isolation`. Not a test: nothing here
