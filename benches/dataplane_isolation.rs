@@ -36,11 +36,11 @@ mod support;
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{
-    closed_loop, load_average, open_loop, percentile, pin, set_thread_cores, threads_cpu_seconds,
+    closed_loop, images_dir, load_average, open_loop, percentile, photo_chat, pin,
+    set_thread_cores, threads_cpu_seconds,
 };
 use serde_json::{Value, json};
 
@@ -69,10 +69,6 @@ struct Row {
     dataplane_busy: f64,
     /// Each round's text p99 (ms).
     round_p99_ms: Vec<f64>,
-}
-
-fn images_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dataplane/tests/fixtures/images")
 }
 
 async fn post_ok(http: reqwest::Client, url: String, body: Value) -> bool {
@@ -164,14 +160,7 @@ impl Load {
 /// Alternating rounds of text alone and text under image load, so a slow
 /// stretch of the machine hits both phases alike.
 async fn measure(load: Load, rounds: u64) -> (Phase, Phase) {
-    let photo = format!(
-        "file://{}",
-        images_dir().join("photo_1920x1080.jpg").display()
-    );
-    let image = json!({"model": "model", "max_tokens": 1, "ignore_eos": true,
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": photo}},
-            {"type": "text", "text": "What is in the picture?"}]}]});
+    let image = photo_chat();
     // Warm-up: connections, the tokenizer's caches, one image end to end.
     let _ = closed_loop(8, Duration::from_secs(1), {
         let (http, url, body) = (load.http.clone(), load.chat_url.clone(), load.text.clone());

@@ -19,10 +19,9 @@ mod support;
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{closed_loop, percentile};
+use common::{closed_loop, images_dir, percentile, photo_chat};
 use serde_json::json;
 
 #[derive(Debug, serde::Serialize)]
@@ -36,23 +35,12 @@ struct Row {
     p99_ms: f64,
 }
 
-fn images_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dataplane/tests/fixtures/images")
-}
-
 async fn measure(lane: &str, url: String, duration: Duration) -> Vec<Row> {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(16)
         .build()
         .expect("http client");
-    let photo = format!(
-        "file://{}",
-        images_dir().join("photo_1920x1080.jpg").display()
-    );
-    let body = json!({"model": "model", "max_tokens": 1, "ignore_eos": true,
-        "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": photo}},
-            {"type": "text", "text": "What is in the picture?"}]}]});
+    let body = photo_chat();
     let post = {
         let (http, url, body) = (http.clone(), url.clone(), body.clone());
         move || {

@@ -3,9 +3,29 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// The committed fixture images (`file://` URLs under it must be
+/// allow-listed with `--allowed-local-media-path`).
+pub fn images_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("dataplane/tests/fixtures/images")
+}
+
+/// A one-token chat about the committed 1920x1080 photo, sent as a
+/// `file://` URL: the benches' image request.
+pub fn photo_chat() -> serde_json::Value {
+    let photo = format!(
+        "file://{}",
+        images_dir().join("photo_1920x1080.jpg").display()
+    );
+    serde_json::json!({"model": "model", "max_tokens": 1, "ignore_eos": true,
+        "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": photo}},
+            {"type": "text", "text": "What is in the picture?"}]}]})
+}
 
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
