@@ -11,27 +11,13 @@
 //! Run: `cargo bench -p smg-dataplane --bench rdma_loopback`. Not a test.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smg_dataplane::lanes::rdma::{Descriptor, LoopbackReader, RdmaArena, RdmaConfig};
 
-const ROUNDS: usize = 7;
+mod common;
 
-/// Seconds per operation, median over rounds of `iterations` each.
-fn measure(iterations: usize, mut op: impl FnMut()) -> f64 {
-    op(); // warm up
-    let mut samples: Vec<f64> = (0..ROUNDS)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..iterations {
-                op();
-            }
-            started.elapsed().as_secs_f64() / iterations as f64
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
+use common::measure;
 
 fn main() {
     let shm = Path::new("/dev/shm");

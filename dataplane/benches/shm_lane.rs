@@ -11,31 +11,13 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use smg_dataplane::lanes::shm::{ShmPool, ShmPoolConfig};
 
-const ROUNDS: usize = 7;
+mod common;
 
-fn median_secs(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
-/// Seconds per operation, median over rounds of `iterations` each.
-fn measure(iterations: usize, mut op: impl FnMut()) -> f64 {
-    op(); // warm up
-    let samples = (0..ROUNDS)
-        .map(|_| {
-            let started = Instant::now();
-            for _ in 0..iterations {
-                op();
-            }
-            started.elapsed().as_secs_f64() / iterations as f64
-        })
-        .collect();
-    median_secs(samples)
-}
+use common::measure;
 
 fn fresh_file_per_tensor(dir: &Path, source: &[u8], sequence: &mut u64) {
     *sequence += 1;
