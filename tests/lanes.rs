@@ -663,6 +663,15 @@ async fn remove_worker(gateway: &Gateway, id: &str) {
     .await;
 }
 
+/// The status of the gateway's one worker (`GET /workers` must list exactly
+/// one).
+async fn the_only_worker(gateway: &Gateway) -> Value {
+    let (_, listed) = admin(gateway, reqwest::Method::GET, "/workers", None).await;
+    let workers = listed["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 1, "{listed}");
+    workers[0].clone()
+}
+
 /// `(tensor_transport, shm_min_bytes, tensor_transport_source)` of a status.
 fn transport_of(status: &Value) -> (&str, u64, &str) {
     (
@@ -770,13 +779,9 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
         assert_eq!(answer["error"]["code"], code, "{fields}: {answer}");
         assert_eq!(answer["error"]["param"], param, "{fields}: {answer}");
     }
-    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
-    assert_eq!(listed["workers"].as_array().unwrap().len(), 1, "{listed}");
-    let first_id = listed["workers"][0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(
-        transport_of(&listed["workers"][0]),
-        ("inline", 65536, "default")
-    );
+    let listed_first = the_only_worker(&gateway).await;
+    let first_id = listed_first["id"].as_str().unwrap().to_owned();
+    assert_eq!(transport_of(&listed_first), ("inline", 65536, "default"));
 
     // shm with a threshold low enough for the small image too.
     let status = register_ready(
@@ -823,12 +828,9 @@ async fn a_registered_transport_wins_over_the_flag_for_its_url() {
     let reader = recording_worker(&shm, &record);
     let flag = format!("{}=shm", reader.grpc_url());
     let gateway = regular_gateway(&shm, &first, &["--worker-tensor-transport", &flag]);
-    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
-    let first_id = listed["workers"][0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(
-        transport_of(&listed["workers"][0]),
-        ("auto", 65536, "default")
-    );
+    let listed_first = the_only_worker(&gateway).await;
+    let first_id = listed_first["id"].as_str().unwrap().to_owned();
+    assert_eq!(transport_of(&listed_first), ("auto", 65536, "default"));
 
     let status = register_ready(
         &gateway,
