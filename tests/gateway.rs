@@ -473,6 +473,77 @@ async fn bad_requests_get_stable_codes() {
     }
 }
 
+/// A body nested far deeper than any stack: skipped by serde, then walked
+/// to name the field of a shape error.
+fn deeply_nested_body(extra_fields: &str) -> String {
+    let depth = 100_000;
+    format!(
+        r#"{{"deep": {open}{close}, {extra_fields}, "stream": "yes"}}"#,
+        open = "[".repeat(depth),
+        close = "]".repeat(depth),
+    )
+}
+
+#[tokio::test]
+async fn deeply_nested_json_is_refused_on_every_json_route_and_the_gateway_lives_on() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+    ]);
+    let routes = [
+        (
+            "/v1/chat/completions",
+            r#""model": "model", "messages": []"#,
+        ),
+        ("/v1/completions", r#""model": "model", "prompt": "hi""#),
+        ("/generate", r#""text": "hi""#),
+        (
+            "/v1/messages",
+            r#""model": "model", "max_tokens": 5, "messages": []"#,
+        ),
+        (
+            "/v1/embeddings",
+            r#""model": "model", "input": "hi", "dimensions": "x""#,
+        ),
+        (
+            "/v1/classify",
+            r#""model": "model", "input": {"text": "hi"}"#,
+        ),
+        (
+            "/workers",
+            r#""url": "grpc://127.0.0.1:1", "bootstrap_port": "x""#,
+        ),
+    ];
+    for (path, fields) in routes {
+        let response = http()
+            .post(gateway.url(path))
+            .header("content-type", "application/json")
+            .body(deeply_nested_body(fields))
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("{path}: the gateway died: {err}"));
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("json error body");
+        assert_eq!(status, 400, "{path}: {body}");
+        if path == "/v1/messages" {
+            // Anthropic's error shape names a type, not a code.
+            assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        } else {
+            assert_eq!(body["error"]["code"], "invalid_request", "{path}: {body}");
+        }
+    }
+    let (status, body) = post(
+        &gateway,
+        "/v1/chat/completions",
+        chat_body(&hello(), json!({"max_tokens": 4})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[tokio::test]
 async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
     // Paced decoding, so the first tokens are on the wire before the exit.

@@ -99,13 +99,12 @@ fn push_key(path: &mut String, key: &str) {
 
 /// The path (`messages[1].content[0].text`) of the innermost value of
 /// `body` that contains byte `offset`; empty for the whole document.
-/// `body` must be valid JSON, whose nesting serde_json already limited to
-/// 128 levels, so the recursion here is bounded.
+///
+/// The walk keeps its own stack instead of recursing: serde_json bounds the
+/// nesting of the values it builds, but it skips unknown fields without any
+/// bound, so a small body can nest far deeper than a thread's stack allows.
 fn path_at(body: &[u8], offset: usize) -> String {
-    let mut scanner = Scanner { body, pos: 0 };
-    scanner.skip_whitespace();
-    let mut segments = Vec::new();
-    let found = scanner.find(offset, &mut segments).unwrap_or_default();
+    let found = Scanner { body, pos: 0 }.find(offset).unwrap_or_default();
     let mut path = String::new();
     for segment in found {
         match segment {
@@ -120,6 +119,16 @@ fn path_at(body: &[u8], offset: usize) -> String {
 enum Segment {
     Key(String),
     Index(usize),
+}
+
+/// An object or array the walk is inside of.
+struct Open {
+    /// Where its opening bracket is.
+    start: usize,
+    /// `None` for an object, the next element's index for an array.
+    next_index: Option<usize>,
+    /// How its parent names it (`None` for the whole document).
+    segment: Option<Segment>,
 }
 
 /// A minimal walker over well-formed JSON that tracks the path to each
@@ -140,74 +149,89 @@ impl Scanner<'_> {
         }
     }
 
-    /// Walks the value at `pos`; returns the path of the innermost value
-    /// containing `offset`, if it is this one or inside it.
-    fn find(&mut self, offset: usize, path: &mut Vec<Segment>) -> Option<Vec<Segment>> {
-        let start = self.pos;
-        match self.peek() {
-            Some(b'{') => {
-                self.pos += 1;
-                loop {
-                    self.skip_whitespace();
-                    match self.peek() {
-                        Some(b'"') => {}
-                        Some(b',') => {
-                            self.pos += 1;
-                            continue;
-                        }
-                        _ => break,
+    /// Walks the document; returns the path of the innermost value that
+    /// contains `offset`. Values are checked as they end, children before
+    /// their parents, so the first match is the innermost.
+    fn find(&mut self, offset: usize) -> Option<Vec<Segment>> {
+        let mut open: Vec<Open> = Vec::new();
+        // The segment of the value about to be read; `Some` once the walk is
+        // positioned at a value (the document itself is `None`).
+        let mut pending: Option<Option<Segment>> = Some(None);
+        let path_of = |open: &[Open], last: Option<Segment>| -> Vec<Segment> {
+            open.iter()
+                .filter_map(|frame| frame.segment.clone())
+                .chain(last)
+                .collect()
+        };
+        loop {
+            self.skip_whitespace();
+            if let Some(segment) = pending.take() {
+                let start = self.pos;
+                match self.peek() {
+                    Some(b'{') | Some(b'[') => {
+                        let is_array = self.peek() == Some(b'[');
+                        self.pos += 1;
+                        open.push(Open {
+                            start,
+                            next_index: is_array.then_some(0),
+                            segment,
+                        });
+                        continue;
                     }
+                    Some(b'"') => {
+                        self.string();
+                    }
+                    Some(_) => {
+                        // A number, true, false or null.
+                        while !matches!(
+                            self.peek(),
+                            None | Some(b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r')
+                        ) {
+                            self.pos += 1;
+                        }
+                    }
+                    None => return None,
+                }
+                if (start..self.pos).contains(&offset) {
+                    return Some(path_of(&open, segment));
+                }
+                if open.is_empty() {
+                    return None;
+                }
+                continue;
+            }
+            let frame = open.last_mut()?;
+            match (self.peek(), frame.next_index.as_mut()) {
+                (Some(b','), _) => {
+                    self.pos += 1;
+                    continue;
+                }
+                (Some(b'"'), None) => {
                     let key = self.string();
                     self.skip_whitespace();
                     if self.peek() == Some(b':') {
                         self.pos += 1;
                     }
-                    self.skip_whitespace();
-                    path.push(Segment::Key(key));
-                    if let Some(found) = self.find(offset, path) {
-                        return Some(found);
-                    }
-                    path.pop();
+                    pending = Some(Some(Segment::Key(key)));
+                    continue;
                 }
-                self.pos += 1; // the closing brace
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                let mut index = 0;
-                loop {
-                    self.skip_whitespace();
-                    match self.peek() {
-                        Some(b']') | None => break,
-                        Some(b',') => {
-                            self.pos += 1;
-                            continue;
-                        }
-                        Some(_) => {}
-                    }
-                    path.push(Segment::Index(index));
-                    if let Some(found) = self.find(offset, path) {
-                        return Some(found);
-                    }
-                    path.pop();
-                    index += 1;
+                (Some(byte), Some(index)) if byte != b']' => {
+                    pending = Some(Some(Segment::Index(*index)));
+                    *index += 1;
+                    continue;
                 }
-                self.pos += 1; // the closing bracket
+                _ => {}
             }
-            Some(b'"') => {
-                self.string();
+            // The closing bracket (or the end of a cut-short body).
+            self.pos += 1;
+            let frame = open.pop()?;
+            if (frame.start..self.pos).contains(&offset) {
+                return Some(path_of(&open, frame.segment));
             }
-            Some(_) => {
-                // A number, true, false or null.
-                while !matches!(
-                    self.peek(),
-                    None | Some(b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r')
-                ) {
-                    self.pos += 1;
-                }
+            if open.is_empty() {
+                return None;
             }
-            None => return None,
         }
-        (start..self.pos).contains(&offset).then(|| path.clone())
     }
 
     /// Reads the string at `pos` (which is its opening quote) and returns it
@@ -396,6 +420,43 @@ mod tests {
         )
         .expect("unknown fields are ignored");
         assert_eq!(request.model, "m");
+    }
+
+    #[test]
+    fn deeply_nested_skipped_fields_do_not_exhaust_the_stack() {
+        // serde_json skips unknown fields without a depth limit, so the
+        // shape error after them sends the path finder through 200,000
+        // levels of nesting (this crashed the process when it recursed).
+        let depth = 200_000;
+        let mut body = String::from(r#"{"model": "m", "x": "#);
+        body.push_str(&"[".repeat(depth));
+        body.push_str(&"]".repeat(depth));
+        body.push_str(r#", "messages": [{"role": "user", "content": "hi"}], "n": "two"}"#);
+        assert_shape_error::<ChatCompletionRequest>(&body, Some("n"), "invalid type: string");
+
+        let mut objects = String::from(r#"{"model": "m", "messages": [], "extra": "#);
+        objects.push_str(&r#"{"a": "#.repeat(depth));
+        objects.push('1');
+        objects.push_str(&"}".repeat(depth));
+        objects.push_str(r#", "max_tokens": -1}"#);
+        assert_shape_error::<ChatCompletionRequest>(&objects, Some("max_tokens"), "integer `-1`");
+    }
+
+    #[test]
+    fn a_shape_error_inside_deep_nesting_names_its_full_path() {
+        let depth = 50_000;
+        let mut body = String::from(r#"{"model": "m", "messages": [], "logit_bias": {"1": "#);
+        body.push_str(&"[".repeat(depth));
+        body.push_str(&"]".repeat(depth));
+        body.push_str("}}");
+        let err = parse_json::<ChatCompletionRequest>(body.as_bytes()).expect_err("nested");
+        assert_eq!(err.code, ErrorCode::InvalidRequest, "{err}");
+        assert!(
+            err.param
+                .as_deref()
+                .is_some_and(|p| p.starts_with("logit_bias")),
+            "{err:?}"
+        );
     }
 
     #[test]
