@@ -1,11 +1,43 @@
-//! `smg launch`'s command line, flag-compatible with the existing SMG gateway
-//! so operators can switch without rewriting their launch scripts.
+//! `smg`'s command line, flag-compatible with the existing SMG gateway so
+//! operators can switch without rewriting their launch scripts.
+//!
+//! Why it exists: this is the one module that knows flags. It parses them
+//! (and a `--config` TOML file whose keys are spelled like the long flags;
+//! flags given on the command line win over the file), and turns them into
+//! a [`GatewayConfig`] once, checking every value and naming the flag when
+//! one is wrong. Everything below `server` reads that config.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::parser::ValueSource;
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use smg_dataplane::IoBackend;
+use smg_dataplane::lanes::rdma::RdmaBackend;
 
-use crate::policies::PolicyKind;
+use crate::config::{
+    DataPlaneSettings, FleetConfig, GatewayConfig, ListenConfig, LogConfig, ModelSource,
+    PolicyChoice, RoutingConfig, WorkerAddress,
+};
+use crate::demo::{DemoMode, DemoPlan};
+use crate::engine::Runtime;
+use crate::lanes::LaneSettings;
+use crate::media::MediaConfig;
+use crate::mode::Mode;
+use crate::policies::{CacheAwareConfig, PolicyKind, PolicyTunables};
+use crate::router::RetryConfig;
+use crate::workers::{
+    BreakerConfig, HealthConfig, LaneMode, Lifecycle, WorkerLaneOverride, WorkerRole, normalize_url,
+};
+
+/// A value of `--policy` and friends.
+fn policy() -> impl TypedValueParser<Value = PolicyKind> {
+    PossibleValuesParser::new(PolicyKind::ALL.map(PolicyKind::name)).try_map(|name| name.parse())
+}
 
 /// smg: a model gateway for LLM serving fleets.
 #[derive(Debug, Parser)]
@@ -20,7 +52,158 @@ pub enum Command {
     /// Start the gateway.
     Launch(Box<LaunchArgs>),
     /// Start a simulated fleet and the gateway in front of it (a demo).
-    Demo(crate::demo::DemoArgs),
+    Demo(DemoArgs),
+}
+
+/// What a command line asks for, checked.
+#[derive(Debug)]
+pub enum Invocation {
+    Launch(Box<GatewayConfig>),
+    Demo(Box<DemoPlan>),
+}
+
+/// Why a command line was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// clap's own refusal (unknown flag, bad value, `--help`, `--version`).
+    #[error(transparent)]
+    Syntax(#[from] clap::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl CliError {
+    /// Prints the error (or the help clap was asked for) and exits: 0 for
+    /// `--help`/`--version`, 2 for a refused command line.
+    pub fn exit(self) -> ! {
+        match self {
+            CliError::Syntax(err) => err.exit(),
+            CliError::Config(err) => {
+                eprintln!("error: {err}");
+                std::process::exit(2)
+            }
+        }
+    }
+}
+
+/// A flag (or config file key) whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{flag}: {reason}")]
+pub struct ConfigError {
+    /// The long flag, without its dashes.
+    pub flag: &'static str,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(flag: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Parses the process's command line.
+pub fn parse() -> Invocation {
+    parse_from(std::env::args_os()).unwrap_or_else(|err| err.exit())
+}
+
+/// Parses `argv` (with the program name first), reading `--config` files.
+pub fn parse_from<I, T>(argv: I) -> Result<Invocation, CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv = with_config_file(argv.into_iter().map(Into::into).collect())?;
+    let cli = Cli::try_parse_from(argv)?;
+    Ok(match cli.command {
+        Command::Launch(args) => Invocation::Launch(Box::new(GatewayConfig::try_from(*args)?)),
+        Command::Demo(args) => Invocation::Demo(Box::new(args.plan()?)),
+    })
+}
+
+/// `argv` with the keys of its `--config` file (if any) inserted as flags
+/// right after `launch`, skipping those the command line gives itself.
+fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let Some(("launch", launch)) = matches.subcommand() else {
+        return Ok(argv);
+    };
+    let Some(path) = launch.get_one::<PathBuf>("config") else {
+        return Ok(argv);
+    };
+    let file_error =
+        |reason: String| ConfigError::new("config", format!("{}: {reason}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|err| file_error(err.to_string()))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|err: toml::de::Error| file_error(err.to_string()))?;
+    let command = Cli::command();
+    let launch_command = command
+        .find_subcommand("launch")
+        .ok_or_else(|| file_error("no launch command".to_owned()))?;
+    let mut flags: Vec<OsString> = Vec::new();
+    for (key, value) in &table {
+        let arg = launch_command
+            .get_arguments()
+            .find(|arg| arg.get_long() == Some(key.as_str()) && key != "config")
+            .ok_or_else(|| {
+                file_error(format!(
+                    "unknown key {key:?} (keys are the long flags of smg launch)"
+                ))
+            })?;
+        if launch.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+            continue;
+        }
+        let flag = OsString::from(format!("--{key}"));
+        let scalar = |value: &toml::Value| -> Result<OsString, ConfigError> {
+            match value {
+                toml::Value::String(text) => Ok(text.into()),
+                toml::Value::Integer(n) => Ok(n.to_string().into()),
+                toml::Value::Float(x) => Ok(x.to_string().into()),
+                toml::Value::Boolean(b) => Ok(b.to_string().into()),
+                other => Err(file_error(format!(
+                    "{key}: {} is not a flag value",
+                    other.type_str()
+                ))),
+            }
+        };
+        let takes_values = arg.get_action().takes_values();
+        match value {
+            toml::Value::Boolean(on) if !takes_values => {
+                if *on {
+                    flags.push(flag);
+                }
+            }
+            toml::Value::Array(items) => {
+                for item in items {
+                    flags.push(flag.clone());
+                    match item {
+                        // One occurrence with several values: `[URL, PORT]`.
+                        toml::Value::Array(values) => {
+                            for value in values {
+                                flags.push(scalar(value)?);
+                            }
+                        }
+                        single => flags.push(scalar(single)?),
+                    }
+                }
+            }
+            single => {
+                flags.push(flag);
+                flags.push(scalar(single)?);
+            }
+        }
+    }
+    let split = argv
+        .iter()
+        .position(|word| word == "launch")
+        .map_or(argv.len(), |at| at + 1);
+    let mut merged = argv[..split].to_vec();
+    merged.extend(flags);
+    merged.extend_from_slice(&argv[split..]);
+    Ok(merged)
 }
 
 /// Which memory the RDMA lane registers (`--multimodal-rdma-backend`).
@@ -54,12 +237,44 @@ pub enum DataplaneIo {
     Plain,
 }
 
+// The flags' enums mirror domain types that know nothing of clap; these
+// are the only conversions between them.
+
 impl DataplaneIo {
-    pub fn backend(self) -> smg_dataplane::IoBackend {
+    fn backend(self) -> IoBackend {
         match self {
-            DataplaneIo::Auto => smg_dataplane::IoBackend::Auto,
-            DataplaneIo::Uring => smg_dataplane::IoBackend::Uring,
-            DataplaneIo::Plain => smg_dataplane::IoBackend::Plain,
+            DataplaneIo::Auto => IoBackend::Auto,
+            DataplaneIo::Uring => IoBackend::Uring,
+            DataplaneIo::Plain => IoBackend::Plain,
+        }
+    }
+}
+
+impl RdmaBackendArg {
+    fn backend(self) -> RdmaBackend {
+        match self {
+            RdmaBackendArg::Verbs => RdmaBackend::Verbs,
+            RdmaBackendArg::Loopback => RdmaBackend::Loopback,
+        }
+    }
+}
+
+impl TensorTransport {
+    fn mode(self) -> LaneMode {
+        match self {
+            TensorTransport::Inline => LaneMode::Inline,
+            TensorTransport::Shm => LaneMode::Shm,
+            TensorTransport::Auto => LaneMode::Auto,
+            TensorTransport::Rdma => LaneMode::Rdma,
+        }
+    }
+}
+
+impl RuntimeArg {
+    fn runtime(self) -> Runtime {
+        match self {
+            RuntimeArg::Tokenspeed => Runtime::TokenSpeed,
+            RuntimeArg::Sglang => Runtime::Sglang,
         }
     }
 }
@@ -74,7 +289,7 @@ pub enum LogLevel {
 }
 
 impl LogLevel {
-    pub fn as_filter(self) -> &'static str {
+    fn as_filter(self) -> &'static str {
         match self {
             LogLevel::Trace => "trace",
             LogLevel::Debug => "debug",
@@ -87,6 +302,12 @@ impl LogLevel {
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
+    /// A TOML file of flags, keys spelled like the long flags
+    /// (`worker-urls = ["grpc://..."]`, `model-path = "..."`); flags given
+    /// on the command line win over it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// Address the HTTP API listens on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -134,14 +355,14 @@ pub struct LaunchArgs {
     pub runtime: Option<RuntimeArg>,
 
     /// Routing policy for regular workers (and the default for other roles).
-    #[arg(long, value_enum, default_value_t = PolicyKind::CacheAware)]
+    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::CacheAware)]
     pub policy: PolicyKind,
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = policy())]
     pub prefill_policy: Option<PolicyKind>,
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = policy())]
     pub decode_policy: Option<PolicyKind>,
     /// Encode routing; defaults to consistent hashing on the image's content.
-    #[arg(long, value_enum, default_value_t = PolicyKind::ConsistentHashing)]
+    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::ConsistentHashing)]
     pub encode_policy: PolicyKind,
 
     /// A Hugging Face model directory (tokenizer, chat template, configs).
@@ -312,18 +533,19 @@ pub struct WorkerSpec {
 
 /// Groups `--prefill URL [PORT]` values (clap hands them over flattened): a
 /// purely numeric value is the bootstrap port of the URL before it.
-pub fn worker_specs(flag: &str, values: &[String]) -> Result<Vec<WorkerSpec>, String> {
+pub fn worker_specs(flag: &'static str, values: &[String]) -> Result<Vec<WorkerSpec>, ConfigError> {
     let mut specs: Vec<WorkerSpec> = Vec::new();
     for value in values {
         if value.chars().all(|c| c.is_ascii_digit()) {
-            let port = value
-                .parse()
-                .map_err(|_| format!("--{flag}: bootstrap port {value} is out of range"))?;
+            let port = value.parse().map_err(|_| {
+                ConfigError::new(flag, format!("bootstrap port {value} is out of range"))
+            })?;
             match specs.last_mut() {
                 Some(spec) if spec.bootstrap_port.is_none() => spec.bootstrap_port = Some(port),
                 _ => {
-                    return Err(format!(
-                        "--{flag}: bootstrap port {value} follows no worker URL"
+                    return Err(ConfigError::new(
+                        flag,
+                        format!("bootstrap port {value} follows no worker URL"),
                     ));
                 }
             }
@@ -335,6 +557,374 @@ pub fn worker_specs(flag: &str, values: &[String]) -> Result<Vec<WorkerSpec>, St
         }
     }
     Ok(specs)
+}
+
+/// Parses `NAME=VALUE` flag values into a map, checking each value.
+pub fn named_values<T>(
+    flag: &'static str,
+    values: &[String],
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<HashMap<String, T>, ConfigError> {
+    values
+        .iter()
+        .map(|pair| {
+            let (name, value) = pair
+                .split_once('=')
+                .filter(|(name, _)| !name.is_empty())
+                .ok_or_else(|| ConfigError::new(flag, format!("{pair:?}: expected NAME=VALUE")))?;
+            let value =
+                parse(value).map_err(|why| ConfigError::new(flag, format!("{pair:?}: {why}")))?;
+            Ok((name.to_owned(), value))
+        })
+        .collect()
+}
+
+/// Parses `URL=MODE[,min_bytes=N]` (`--worker-tensor-transport`) into the
+/// worker's normalized URL and its override.
+pub fn parse_override(text: &str) -> Result<(String, WorkerLaneOverride), String> {
+    let (url, rest) = text
+        .rsplit_once('=')
+        .filter(|(url, _)| !url.is_empty())
+        .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
+    // `URL=MODE,min_bytes=N`: the last '=' may belong to min_bytes.
+    let (url, spec) = match url.rsplit_once(',') {
+        Some((head, "min_bytes")) => {
+            let (url, mode) = head
+                .rsplit_once('=')
+                .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
+            (url, format!("{mode},min_bytes={rest}"))
+        }
+        _ => (url, rest.to_owned()),
+    };
+    let mut parts = spec.split(',');
+    let mode_text = parts.next().unwrap_or_default();
+    let mode = LaneMode::parse(mode_text).ok_or_else(|| {
+        format!("{text:?}: unknown transport {mode_text:?} (inline, shm, auto or rdma)")
+    })?;
+    let mut min_bytes = None;
+    for part in parts {
+        let value = part
+            .strip_prefix("min_bytes=")
+            .ok_or_else(|| format!("{text:?}: unknown option {part:?} (min_bytes=N)"))?;
+        min_bytes = Some(
+            value
+                .parse()
+                .map_err(|_| format!("{text:?}: min_bytes must be a byte count, not {value:?}"))?,
+        );
+    }
+    Ok((normalize_url(url), WorkerLaneOverride { mode, min_bytes }))
+}
+
+/// `value`, refused below `min` (a zero interval, an empty ring...).
+fn at_least<T: PartialOrd + std::fmt::Display>(
+    flag: &'static str,
+    value: T,
+    min: T,
+) -> Result<T, ConfigError> {
+    if value < min {
+        return Err(ConfigError::new(
+            flag,
+            format!("{value} is below the minimum, {min}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn seconds(flag: &'static str, secs: u64) -> Result<Duration, ConfigError> {
+    at_least(flag, secs, 1).map(Duration::from_secs)
+}
+
+fn fraction(flag: &'static str, value: f64) -> Result<f64, ConfigError> {
+    if !(0.0..=1.0).contains(&value) {
+        return Err(ConfigError::new(
+            flag,
+            format!("{value} is not between 0 and 1"),
+        ));
+    }
+    Ok(value)
+}
+
+/// The workers the flags name, and the mode they make.
+fn fleet(args: &LaunchArgs) -> Result<FleetConfig, ConfigError> {
+    let named_any = !args.prefill.is_empty() || !args.decode.is_empty() || !args.encode.is_empty();
+    if args.enable_igw {
+        if named_any || !args.worker_urls.is_empty() {
+            return Err(ConfigError::new(
+                "enable-igw",
+                "an IGW gateway starts with no workers: register them with POST /workers",
+            ));
+        }
+        return Ok(FleetConfig::Igw);
+    }
+    let mut workers = Vec::new();
+    let mut add = |role, specs: Vec<WorkerSpec>| {
+        workers.extend(specs.into_iter().map(|spec| WorkerAddress {
+            url: spec.url,
+            role,
+            bootstrap_port: spec.bootstrap_port,
+        }));
+    };
+    let unported = |urls: &[String]| {
+        urls.iter()
+            .map(|url| WorkerSpec {
+                url: url.clone(),
+                bootstrap_port: None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mode = if args.epd_disaggregation {
+        add(WorkerRole::Encode, worker_specs("encode", &args.encode)?);
+        Mode::EncodePrefillDecode
+    } else if args.pd_disaggregation {
+        if !args.encode.is_empty() {
+            return Err(ConfigError::new(
+                "encode",
+                "encode workers need --epd-disaggregation",
+            ));
+        }
+        Mode::PrefillDecode
+    } else {
+        if named_any {
+            return Err(ConfigError::new(
+                "pd-disaggregation",
+                "--prefill/--decode/--encode need --pd-disaggregation or --epd-disaggregation",
+            ));
+        }
+        Mode::Regular
+    };
+    if mode == Mode::Regular {
+        add(WorkerRole::Regular, unported(&args.worker_urls));
+    } else {
+        add(WorkerRole::Prefill, worker_specs("prefill", &args.prefill)?);
+        add(WorkerRole::Decode, unported(&args.decode));
+    }
+    for role in mode.spec().required_roles {
+        if !workers.iter().any(|worker| worker.role == *role) {
+            let flag = match role {
+                WorkerRole::Regular => "worker-urls",
+                WorkerRole::Prefill => "prefill",
+                WorkerRole::Decode => "decode",
+                WorkerRole::Encode => "encode",
+            };
+            return Err(ConfigError::new(
+                flag,
+                format!("{mode:?} mode needs at least one {role} worker"),
+            ));
+        }
+    }
+    Ok(FleetConfig::Static { mode, workers })
+}
+
+impl TryFrom<LaunchArgs> for GatewayConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: LaunchArgs) -> Result<Self, ConfigError> {
+        let fleet = fleet(&args)?;
+        let listen = ListenConfig {
+            metrics_host: args
+                .prometheus_host
+                .clone()
+                .unwrap_or_else(|| args.host.clone()),
+            host: args.host.clone(),
+            port: args.port,
+            metrics_port: args.prometheus_port,
+        };
+        let model_policies = named_values("model-policy", &args.model_policy, |name| {
+            name.parse::<PolicyKind>()
+        })?;
+        let model_retries = named_values("model-max-retries", &args.model_max_retries, |n| {
+            n.parse::<u32>().map_err(|err| err.to_string())
+        })?;
+        let aliases = named_values("model-alias", &args.model_alias, |model| {
+            Ok(model.to_owned())
+        })?;
+        let routing = RoutingConfig {
+            policies: PolicyChoice {
+                default: args.policy,
+                prefill: args.prefill_policy,
+                decode: args.decode_policy,
+                encode: args.encode_policy,
+            },
+            tunables: PolicyTunables {
+                cache_aware: CacheAwareConfig {
+                    match_threshold: fraction("cache-threshold", args.cache_threshold)?,
+                    balance_abs_threshold: args.balance_abs_threshold,
+                    balance_rel_threshold: at_least(
+                        "balance-rel-threshold",
+                        args.balance_rel_threshold,
+                        1.0,
+                    )?,
+                    max_pages: at_least("max-tree-size", args.max_tree_size, 64)?,
+                    ..CacheAwareConfig::default()
+                },
+                ..PolicyTunables::default()
+            },
+            model_policies,
+            retry: RetryConfig {
+                max_retries: args.retry_max_retries,
+                initial_backoff: Duration::from_millis(args.retry_initial_backoff_ms),
+                max_backoff: Duration::from_millis(args.retry_max_backoff_ms),
+                multiplier: at_least(
+                    "retry-backoff-multiplier",
+                    args.retry_backoff_multiplier,
+                    1.0,
+                )?,
+                jitter_factor: fraction("retry-jitter-factor", args.retry_jitter_factor)?,
+                disabled: args.disable_retries,
+            },
+            model_retries,
+            request_timeout: seconds("request-timeout-secs", args.request_timeout_secs)?,
+            load_check_interval: seconds(
+                "load-check-interval-secs",
+                args.load_check_interval_secs,
+            )?,
+            aliases,
+        };
+        let probe_timeout = seconds("health-check-timeout-secs", args.health_check_timeout_secs)?;
+        let health = HealthConfig::new(
+            seconds(
+                "health-check-interval-secs",
+                args.health_check_interval_secs,
+            )?,
+            probe_timeout,
+            at_least("health-failure-threshold", args.health_failure_threshold, 1)?,
+            at_least("health-success-threshold", args.health_success_threshold, 1)?,
+        );
+        let lifecycle = Lifecycle {
+            health: (!args.disable_health_check).then_some(health),
+            breaker: BreakerConfig {
+                enabled: !args.disable_circuit_breaker,
+                failure_threshold: at_least("cb-failure-threshold", args.cb_failure_threshold, 1)?,
+                success_threshold: at_least("cb-success-threshold", args.cb_success_threshold, 1)?,
+                open_for: Duration::from_secs(args.cb_timeout_duration_secs),
+                window: seconds("cb-window-duration-secs", args.cb_window_duration_secs)?,
+            },
+            probe_timeout,
+            dp_aware: args.dp_aware,
+        };
+        let overrides = args
+            .worker_tensor_transport
+            .iter()
+            .map(|text| {
+                parse_override(text).map_err(|why| ConfigError::new("worker-tensor-transport", why))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let lanes = LaneSettings {
+            mode: args.multimodal_tensor_transport.mode(),
+            min_bytes: usize::try_from(args.multimodal_shm_min_bytes).unwrap_or(usize::MAX),
+            overrides,
+            shm_dir: args.multimodal_shm_dir.clone(),
+            shm_slot_bytes: at_least(
+                "multimodal-shm-slot-bytes",
+                args.multimodal_shm_slot_bytes,
+                1,
+            )?,
+            shm_slots_per_core: args.multimodal_shm_slots_per_core,
+            shm_reclaim_after: Duration::from_millis(args.multimodal_shm_reclaim_ms),
+            shm_keep_free_bytes: args.multimodal_shm_keep_free_bytes,
+            rdma_backend: args.multimodal_rdma_backend.backend(),
+            rdma_slots: args.multimodal_rdma_slots,
+            rdma_slot_bytes: args.multimodal_rdma_slot_bytes,
+            rdma_deadline: Duration::from_millis(args.multimodal_rdma_deadline_ms),
+        };
+        let allow_private_hosts = args
+            .media_allow_private_host
+            .iter()
+            .map(|text| {
+                text.parse().map_err(|err| {
+                    ConfigError::new("media-allow-private-host", format!("{text}: {err}"))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let media = MediaConfig {
+            max_bytes: args.media_max_bytes,
+            max_images_per_request: args.max_images_per_request,
+            fetch_timeout: seconds("media-fetch-timeout-secs", args.media_fetch_timeout_secs)?,
+            allowed_file_dirs: args.allowed_local_media_path.clone(),
+            allow_private_hosts,
+            ..MediaConfig::default()
+        };
+        let dataplane = DataPlaneSettings {
+            cores: args
+                .dataplane_cores
+                .map(|n| at_least("dataplane-cores", n, 1))
+                .transpose()?,
+            ring_capacity: at_least("dataplane-ring-capacity", args.dataplane_ring_capacity, 1)?,
+            submit_wait: Duration::from_millis(args.dataplane_submit_timeout_ms),
+            io: args.dataplane_io.backend(),
+        };
+        Ok(GatewayConfig {
+            listen,
+            fleet,
+            runtime: args.runtime.map(RuntimeArg::runtime),
+            model: ModelSource {
+                model_path: args.model_path,
+                tokenizer_path: args.tokenizer_path,
+                served_model_name: args.served_model_name,
+            },
+            routing,
+            lifecycle,
+            lanes,
+            media,
+            dataplane,
+            log: LogConfig {
+                level: args.log_level.as_filter(),
+                json: args.log_json,
+            },
+        })
+    }
+}
+
+/// The defaults of every `smg launch` flag.
+fn launch_defaults() -> Result<LaunchArgs, CliError> {
+    let matches = Cli::command().try_get_matches_from(["smg", "launch"])?;
+    let launch = matches
+        .subcommand_matches("launch")
+        .ok_or_else(|| ConfigError::new("config", "no launch command"))?;
+    Ok(LaunchArgs::from_arg_matches(launch)?)
+}
+
+/// `smg demo`'s flags.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    #[arg(long, value_parser = PossibleValuesParser::new(["regular", "pd", "epd"]).try_map(|m| DemoMode::from_str(&m)), default_value = "regular")]
+    pub mode: DemoMode,
+    /// The worker protocol (EPD needs tokenspeed).
+    #[arg(long, value_parser = PossibleValuesParser::new(["tokenspeed", "sglang"]), default_value = "tokenspeed")]
+    pub protocol: String,
+    /// The model directory; defaults to the bundled test model.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    #[arg(long, default_value_t = 29000)]
+    pub prometheus_port: u16,
+    /// Data-plane threads (as `smg launch --dataplane-cores`).
+    #[arg(long, value_name = "N")]
+    pub dataplane_cores: Option<usize>,
+}
+
+impl DemoArgs {
+    /// The demo: `smg launch`'s defaults with the demo's ports and model;
+    /// the fleet is filled in once the simulated workers run.
+    fn plan(self) -> Result<DemoPlan, CliError> {
+        // Flag defaults need a fleet; the demo's is made later.
+        let mut defaults = launch_defaults()?;
+        defaults.enable_igw = true;
+        let mut gateway = GatewayConfig::try_from(defaults)?;
+        gateway.listen.port = self.port;
+        gateway.listen.metrics_port = self.prometheus_port;
+        gateway.dataplane.cores = self
+            .dataplane_cores
+            .map(|n| at_least("dataplane-cores", n, 1))
+            .transpose()?;
+        Ok(DemoPlan {
+            mode: self.mode,
+            protocol: self.protocol,
+            model_path: self.model_path,
+            gateway,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -425,5 +1015,298 @@ mod tests {
             "same-host workers get the shm lane unless told otherwise"
         );
         assert!(Cli::try_parse_from(["smg", "launch", "--policy", "fastest"]).is_err());
+    }
+
+    fn config(line: &str) -> Result<GatewayConfig, CliError> {
+        match parse_from(line.split_whitespace())? {
+            Invocation::Launch(config) => Ok(*config),
+            Invocation::Demo(_) => panic!("not a launch line"),
+        }
+    }
+
+    fn refusal(line: &str) -> ConfigError {
+        match config(line) {
+            Err(CliError::Config(err)) => err,
+            other => panic!("{line}: expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_launch_line_becomes_one_typed_config() {
+        let config = config(
+            "smg launch --pd-disaggregation --prefill grpc://a:1 8998 --decode grpc://c:1 \
+             --policy round_robin --decode-policy least_load --retry-max-retries 5 \
+             --model-max-retries m=1 --model-policy m=random --model-alias gpt=m \
+             --runtime sglang --disable-health-check --health-check-timeout-secs 7 \
+             --request-timeout-secs 9 --multimodal-tensor-transport shm \
+             --worker-tensor-transport grpc://a:1=inline --dataplane-io plain --log-json",
+        )
+        .expect("valid");
+        assert_eq!(
+            config.fleet,
+            FleetConfig::Static {
+                mode: Mode::PrefillDecode,
+                workers: vec![
+                    WorkerAddress {
+                        url: "grpc://a:1".into(),
+                        role: WorkerRole::Prefill,
+                        bootstrap_port: Some(8998)
+                    },
+                    WorkerAddress {
+                        url: "grpc://c:1".into(),
+                        role: WorkerRole::Decode,
+                        bootstrap_port: None
+                    },
+                ]
+            }
+        );
+        assert_eq!(config.runtime, Some(Runtime::Sglang));
+        let routing = &config.routing;
+        assert_eq!(routing.policies.default, PolicyKind::RoundRobin);
+        assert_eq!(routing.policies.decode, Some(PolicyKind::LeastLoad));
+        assert_eq!(routing.retry_for(None).max_retries, 5);
+        assert_eq!(routing.retry_for(Some("m")).max_retries, 1);
+        assert_eq!(routing.role_policies(Some("m")).decode.name(), "random");
+        assert_eq!(routing.role_policies(None).decode.name(), "least_load");
+        assert_eq!(routing.aliases.get("gpt").map(String::as_str), Some("m"));
+        assert_eq!(routing.request_timeout, Duration::from_secs(9));
+        assert!(config.lifecycle.health.is_none());
+        assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
+        assert_eq!(config.lanes.mode, LaneMode::Shm);
+        assert_eq!(
+            config.lanes.overrides,
+            [(
+                "a:1".to_owned(),
+                WorkerLaneOverride {
+                    mode: LaneMode::Inline,
+                    min_bytes: None
+                }
+            )]
+        );
+        assert_eq!(config.dataplane.io, IoBackend::Plain);
+        assert!(config.log.json);
+        assert_eq!(config.listen.metrics_host, "127.0.0.1");
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_their_flag() {
+        let cases = [
+            ("smg launch", "worker-urls"),
+            (
+                "smg launch --pd-disaggregation --decode grpc://d:1",
+                "prefill",
+            ),
+            ("smg launch --prefill grpc://p:1", "pd-disaggregation"),
+            (
+                "smg launch --enable-igw --worker-urls grpc://a:1",
+                "enable-igw",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --health-check-interval-secs 0",
+                "health-check-interval-secs",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --cb-failure-threshold 0",
+                "cb-failure-threshold",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --dataplane-ring-capacity 0",
+                "dataplane-ring-capacity",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --cache-threshold 2",
+                "cache-threshold",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --retry-jitter-factor 1.5",
+                "retry-jitter-factor",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --model-policy m=fastest",
+                "model-policy",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --model-max-retries m",
+                "model-max-retries",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --worker-tensor-transport a=tcp",
+                "worker-tensor-transport",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --media-allow-private-host not/a/net",
+                "media-allow-private-host",
+            ),
+            (
+                "smg launch --pd-disaggregation --prefill 9000 --decode grpc://d:1",
+                "prefill",
+            ),
+        ];
+        for (line, flag) in cases {
+            let err = refusal(line);
+            assert_eq!(err.flag, flag, "{line}: {err}");
+            assert!(err.to_string().starts_with(&format!("--{flag}: ")), "{err}");
+        }
+        assert!(matches!(
+            config("smg launch --policy fastest"),
+            Err(CliError::Syntax(_))
+        ));
+    }
+
+    fn write_config(text: &str) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut file, text.as_bytes()).expect("written");
+        file
+    }
+
+    #[test]
+    fn a_config_file_sets_flags_and_the_command_line_wins() {
+        let file = write_config(
+            r#"
+            pd-disaggregation = true
+            prefill = [["grpc://p:1", 8998], "grpc://p:2"]
+            decode = ["grpc://d:1"]
+            policy = "round_robin"
+            port = 31000
+            disable-retries = true
+            cache-threshold = 0.25
+            model-path = "/models/m"
+            "#,
+        );
+        let path = file.path().display().to_string();
+        let config = config(&format!("smg launch --config {path} --port 32000")).expect("valid");
+        let FleetConfig::Static { mode, workers } = &config.fleet else {
+            panic!("static fleet")
+        };
+        assert_eq!(*mode, Mode::PrefillDecode);
+        let ports: Vec<_> = workers
+            .iter()
+            .map(|w| (w.url.as_str(), w.bootstrap_port))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("grpc://p:1", Some(8998)),
+                ("grpc://p:2", None),
+                ("grpc://d:1", None)
+            ]
+        );
+        assert_eq!(config.listen.port, 32000, "the command line wins");
+        assert_eq!(config.routing.policies.default, PolicyKind::RoundRobin);
+        assert!(config.routing.retry.disabled);
+        assert_eq!(config.routing.tunables.cache_aware.match_threshold, 0.25);
+        assert_eq!(
+            config.model.model_path.as_deref(),
+            Some(std::path::Path::new("/models/m"))
+        );
+
+        // A list on the command line replaces the file's list.
+        let config =
+            super::tests::config(&format!("smg launch --config {path} --decode grpc://d:9"))
+                .expect("valid");
+        let FleetConfig::Static { workers, .. } = &config.fleet else {
+            panic!("static fleet")
+        };
+        let decoders: Vec<_> = workers
+            .iter()
+            .filter(|w| w.role == WorkerRole::Decode)
+            .map(|w| w.url.as_str())
+            .collect();
+        assert_eq!(decoders, ["grpc://d:9"]);
+    }
+
+    #[test]
+    fn a_config_file_with_unknown_or_bad_keys_is_refused() {
+        for (text, expected) in [
+            (
+                "worker-url = [\"grpc://a:1\"]",
+                "unknown key \"worker-url\"",
+            ),
+            ("config = \"other.toml\"", "unknown key \"config\""),
+            ("worker-urls = [{a = 1}]", "not a flag value"),
+            ("worker-urls = [", "TOML"),
+        ] {
+            let file = write_config(text);
+            let line = format!("smg launch --config {}", file.path().display());
+            let err = refusal(&line);
+            assert_eq!(err.flag, "config", "{text}");
+            assert!(
+                err.reason.contains(expected) || (expected == "TOML" && !err.reason.is_empty()),
+                "{text}: {err}"
+            );
+        }
+        let err = refusal("smg launch --config /nonexistent/smg.toml");
+        assert!(err.reason.contains("/nonexistent/smg.toml"), "{err}");
+        let file = write_config("policy = \"fastest\"\nworker-urls = [\"grpc://a:1\"]");
+        let line = format!("smg launch --config {}", file.path().display());
+        assert!(matches!(config(&line), Err(CliError::Syntax(_))));
+    }
+
+    #[test]
+    fn the_demo_takes_launch_defaults_with_its_own_ports() {
+        let plan = match parse_from(["smg", "demo", "--mode", "pd", "--port", "31001"]) {
+            Ok(Invocation::Demo(plan)) => plan,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(plan.mode, DemoMode::Pd);
+        assert_eq!(plan.gateway.listen.port, 31001);
+        assert_eq!(plan.gateway.listen.metrics_port, 29000);
+        assert_eq!(
+            plan.gateway.routing.policies.default,
+            PolicyKind::CacheAware
+        );
+        assert_eq!(plan.gateway.lanes.mode, LaneMode::Auto);
+        assert!(parse_from(["smg", "demo", "--mode", "xpd"]).is_err());
+    }
+
+    #[test]
+    fn named_values_parse_and_refuse_clearly() {
+        let parse = |v: &str| v.parse::<u32>().map_err(|e| e.to_string());
+        let ok = named_values(
+            "model-max-retries",
+            &["llama=2".to_owned(), "qwen=0".to_owned()],
+            parse,
+        )
+        .expect("valid");
+        assert_eq!(ok.get("llama"), Some(&2));
+        assert_eq!(ok.get("qwen"), Some(&0));
+        for bad in ["llama", "=2", "llama=x"] {
+            let err =
+                named_values("model-max-retries", &[bad.to_owned()], parse).expect_err("refused");
+            assert_eq!(err.flag, "model-max-retries", "{err}");
+        }
+    }
+
+    #[test]
+    fn overrides_parse_with_and_without_a_threshold() {
+        assert_eq!(
+            parse_override("grpc://10.0.0.1:50051=shm").expect("valid"),
+            (
+                "10.0.0.1:50051".to_owned(),
+                WorkerLaneOverride {
+                    mode: LaneMode::Shm,
+                    min_bytes: None
+                }
+            )
+        );
+        assert_eq!(
+            parse_override("http://h:1/=auto,min_bytes=1048576").expect("valid"),
+            (
+                "h:1".to_owned(),
+                WorkerLaneOverride {
+                    mode: LaneMode::Auto,
+                    min_bytes: Some(1 << 20)
+                }
+            )
+        );
+        for bad in [
+            "grpc://h:1",
+            "=shm",
+            "grpc://h:1=tcp",
+            "grpc://h:1=shm,min_bytes=lots",
+            "grpc://h:1=shm,size=3",
+        ] {
+            assert!(parse_override(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -8,42 +8,50 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
 
-use crate::cli::{Cli, Command as CliCommand, LaunchArgs};
+use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
+use crate::mode::Mode;
+use crate::workers::WorkerRole;
 
 /// Which simulated fleet to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DemoMode {
     Regular,
     Pd,
     Epd,
 }
 
-#[derive(Debug, Args)]
-pub struct DemoArgs {
-    #[arg(long, value_enum, default_value_t = DemoMode::Regular)]
+impl std::str::FromStr for DemoMode {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "regular" => Ok(DemoMode::Regular),
+            "pd" => Ok(DemoMode::Pd),
+            "epd" => Ok(DemoMode::Epd),
+            other => Err(format!("unknown demo mode {other:?} (regular, pd, epd)")),
+        }
+    }
+}
+
+/// A demo to run: the simulated fleet and the gateway config that
+/// `smg launch`'s defaults give, with the demo's ports.
+#[derive(Debug)]
+pub struct DemoPlan {
     pub mode: DemoMode,
-    /// The worker protocol (EPD needs tokenspeed).
-    #[arg(long, default_value = "tokenspeed")]
+    /// `tokenspeed` or `sglang` (EPD needs tokenspeed).
     pub protocol: String,
-    /// The model directory; defaults to the bundled test model.
-    #[arg(long)]
+    /// The model directory; `None`: the bundled test model.
     pub model_path: Option<PathBuf>,
-    #[arg(long, default_value_t = 30000)]
-    pub port: u16,
-    #[arg(long, default_value_t = 29000)]
-    pub prometheus_port: u16,
-    /// Data-plane threads (as `smg launch --dataplane-cores`).
-    #[arg(long, value_name = "N")]
-    pub dataplane_cores: Option<usize>,
+    /// Everything but the fleet and the model, which the demo fills in.
+    pub gateway: GatewayConfig,
 }
 
 /// A fleet process that is killed when dropped.
 struct FleetProcess {
     child: Child,
     grpc: String,
-    bootstrap: Option<String>,
+    bootstrap: Option<u16>,
 }
 
 impl Drop for FleetProcess {
@@ -133,75 +141,62 @@ fn start_worker(
     Ok(FleetProcess {
         child,
         grpc: format!("grpc://{grpc}"),
-        bootstrap: bootstrap.and_then(|b| b.rsplit_once(':').map(|(_, port)| port.to_owned())),
+        bootstrap: bootstrap
+            .and_then(|b| b.rsplit_once(':').and_then(|(_, port)| port.parse().ok())),
     })
 }
 
 /// Runs the demo until Ctrl-C; `cores` is the start-up core split.
-pub async fn run(args: DemoArgs, cores: smg_dataplane::runtime::CorePlan) -> anyhow::Result<()> {
+pub async fn run(plan: DemoPlan, cores: smg_dataplane::runtime::CorePlan) -> anyhow::Result<()> {
     let binary = sim_worker_binary()?;
-    let model = args.model_path.clone().unwrap_or_else(bundled_model);
-    let protocol = args.protocol.as_str();
+    let model = plan.model_path.clone().unwrap_or_else(bundled_model);
+    let protocol = plan.protocol.as_str();
     let mut fleet = Vec::new();
-    let mut flags: Vec<String> = Vec::new();
+    let mut workers = Vec::new();
     let worker = |role| start_worker(&binary, protocol, role, &model);
-    match args.mode {
+    let address = |process: &FleetProcess, role| WorkerAddress {
+        url: process.grpc.clone(),
+        role,
+        bootstrap_port: process.bootstrap,
+    };
+    let mode = match plan.mode {
         DemoMode::Regular => {
             let regular = worker("regular")?;
-            flags.extend(["--worker-urls".into(), regular.grpc.clone()]);
+            workers.push(address(&regular, WorkerRole::Regular));
             fleet.push(regular);
+            Mode::Regular
         }
         DemoMode::Pd | DemoMode::Epd => {
-            if args.mode == DemoMode::Epd {
+            let mode = if plan.mode == DemoMode::Epd {
                 let encode = worker("encode")?;
-                flags.extend([
-                    "--epd-disaggregation".into(),
-                    "--encode".into(),
-                    encode.grpc.clone(),
-                ]);
-                flags.extend(encode.bootstrap.clone());
+                workers.push(address(&encode, WorkerRole::Encode));
                 fleet.push(encode);
+                Mode::EncodePrefillDecode
             } else {
-                flags.push("--pd-disaggregation".into());
-            }
+                Mode::PrefillDecode
+            };
             let prefill = worker("prefill")?;
             let decode = worker("decode")?;
-            flags.extend(["--prefill".into(), prefill.grpc.clone()]);
-            flags.extend(prefill.bootstrap.clone());
-            flags.extend(["--decode".into(), decode.grpc.clone()]);
+            workers.push(address(&prefill, WorkerRole::Prefill));
+            workers.push(address(&decode, WorkerRole::Decode));
             fleet.extend([prefill, decode]);
+            mode
         }
-    }
-    let mut line = vec!["smg".to_owned(), "launch".to_owned()];
-    line.extend(flags);
-    line.extend([
-        "--model-path".into(),
-        model.display().to_string(),
-        "--port".into(),
-        args.port.to_string(),
-        "--prometheus-port".into(),
-        args.prometheus_port.to_string(),
-    ]);
-    if let Some(n) = args.dataplane_cores {
-        line.extend(["--dataplane-cores".into(), n.to_string()]);
-    }
-    let launch: LaunchArgs = match clap::Parser::try_parse_from(&line)
-        .map(|cli: Cli| cli.command)
-        .context("building the launch line")?
-    {
-        CliCommand::Launch(args) => *args,
-        CliCommand::Demo(_) => bail!("unexpected demo command"),
     };
+    let mut gateway = plan.gateway;
+    gateway.model.model_path = Some(model);
+    gateway.fleet = FleetConfig::Static { mode, workers };
+    let urls: Vec<String> = fleet.iter().map(|process| process.grpc.clone()).collect();
     println!(
-        "simulated fleet ({:?}, {protocol}) started; gateway: {}",
-        args.mode,
-        line.join(" ")
+        "simulated fleet ({}, {protocol}) started: {}",
+        mode.metrics_label(),
+        urls.join(" ")
     );
     println!(
         "try:\n  curl -s http://127.0.0.1:{}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
-        args.port
+        gateway.listen.port
     );
-    let result = crate::server::launch(launch, cores).await;
+    let result = crate::server::launch(gateway, cores).await;
     drop(fleet);
     result
 }

@@ -10,7 +10,9 @@
 
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod demo;
+pub mod discovery;
 pub mod engine;
 pub mod error;
 pub mod lanes;

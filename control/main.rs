@@ -1,7 +1,6 @@
 //! The `smg` gateway binary.
 
-use clap::Parser;
-use smg::cli::{Cli, Command};
+use smg::cli::Invocation;
 use smg_dataplane::runtime::CorePlan;
 
 /// Under load the request path is dominated by small, short-lived
@@ -24,20 +23,19 @@ fn init_logging(level: &str, json: bool) {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Launch(args) => {
-            init_logging(args.log_level.as_filter(), args.log_json);
+    match smg::cli::parse() {
+        Invocation::Launch(config) => {
+            init_logging(config.log.level, config.log.json);
             // Enumerate the cores once, before any thread is pinned.
-            let cores = CorePlan::enumerate(args.dataplane_cores);
+            let cores = CorePlan::enumerate(config.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
-            runtime.block_on(smg::server::launch(*args, cores))
+            runtime.block_on(smg::server::launch(*config, cores))
         }
-        Command::Demo(args) => {
-            init_logging("info", false);
-            let cores = CorePlan::enumerate(args.dataplane_cores);
+        Invocation::Demo(plan) => {
+            init_logging(plan.gateway.log.level, plan.gateway.log.json);
+            let cores = CorePlan::enumerate(plan.gateway.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
-            runtime.block_on(smg::demo::run(args, cores))
+            runtime.block_on(smg::demo::run(*plan, cores))
         }
     }
 }

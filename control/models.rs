@@ -19,46 +19,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::cli::{LaunchArgs, RuntimeArg};
+use crate::config::RoutingConfig;
+use crate::discovery::{DiscoveryEnv, ModelContext, start_load_polling};
 use crate::engine::Runtime;
 use crate::error::{Error, ErrorCode, Result};
 use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
-use crate::policies::PolicyKind;
 use crate::router::{RetryConfig, Router, RouterParts};
-use crate::server::{
-    ModelContext, lifecycle, model_context, retry_config, role_policies_with, start_load_polling,
-};
-use smg_dataplane::runtime::DataPlane;
-
-use crate::workers::{WorkerRegistry, WorkerRole, WorkerSet, WorkerSpec, WorkerStatus};
+use crate::workers::{Lifecycle, WorkerRegistry, WorkerRole, WorkerSet, WorkerSpec, WorkerStatus};
 
 /// How often a model without a discovered context looks for a ready worker.
 const DISCOVERY_POLL: Duration = Duration::from_millis(100);
 /// The pause after a failed discovery before the next try.
 const DISCOVERY_RETRY: Duration = Duration::from_secs(1);
-
-/// Parses `NAME=VALUE` flag values into a map, checking each value.
-pub fn named_values<T>(
-    flag: &str,
-    values: &[String],
-    parse: impl Fn(&str) -> std::result::Result<T, String>,
-) -> std::result::Result<HashMap<String, T>, String> {
-    values
-        .iter()
-        .map(|pair| {
-            let (name, value) = pair
-                .split_once('=')
-                .filter(|(name, _)| !name.is_empty())
-                .ok_or_else(|| format!("--{flag} {pair:?}: expected NAME=VALUE"))?;
-            Ok((
-                name.to_owned(),
-                parse(value).map_err(|why| format!("--{flag} {pair:?}: {why}"))?,
-            ))
-        })
-        .collect()
-}
 
 /// A model's readiness: the mode label it serves in (`None`: not
 /// servable) and per role its (healthy, total) workers.
@@ -115,34 +89,32 @@ impl ModelEntry {
     }
 }
 
+/// What every model of an IGW gateway is served with.
+#[derive(Debug)]
+pub struct ModelTableConfig {
+    /// Policies, retries and timeouts (with their per-model overrides).
+    pub routing: RoutingConfig,
+    /// How registered workers are watched.
+    pub lifecycle: Lifecycle,
+    /// The runtime of a worker registered without one.
+    pub default_runtime: Runtime,
+    /// How a model is discovered from its first ready worker.
+    pub env: DiscoveryEnv,
+}
+
 /// The models of an IGW gateway.
 #[derive(Debug)]
 pub struct ModelTable {
-    args: Arc<LaunchArgs>,
-    /// Where every model's images are preprocessed.
-    dataplane: DataPlane,
-    model_policies: HashMap<String, PolicyKind>,
-    model_retries: HashMap<String, u32>,
+    config: Arc<ModelTableConfig>,
     models: RwLock<HashMap<String, Arc<ModelEntry>>>,
 }
 
 impl ModelTable {
-    pub fn new(args: Arc<LaunchArgs>, dataplane: DataPlane) -> anyhow::Result<Self> {
-        let model_policies = named_values("model-policy", &args.model_policy, |v| {
-            <PolicyKind as clap::ValueEnum>::from_str(v, false)
-        })
-        .map_err(anyhow::Error::msg)?;
-        let model_retries = named_values("model-max-retries", &args.model_max_retries, |v| {
-            v.parse::<u32>().map_err(|e| e.to_string())
-        })
-        .map_err(anyhow::Error::msg)?;
-        Ok(Self {
-            args,
-            dataplane,
-            model_policies,
-            model_retries,
+    pub fn new(config: ModelTableConfig) -> Self {
+        Self {
+            config: Arc::new(config),
             models: RwLock::default(),
-        })
+        }
     }
 
     fn entry(&self, name: &str) -> Option<Arc<ModelEntry>> {
@@ -172,12 +144,9 @@ impl ModelTable {
         if let Some(entry) = models.get(name) {
             return Arc::clone(entry);
         }
-        let args = &self.args;
-        let policies = role_policies_with(args, self.model_policies.get(name).copied());
-        let mut retry = retry_config(args);
-        if let Some(&max_retries) = self.model_retries.get(name) {
-            retry.max_retries = max_retries;
-        }
+        let config = &self.config;
+        let policies = config.routing.role_policies(Some(name));
+        let retry = config.routing.retry_for(Some(name));
         let registry = WorkerRegistry::new(
             name.to_owned(),
             runtime,
@@ -188,7 +157,8 @@ impl ModelTable {
                 WorkerRole::Encode,
             ],
             WorkerSet::default(),
-            lifecycle(args),
+            config.lifecycle,
+            Arc::clone(&config.env.lanes) as _,
         );
         let entry = Arc::new(ModelEntry {
             registry: Arc::new(registry),
@@ -198,10 +168,13 @@ impl ModelTable {
             context: OnceLock::new(),
             routers: Mutex::default(),
         });
-        start_load_polling(entry.workers(), &entry.policies, args);
+        start_load_polling(
+            entry.workers(),
+            &entry.policies,
+            config.routing.load_check_interval,
+        );
         tokio::spawn(discover(
-            Arc::clone(args),
-            self.dataplane.clone(),
+            Arc::clone(config),
             name.to_owned(),
             Arc::clone(&entry),
         ));
@@ -240,7 +213,7 @@ impl ModelTable {
                 tokenizer: context.tokenizer.clone(),
                 model: context.model.clone(),
                 retry: entry.retry,
-                request_timeout: Duration::from_secs(self.args.request_timeout_secs.max(1)),
+                request_timeout: self.config.routing.request_timeout,
                 media: context.media.clone(),
             }))
         });
@@ -325,10 +298,7 @@ impl ModelTable {
                     format!("unknown runtime {other:?} (tokenspeed, sglang)"),
                 ));
             }
-            None => match self.args.runtime {
-                Some(RuntimeArg::Sglang) => Runtime::Sglang,
-                Some(RuntimeArg::Tokenspeed) | None => Runtime::TokenSpeed,
-            },
+            None => self.config.default_runtime,
         };
         let entry = self.entry_or_create(&model, runtime);
         if entry.runtime != runtime {
@@ -371,12 +341,7 @@ impl ModelTable {
 
 /// Waits for a ready generating worker of the model, then discovers the
 /// model's tokenizer and limits from it (retrying on failure).
-async fn discover(
-    args: Arc<LaunchArgs>,
-    dataplane: DataPlane,
-    name: String,
-    entry: Arc<ModelEntry>,
-) {
+async fn discover(config: Arc<ModelTableConfig>, name: String, entry: Arc<ModelEntry>) {
     loop {
         let probe = entry
             .workers()
@@ -387,7 +352,7 @@ async fn discover(
             tokio::time::sleep(DISCOVERY_POLL).await;
             continue;
         };
-        match model_context(&args, &probe, Some(name.clone()), &dataplane).await {
+        match config.env.model_context(&probe, Some(name.clone())).await {
             Ok(context) => {
                 tracing::info!(model = %name, "model discovered");
                 let _ = entry.context.set(context);
@@ -397,29 +362,6 @@ async fn discover(
                 tracing::warn!(model = %name, %err, "model discovery failed; retrying");
                 tokio::time::sleep(DISCOVERY_RETRY).await;
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn named_values_parse_and_refuse_clearly() {
-        let ok = named_values(
-            "model-max-retries",
-            &["llama=2".to_owned(), "qwen=0".to_owned()],
-            |v| v.parse::<u32>().map_err(|e| e.to_string()),
-        )
-        .expect("valid");
-        assert_eq!(ok.get("llama"), Some(&2));
-        assert_eq!(ok.get("qwen"), Some(&0));
-        let parse = |v: &str| v.parse::<u32>().map_err(|e| e.to_string());
-        for bad in ["llama", "=2", "llama=x"] {
-            let err =
-                named_values("model-max-retries", &[bad.to_owned()], parse).expect_err("refused");
-            assert!(err.contains("--model-max-retries"), "{err}");
         }
     }
 }

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
 
-use crate::api::types::forms::InputItem;
-use crate::api::types::spec::GenerationSpec;
 use crate::engine::Embedding;
 use crate::engine::Runtime;
 use crate::error::{Error, ErrorCode, Result};
@@ -23,6 +21,7 @@ use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
+use crate::pipeline::spec::{GenerationSpec, InputItem};
 use crate::pipeline::stages::{
     EncodeDispatch, RolePolicies, Selection, acquire_clients, build_plan, media_for_attempt, pick,
     plan_encodes, select_workers,

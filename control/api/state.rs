@@ -54,6 +54,7 @@ impl AppState {
                 probe_timeout: Duration::from_secs(5),
                 dp_aware: false,
             },
+            crate::lanes::TensorLanes::inline() as _,
         );
         Self::with_registry(router, Arc::new(registry))
     }

@@ -10,6 +10,7 @@ pub mod execution;
 pub mod media;
 pub mod prepare;
 pub mod respond;
+pub mod spec;
 pub mod stages;
 
 use crate::engine::Runtime;

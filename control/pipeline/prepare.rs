@@ -4,7 +4,7 @@
 //! strings that are single tokens into `stop_token_ids` (engines reject string
 //! stops; the gateway still trims the text itself).
 
-use crate::api::types::spec::{GenerationSpec, Prompt};
+use super::spec::{GenerationSpec, Prompt};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result};
 use crate::lanes::LaneDecision;

@@ -115,8 +115,7 @@ pub trait Policy: Send + Sync + fmt::Debug {
 }
 
 /// The policies `--policy` and friends accept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Deserialize)]
-#[value(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyKind {
     RoundRobin,
@@ -143,6 +142,21 @@ impl PolicyKind {
         PolicyKind::Bucket,
     ];
 
+    /// The name flags and configs use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::Manual => "manual",
+            PolicyKind::Bucket => "bucket",
+        }
+    }
+
     /// A fresh policy with default tunables.
     pub fn build(self) -> Arc<dyn Policy> {
         self.build_with(&PolicyTunables::default())
@@ -160,6 +174,26 @@ impl PolicyKind {
             PolicyKind::Manual => Arc::new(Manual::new(tunables.manual)),
             PolicyKind::Bucket => Arc::new(Bucket::new(tunables.bucket)),
         }
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PolicyKind::ALL.map(PolicyKind::name).to_vec();
+                format!("unknown policy {name:?} ({})", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

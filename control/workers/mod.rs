@@ -11,6 +11,7 @@ mod breaker;
 mod health;
 mod loads;
 mod registry;
+mod transport;
 
 pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker, TrialTicket};
 pub use health::{
@@ -19,6 +20,9 @@ pub use health::{
 pub use loads::{LoadCell, LoadReading, spawn_load_polling};
 pub use registry::{
     Lifecycle, LoadStatus, WorkerRegistry, WorkerSpec, WorkerStatus, advertised_bootstrap_port,
+};
+pub use transport::{
+    LaneDirectory, LaneMode, TransportSource, WorkerLaneOverride, WorkerTransport, normalize_url,
 };
 
 use std::collections::HashMap;
@@ -31,7 +35,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::EngineClient;
 use crate::error::{Error, ErrorCode, Result};
-use crate::lanes::WorkerLaneOverride;
 
 /// A worker's part in the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

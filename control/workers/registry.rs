@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::transport::{LaneDirectory, LaneMode, WorkerLaneOverride, WorkerTransport};
 use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_probe_loop, worker_id,
 };
 use crate::engine::{EngineClient, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
-use crate::lanes::{LaneMode, WorkerLaneOverride, WorkerTransport};
 
 /// How long a registration waits for the worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -162,18 +162,21 @@ pub struct WorkerRegistry {
     roles: Vec<WorkerRole>,
     set: WorkerSet,
     lifecycle: Lifecycle,
+    lanes: Arc<dyn LaneDirectory>,
     jobs: Mutex<HashMap<String, Job>>,
     draining: Mutex<HashMap<String, Arc<Worker>>>,
 }
 
 impl WorkerRegistry {
-    /// A registry over `set` for `model`, admitting workers of `roles`.
+    /// A registry over `set` for `model`, admitting workers of `roles`;
+    /// `lanes` are the gateway's tensor lanes.
     pub fn new(
         model: String,
         runtime: Runtime,
         roles: Vec<WorkerRole>,
         set: WorkerSet,
         lifecycle: Lifecycle,
+        lanes: Arc<dyn LaneDirectory>,
     ) -> Self {
         Self {
             model,
@@ -181,6 +184,7 @@ impl WorkerRegistry {
             roles,
             set,
             lifecycle,
+            lanes,
             jobs: Mutex::default(),
             draining: Mutex::default(),
         }
@@ -311,7 +315,7 @@ impl WorkerRegistry {
             && self.runtime == Runtime::TokenSpeed
         {
             // Its lane exists before its first request can pick it.
-            crate::lanes::installed().prepare(wanted.mode).await;
+            Arc::clone(&self.lanes).prepare(wanted.mode).await;
         }
         let workers = (0..ranks.unwrap_or(1))
             .map(|rank| {
@@ -442,7 +446,8 @@ impl WorkerRegistry {
 
     /// What the lanes make of a worker at `url` registered with `registered`.
     fn transport(&self, url: &str, registered: Option<WorkerLaneOverride>) -> WorkerTransport {
-        crate::lanes::installed().effective_transport(self.runtime, url, registered)
+        self.lanes
+            .effective_transport(self.runtime, url, registered)
     }
 
     fn describe(&self, worker: &Worker) -> WorkerStatus {

@@ -12,6 +12,7 @@
 //! [`Buffered`], so an error inside one is reported at that element's own
 //! path (`messages[0].content[1]`, see [`super::parse`]).
 
+pub use crate::pipeline::spec::InputItem;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -297,22 +298,6 @@ pub enum PromptInput {
     TextBatch(Vec<String>),
     TokenIds(Vec<u32>),
     TokenIdBatch(Vec<Vec<u32>>),
-}
-
-/// One prompt of a [`PromptInput`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InputItem {
-    Text(String),
-    TokenIds(Vec<u32>),
-}
-
-impl InputItem {
-    pub fn is_empty(&self) -> bool {
-        match self {
-            InputItem::Text(text) => text.is_empty(),
-            InputItem::TokenIds(ids) => ids.is_empty(),
-        }
-    }
 }
 
 impl PromptInput {

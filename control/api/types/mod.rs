@@ -22,5 +22,5 @@ pub mod forms;
 pub mod openai;
 pub mod parse;
 pub mod sglang;
-pub mod spec;
+pub use crate::pipeline::spec;
 pub mod validate;

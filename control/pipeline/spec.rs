@@ -11,6 +11,23 @@ use serde_json::Value;
 
 use crate::engine::Sampling;
 
+/// One prompt of a batch (embeddings, classification, `/generate` and
+/// completions batches): text to tokenize, or token ids as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputItem {
+    Text(String),
+    TokenIds(Vec<u32>),
+}
+
+impl InputItem {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            InputItem::Text(text) => text.is_empty(),
+            InputItem::TokenIds(ids) => ids.is_empty(),
+        }
+    }
+}
+
 /// One validated generation request, whatever endpoint it came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationSpec {

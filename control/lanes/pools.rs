@@ -1,40 +1,29 @@
-//! Which lane each image tensor takes to its workers: inline in the gRPC
-//! message, a `/dev/shm` name, or (later) RDMA.
-//!
-//! Why it exists: the data plane writes a tensor once, into the lane chosen
-//! before the job is submitted, so the choice must be made up front from the
-//! workers that may receive it (the encode pool in EPD, the regular or
-//! prefill pool otherwise). `--multimodal-tensor-transport` sets the default
-//! mode; `--worker-tensor-transport URL=MODE[,min_bytes=N]` overrides it per
-//! worker, and a worker registered through the admin API may carry its own
-//! override (the same [`WorkerLaneOverride`], which then wins over the
-//! flag's for its URL; [`TensorLanes::transport_for`] is the one place that
-//! resolves registration → flag → default). The shm lane is taken only when
-//! every available receiver accepts it (mode `shm`, or `auto` with the
-//! worker's advertised `shm_namespace_id` equal to ours); otherwise the tensor goes inline, and where inline was not
-//! what the operator asked for, `smg_tensor_lane_fallbacks_total` says why.
-//!
-//! It also owns the shm lane's lifetime: the start-up sweep of dead
-//! gateways' names, the per-core pools (created at start-up when a flag asks
-//! for shm, else on the first registration that does; likewise the RDMA
-//! lane), and a reclaimer task that frees slots whose names are gone (or
-//! overdue) and publishes occupancy gauges.
+//! The lanes' resources and their lifetime: the start-up sweep of dead
+//! gateways' shm names, the per-core shm pools and the RDMA arena (made at
+//! start-up when the settings ask for them, else on the first registration
+//! that does), what each worker advertised about its `/dev/shm`, and a
+//! reclaimer task that frees slots whose names are gone (or overdue) and
+//! publishes occupancy gauges.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Once, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Once, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
-use smg_dataplane::lanes::rdma::{self, RdmaArena, RdmaBackend, RdmaConfig, RdmaLane};
+use futures::future::BoxFuture;
+use smg_dataplane::lanes::rdma::{self, RdmaArena, RdmaConfig, RdmaLane};
 use smg_dataplane::lanes::{
-    Fallback, LaneChoice, LaneKind, SealedTensor, ShmLane, ShmLaneConfig, ShmOccupancy, TensorLane,
-    shm,
+    Fallback, SealedTensor, ShmLane, ShmLaneConfig, ShmOccupancy, TensorLane, shm,
 };
 use smg_shared::shm::ShmNamespace;
 
+use super::decision::{AvailableLanes, LaneDecision, Receiver, SharedMemory, decide};
+use super::settings::LaneSettings;
 use crate::engine::{Runtime, TensorPayload};
 use crate::mode::Mode;
-use crate::workers::{Worker, WorkerRole, WorkerSet};
+use crate::workers::{
+    LaneDirectory, LaneMode, TransportSource, Worker, WorkerLaneOverride, WorkerRole, WorkerSet,
+    WorkerTransport, normalize_url,
+};
 
 pub const TENSORS_TOTAL: &str = "smg_tensor_lane_tensors_total";
 pub const BYTES_TOTAL: &str = "smg_tensor_lane_bytes_total";
@@ -46,153 +35,6 @@ pub const SHM_SLOTS_TOTAL: &str = "smg_shm_slots_total";
 const RECLAIM_INTERVAL: Duration = Duration::from_millis(200);
 /// How long learning a worker's shm namespace may take.
 const NAMESPACE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A transport mode, as the flags spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaneMode {
-    Inline,
-    Shm,
-    Auto,
-    Rdma,
-}
-
-impl LaneMode {
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "inline" => Some(LaneMode::Inline),
-            "shm" => Some(LaneMode::Shm),
-            "auto" => Some(LaneMode::Auto),
-            "rdma" => Some(LaneMode::Rdma),
-            _ => None,
-        }
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            LaneMode::Inline => "inline",
-            LaneMode::Shm => "shm",
-            LaneMode::Auto => "auto",
-            LaneMode::Rdma => "rdma",
-        }
-    }
-
-    fn uses_shm(self) -> bool {
-        matches!(self, LaneMode::Shm | LaneMode::Auto)
-    }
-}
-
-/// One worker's override of the mode and the inline threshold: from
-/// `--worker-tensor-transport`, or from the worker's admin registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerLaneOverride {
-    pub mode: LaneMode,
-    pub min_bytes: Option<usize>,
-}
-
-/// Where a worker's transport comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransportSource {
-    /// Its admin registration's `tensor_transport`.
-    Registration,
-    /// A `--worker-tensor-transport` for its URL.
-    Flag,
-    /// `--multimodal-tensor-transport` / `--multimodal-shm-min-bytes`.
-    Default,
-    /// Its runtime takes tensors inline only (SGLang).
-    Runtime,
-}
-
-impl TransportSource {
-    pub const fn name(self) -> &'static str {
-        match self {
-            TransportSource::Registration => "registration",
-            TransportSource::Flag => "flag",
-            TransportSource::Default => "default",
-            TransportSource::Runtime => "runtime",
-        }
-    }
-}
-
-/// The mode and threshold the lane decision applies to one worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerTransport {
-    pub mode: LaneMode,
-    pub min_bytes: usize,
-    pub source: TransportSource,
-}
-
-/// Parses `URL=MODE[,min_bytes=N]` (`--worker-tensor-transport`).
-pub fn parse_override(text: &str) -> Result<(String, WorkerLaneOverride), String> {
-    let (url, rest) = text
-        .rsplit_once('=')
-        .filter(|(url, _)| !url.is_empty())
-        .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
-    // `URL=MODE,min_bytes=N`: the last '=' may belong to min_bytes.
-    let (url, spec) = match url.rsplit_once(',') {
-        Some((head, "min_bytes")) => {
-            let (url, mode) = head
-                .rsplit_once('=')
-                .ok_or_else(|| format!("{text:?} is not URL=MODE[,min_bytes=N]"))?;
-            (url, format!("{mode},min_bytes={rest}"))
-        }
-        _ => (url, rest.to_owned()),
-    };
-    let mut parts = spec.split(',');
-    let mode_text = parts.next().unwrap_or_default();
-    let mode = LaneMode::parse(mode_text).ok_or_else(|| {
-        format!("{text:?}: unknown transport {mode_text:?} (inline, shm, auto or rdma)")
-    })?;
-    let mut min_bytes = None;
-    for part in parts {
-        let value = part
-            .strip_prefix("min_bytes=")
-            .ok_or_else(|| format!("{text:?}: unknown option {part:?} (min_bytes=N)"))?;
-        min_bytes = Some(
-            value
-                .parse()
-                .map_err(|_| format!("{text:?}: min_bytes must be a byte count, not {value:?}"))?,
-        );
-    }
-    Ok((normalize_url(url), WorkerLaneOverride { mode, min_bytes }))
-}
-
-/// Worker URLs compare without scheme and trailing slash.
-fn normalize_url(url: &str) -> String {
-    let bare = ["grpc://", "http://", "https://"]
-        .iter()
-        .find_map(|scheme| url.strip_prefix(scheme))
-        .unwrap_or(url);
-    bare.trim_end_matches('/').to_owned()
-}
-
-/// Everything the lanes are configured from.
-#[derive(Debug, Clone)]
-pub struct LaneSettings {
-    pub mode: LaneMode,
-    pub min_bytes: usize,
-    pub overrides: Vec<(String, WorkerLaneOverride)>,
-    pub shm_dir: PathBuf,
-    pub shm_slot_bytes: usize,
-    pub shm_slots_per_core: usize,
-    pub shm_reclaim_after: Duration,
-    pub shm_keep_free_bytes: u64,
-    pub rdma_backend: RdmaBackend,
-    pub rdma_slots: usize,
-    pub rdma_slot_bytes: usize,
-    /// How long a published RDMA slot waits for its RPC before the reaper
-    /// takes it back.
-    pub rdma_deadline: Duration,
-}
-
-impl LaneSettings {
-    fn wants_shm(&self) -> bool {
-        self.mode.uses_shm() || self.overrides.iter().any(|(_, o)| o.mode.uses_shm())
-    }
-
-    fn wants_rdma(&self) -> bool {
-        self.mode == LaneMode::Rdma || self.overrides.iter().any(|(_, o)| o.mode == LaneMode::Rdma)
-    }
-}
 
 /// What a worker advertised about its /dev/shm, as far as we know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,15 +62,6 @@ pub struct TensorLanes {
     reclaimer: Once,
     namespace: Option<ShmNamespace>,
     namespaces: Arc<RwLock<HashMap<String, KnownNamespace>>>,
-}
-
-/// The lane decision for one request's tensors.
-#[derive(Debug, Clone, Default)]
-pub struct LaneDecision {
-    /// `None`: inline.
-    pub choice: Option<LaneChoice>,
-    /// Inline although the receivers' mode asked for another lane.
-    pub fallback: Option<Fallback>,
 }
 
 impl TensorLanes {
@@ -455,112 +288,59 @@ impl TensorLanes {
             WorkerRole::Prefill
         };
         let (members, _) = workers.members(role);
-        let receivers: Vec<&Arc<Worker>> = members
+        let receivers: Vec<Receiver> = members
             .iter()
             .filter(|worker| worker.is_available())
+            .map(|worker| self.receiver(worker))
             .collect();
-        self.decide_for(&receivers)
+        decide(&receivers, &self.available())
     }
 
-    fn decide_for(&self, receivers: &[&Arc<Worker>]) -> LaneDecision {
-        let mut min_bytes = 0usize;
-        // The one lane every receiver accepts, if any.
-        let mut common: Option<LaneKind> = None;
-        let mut everyone_agrees = !receivers.is_empty();
-        let mut fallback = None;
-        for worker in receivers {
-            let key = normalize_url(worker.url());
-            let transport = self.transport_for(worker.url(), worker.lane_override());
-            min_bytes = min_bytes.max(transport.min_bytes);
-            let accepted = match transport.mode {
-                LaneMode::Inline => Err(None),
-                LaneMode::Rdma if self.rdma_lane().is_some() => Ok(LaneKind::Rdma),
-                LaneMode::Rdma => Err(Some(Fallback {
-                    requested: LaneKind::Rdma,
-                    reason: "rdma_unavailable",
-                })),
-                LaneMode::Shm => Ok(LaneKind::Shm),
-                LaneMode::Auto => match self.namespace_refusal(worker, &key) {
-                    None => Ok(LaneKind::Shm),
-                    Some(why) => Err(why),
-                },
-            };
-            match accepted {
-                Ok(lane) if common.is_none_or(|c| c == lane) => common = Some(lane),
-                Ok(lane) => {
-                    everyone_agrees = false;
-                    fallback = fallback.or(Some(Fallback {
-                        requested: lane,
-                        reason: "mixed_lanes",
-                    }));
-                }
-                Err(why) => {
-                    everyone_agrees = false;
-                    fallback = fallback.or(why);
-                }
-            }
-        }
-        let lane = match common {
-            Some(lane) if everyone_agrees => lane,
-            _ => {
-                return LaneDecision {
-                    choice: None,
-                    fallback,
-                };
-            }
+    /// What the decision knows of a receiver: its transport, and for
+    /// `auto` whether it shares our `/dev/shm` (asking it in the background
+    /// when nobody has yet).
+    fn receiver(&self, worker: &Arc<Worker>) -> Receiver {
+        let transport = self.transport_for(worker.url(), worker.lane_override());
+        let shm = if transport.mode == LaneMode::Auto {
+            self.shared_memory(worker)
+        } else {
+            SharedMemory::Unknown
         };
-        let (available, missing) = match lane {
-            LaneKind::Shm => match self.shm.get() {
-                Some(Ok(lane)) => (Some(Arc::clone(lane) as Arc<dyn TensorLane>), ""),
-                Some(Err(why)) => (None, *why),
-                None => (None, "shm_unavailable"),
+        Receiver { transport, shm }
+    }
+
+    /// The lanes that exist now.
+    fn available(&self) -> AvailableLanes {
+        AvailableLanes {
+            shm: match self.shm.get() {
+                Some(Ok(lane)) => Ok(Arc::clone(lane) as Arc<dyn TensorLane>),
+                Some(Err(why)) => Err(*why),
+                None => Err("shm_unavailable"),
             },
-            LaneKind::Rdma => (
-                self.rdma_lane()
-                    .map(|l| Arc::clone(l) as Arc<dyn TensorLane>),
-                "rdma_unavailable",
-            ),
-            LaneKind::Inline => (None, ""),
-        };
-        match available {
-            Some(lane) => LaneDecision {
-                choice: Some(LaneChoice { lane, min_bytes }),
-                fallback: None,
-            },
-            None => LaneDecision {
-                choice: None,
-                fallback: (lane != LaneKind::Inline).then_some(Fallback {
-                    requested: lane,
-                    reason: missing,
-                }),
-            },
+            rdma: self
+                .rdma_lane()
+                .map(|lane| Arc::clone(lane) as Arc<dyn TensorLane>),
         }
     }
 
-    /// `None` when `worker` shares our /dev/shm; else why not (`Some(None)`
-    /// never happens here: auto asked for shm, so refusals are fallbacks).
-    fn namespace_refusal(&self, worker: &Arc<Worker>, key: &str) -> Option<Option<Fallback>> {
-        let refuse = |reason| {
-            Some(Some(Fallback {
-                requested: LaneKind::Shm,
-                reason,
-            }))
-        };
+    /// Whether `worker` shares our `/dev/shm`, as far as we know.
+    fn shared_memory(&self, worker: &Arc<Worker>) -> SharedMemory {
+        let key = normalize_url(worker.url());
         let known = self
             .namespaces
             .read()
             .ok()
-            .and_then(|known| known.get(key).cloned());
+            .and_then(|known| known.get(&key).cloned());
         match known {
             Some(KnownNamespace::Known(Some(theirs))) => match &self.namespace {
-                Some(ours) if ours.as_str() == theirs => None,
-                _ => refuse("namespace_mismatch"),
+                Some(ours) if ours.as_str() == theirs => SharedMemory::Shared,
+                _ => SharedMemory::NotShared,
             },
-            Some(KnownNamespace::Known(None)) => refuse("namespace_mismatch"),
-            Some(KnownNamespace::Pending) => refuse("namespace_unknown"),
+            Some(KnownNamespace::Known(None)) => SharedMemory::NotShared,
+            Some(KnownNamespace::Pending) => SharedMemory::Unknown,
             None => {
-                self.ask_later(worker, key);
-                refuse("namespace_unknown")
+                self.ask_later(worker, &key);
+                SharedMemory::Unknown
             }
         }
     }
@@ -604,58 +384,19 @@ impl TensorLanes {
     }
 }
 
-/// The lanes `smg launch` was started with (`installed` finds them).
-static INSTALLED: Mutex<Weak<TensorLanes>> = Mutex::new(Weak::new());
-
-/// Makes `lanes` the process's lanes for routers built from now on. Only a
-/// weak reference is kept: the shm pools (and their files) go when the
-/// launcher and the last request holding a slot let go.
-pub fn install(lanes: &Arc<TensorLanes>) {
-    match INSTALLED.lock() {
-        Ok(mut installed) => *installed = Arc::downgrade(lanes),
-        Err(poisoned) => *poisoned.into_inner() = Arc::downgrade(lanes),
+impl LaneDirectory for TensorLanes {
+    fn prepare(self: Arc<Self>, mode: LaneMode) -> BoxFuture<'static, ()> {
+        Box::pin(async move { TensorLanes::prepare(&self, mode).await })
     }
-}
 
-/// The installed lanes, or inline-only lanes when none are.
-pub fn installed() -> Arc<TensorLanes> {
-    let installed = match INSTALLED.lock() {
-        Ok(installed) => installed.upgrade(),
-        Err(poisoned) => poisoned.into_inner().upgrade(),
-    };
-    installed.unwrap_or_else(TensorLanes::inline)
-}
-
-/// The lane settings `smg launch`'s flags describe.
-pub fn settings_from(args: &crate::cli::LaunchArgs) -> Result<LaneSettings, String> {
-    use crate::cli::TensorTransport;
-    let overrides = args
-        .worker_tensor_transport
-        .iter()
-        .map(|text| parse_override(text).map_err(|err| format!("--worker-tensor-transport {err}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(LaneSettings {
-        mode: match args.multimodal_tensor_transport {
-            TensorTransport::Inline => LaneMode::Inline,
-            TensorTransport::Shm => LaneMode::Shm,
-            TensorTransport::Auto => LaneMode::Auto,
-            TensorTransport::Rdma => LaneMode::Rdma,
-        },
-        min_bytes: usize::try_from(args.multimodal_shm_min_bytes).unwrap_or(usize::MAX),
-        overrides,
-        shm_dir: args.multimodal_shm_dir.clone(),
-        shm_slot_bytes: args.multimodal_shm_slot_bytes,
-        shm_slots_per_core: args.multimodal_shm_slots_per_core,
-        shm_reclaim_after: Duration::from_millis(args.multimodal_shm_reclaim_ms),
-        shm_keep_free_bytes: args.multimodal_shm_keep_free_bytes,
-        rdma_backend: match args.multimodal_rdma_backend {
-            crate::cli::RdmaBackendArg::Verbs => RdmaBackend::Verbs,
-            crate::cli::RdmaBackendArg::Loopback => RdmaBackend::Loopback,
-        },
-        rdma_slots: args.multimodal_rdma_slots,
-        rdma_slot_bytes: args.multimodal_rdma_slot_bytes,
-        rdma_deadline: Duration::from_millis(args.multimodal_rdma_deadline_ms),
-    })
+    fn effective_transport(
+        &self,
+        runtime: Runtime,
+        url: &str,
+        registered: Option<WorkerLaneOverride>,
+    ) -> WorkerTransport {
+        TensorLanes::effective_transport(self, runtime, url, registered)
+    }
 }
 
 /// Opens the RDMA lane when a mode asks for it: the verbs backend on the
@@ -850,38 +591,5 @@ mod tests {
             (sglang.mode, sglang.source),
             (LaneMode::Inline, TransportSource::Runtime)
         );
-    }
-
-    #[test]
-    fn overrides_parse_with_and_without_a_threshold() {
-        assert_eq!(
-            parse_override("grpc://10.0.0.1:50051=shm").expect("valid"),
-            (
-                "10.0.0.1:50051".to_owned(),
-                WorkerLaneOverride {
-                    mode: LaneMode::Shm,
-                    min_bytes: None
-                }
-            )
-        );
-        assert_eq!(
-            parse_override("http://h:1/=auto,min_bytes=1048576").expect("valid"),
-            (
-                "h:1".to_owned(),
-                WorkerLaneOverride {
-                    mode: LaneMode::Auto,
-                    min_bytes: Some(1 << 20)
-                }
-            )
-        );
-        for bad in [
-            "grpc://h:1",
-            "=shm",
-            "grpc://h:1=tcp",
-            "grpc://h:1=shm,min_bytes=lots",
-            "grpc://h:1=shm,size=3",
-        ] {
-            assert!(parse_override(bad).is_err(), "{bad}");
-        }
     }
 }
