@@ -27,3 +27,6 @@ pub mod router;
 pub mod server;
 pub mod tokenizer;
 pub mod workers;
+
+#[cfg(test)]
+mod architecture;
