@@ -6,6 +6,7 @@
 //! attempt. Handlers never invent statuses; they pick a code.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Who caused a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +20,7 @@ pub enum Origin {
 }
 
 macro_rules! error_codes {
-    ($( $(#[$doc:meta])* $variant:ident => ($code:literal, $status:literal, $origin:ident, $retryable:literal), )*) => {
+    ($( $(#[$doc:meta])* $variant:ident => ($code:literal, $status:literal, $origin:ident, $retryable:literal, $charged:ident), )*) => {
         /// The stable error codes smg answers with. The string form is part of
         /// the API: never rename one.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,89 +50,99 @@ macro_rules! error_codes {
             pub const fn retryable(self) -> bool {
                 match self { $(ErrorCode::$variant => $retryable,)* }
             }
+
+            /// Whether the failure counts against the worker it blames (its
+            /// circuit breaker): the worker is down or broke the request.
+            /// A rejection or an overload answer does not: the worker is up
+            /// and talking.
+            pub const fn charges_worker(self) -> bool {
+                match self { $(ErrorCode::$variant => error_codes!(@charged $charged),)* }
+            }
         }
     };
+    (@charged charged) => { true };
+    (@charged free) => { false };
 }
 
 error_codes! {
     /// The body is not valid JSON.
-    InvalidJson => ("invalid_json", 400, Client, false),
+    InvalidJson => ("invalid_json", 400, Client, false, free),
     /// A field is missing, has the wrong type, or the request is malformed.
-    InvalidRequest => ("invalid_request", 400, Client, false),
+    InvalidRequest => ("invalid_request", 400, Client, false, free),
     /// A parameter is out of its allowed range.
-    InvalidParameter => ("invalid_parameter", 400, Client, false),
+    InvalidParameter => ("invalid_parameter", 400, Client, false, free),
     /// No such route.
-    NotFound => ("not_found", 404, Client, false),
+    NotFound => ("not_found", 404, Client, false, free),
     /// No served model has this name.
-    ModelNotFound => ("model_not_found", 404, Client, false),
+    ModelNotFound => ("model_not_found", 404, Client, false, free),
     /// The prompt (plus the requested output) does not fit the context.
-    ContextLengthExceeded => ("context_length_exceeded", 400, Client, false),
+    ContextLengthExceeded => ("context_length_exceeded", 400, Client, false, free),
     /// The endpoint does not exist in the router's mode.
-    UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false),
+    UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false, free),
     /// An image could not be decoded, or its size or shape is unusable.
-    InvalidImage => ("invalid_image", 400, Client, false),
+    InvalidImage => ("invalid_image", 400, Client, false, free),
     /// An image's header declares more pixels than the gateway decodes.
-    ImageTooLarge => ("image_too_large", 400, Client, false),
+    ImageTooLarge => ("image_too_large", 400, Client, false, free),
     /// An image is not JPEG, PNG or WebP.
-    UnsupportedImageFormat => ("unsupported_image_format", 400, Client, false),
+    UnsupportedImageFormat => ("unsupported_image_format", 400, Client, false, free),
     /// The request carries media this gateway cannot process.
-    UnsupportedMedia => ("unsupported_media", 501, Gateway, false),
+    UnsupportedMedia => ("unsupported_media", 501, Gateway, false, free),
     /// An image reference is malformed: an unknown scheme, a URL that does
     /// not parse, a `data:` URL that is not base64, invalid base64.
-    InvalidImageUrl => ("invalid_image_url", 400, Client, false),
+    InvalidImageUrl => ("invalid_image_url", 400, Client, false, free),
     /// An image URL leads where the gateway must not go: a loopback,
     /// private, link-local (cloud metadata) or otherwise non-public address
     /// (the SSRF guard), or a file outside the allowed directories.
-    MediaUrlForbidden => ("media_url_forbidden", 400, Client, false),
+    MediaUrlForbidden => ("media_url_forbidden", 400, Client, false, free),
     /// An image is larger than the configured byte cap.
-    MediaTooLarge => ("media_too_large", 400, Client, false),
+    MediaTooLarge => ("media_too_large", 400, Client, false, free),
     /// The request carries more images than the configured limit.
-    TooManyImages => ("too_many_images", 400, Client, false),
+    TooManyImages => ("too_many_images", 400, Client, false, free),
     /// An image could not be obtained from where the client pointed: the
     /// server was unreachable, answered non-2xx or too slowly, or the file
     /// is missing. A client error: the client chose the source, no other
     /// worker can help (fetching precedes worker selection), and a 5xx
     /// would charge a third party's outage to the gateway.
-    MediaFetchFailed => ("media_fetch_failed", 400, Client, false),
+    MediaFetchFailed => ("media_fetch_failed", 400, Client, false, free),
     /// The request's inline tensors would make a gRPC message larger than
     /// the engines accept (256 MiB); fewer or smaller images, or the shm
     /// lane, fit.
-    MessageTooLarge => ("message_too_large", 413, Client, false),
+    MessageTooLarge => ("message_too_large", 413, Client, false, free),
     /// A worker with this URL is already registered (admin API).
-    WorkerAlreadyExists => ("worker_already_exists", 409, Client, false),
+    WorkerAlreadyExists => ("worker_already_exists", 409, Client, false, free),
     /// No worker has this id (admin API).
-    WorkerNotFound => ("worker_not_found", 404, Client, false),
+    WorkerNotFound => ("worker_not_found", 404, Client, false, free),
     /// The model's registered workers do not yet make up a servable mode
     /// (e.g. prefill without decode), or none is registered.
-    ModelNotReady => ("model_not_ready", 503, Gateway, true),
+    ModelNotReady => ("model_not_ready", 503, Gateway, true, free),
     /// No healthy worker can take the request for a role the mode needs.
-    NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true),
+    NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true, free),
     /// The gateway is at capacity (a full queue or ring).
-    Overloaded => ("overloaded", 503, Gateway, true),
+    Overloaded => ("overloaded", 503, Gateway, true, free),
     /// Every data-plane core's job ring stayed full for the submit deadline
     /// (`--dataplane-submit-timeout-ms`): images arrive faster than the data
     /// plane preprocesses them.
-    DataplaneBusy => ("dataplane_busy", 503, Gateway, true),
+    DataplaneBusy => ("dataplane_busy", 503, Gateway, true, free),
     /// The data plane is shutting down.
-    DataplaneUnavailable => ("dataplane_unavailable", 503, Gateway, true),
+    DataplaneUnavailable => ("dataplane_unavailable", 503, Gateway, true, free),
     /// The request took longer than the configured timeout.
-    RequestTimeout => ("request_timeout", 504, Gateway, true),
+    RequestTimeout => ("request_timeout", 504, Gateway, true, free),
     /// A worker could not be reached.
-    WorkerUnavailable => ("worker_unavailable", 503, Worker, true),
+    WorkerUnavailable => ("worker_unavailable", 503, Worker, true, charged),
     /// A worker failed while serving the request.
-    WorkerError => ("worker_error", 502, Worker, true),
+    WorkerError => ("worker_error", 502, Worker, true, charged),
     /// A worker did not answer in time.
-    WorkerTimeout => ("worker_timeout", 504, Worker, true),
+    WorkerTimeout => ("worker_timeout", 504, Worker, true, charged),
     /// A worker rejected the request as invalid.
-    WorkerRejected => ("worker_rejected", 400, Worker, false),
+    WorkerRejected => ("worker_rejected", 400, Worker, false, free),
     /// A worker is overloaded (RESOURCE_EXHAUSTED).
-    WorkerOverloaded => ("worker_overloaded", 429, Worker, true),
+    WorkerOverloaded => ("worker_overloaded", 429, Worker, true, free),
     /// An encode worker refused or failed an image (EPD).
-    EncodeFailed => ("encode_failed", 502, Worker, true),
+    EncodeFailed => ("encode_failed", 502, Worker, true, charged),
     /// The worker's stream ended before the request completed.
-    StreamInterrupted => ("stream_interrupted", 502, Worker, true),
+    StreamInterrupted => ("stream_interrupted", 502, Worker, true, charged),
     /// The gateway failed unexpectedly.
-    InternalError => ("internal_error", 500, Gateway, false),
+    InternalError => ("internal_error", 500, Gateway, false, free),
 }
 
 impl fmt::Display for ErrorCode {
@@ -140,13 +151,20 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// A failure with its code, a human message and optionally the request
-/// parameter at fault.
+/// A failure with its code, a human message, optionally the request
+/// parameter at fault, and the worker it blames.
+///
+/// Decisions read fields, never the message: retries read
+/// [`ErrorCode::retryable`], the circuit breakers [`Error::worker`] and
+/// [`ErrorCode::charges_worker`]. The message is for people.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     pub code: ErrorCode,
     pub message: String,
     pub param: Option<String>,
+    /// The URL of the worker whose answer (or silence) this is, when one
+    /// is to blame.
+    pub worker: Option<Arc<str>>,
 }
 
 impl Error {
@@ -155,7 +173,19 @@ impl Error {
             code,
             message: message.into(),
             param: None,
+            worker: None,
         }
+    }
+
+    /// Blames the worker at `url`.
+    pub fn with_worker(mut self, url: impl Into<Arc<str>>) -> Self {
+        self.worker = Some(url.into());
+        self
+    }
+
+    /// Whether this failure counts against the worker at `url`.
+    pub fn charges(&self, url: &str) -> bool {
+        self.code.charges_worker() && self.worker.as_deref() == Some(url)
     }
 
     /// Names the request parameter at fault.
@@ -241,6 +271,7 @@ impl Error {
                 status.code()
             ),
         )
+        .with_worker(worker)
     }
 }
 
@@ -327,5 +358,43 @@ mod tests {
             let err = Error::from_worker_status(&tonic::Status::new(status, "x"), "w1");
             assert_eq!(err.code, expected, "{status:?}");
         }
+    }
+
+    #[test]
+    fn only_worker_faults_charge_a_worker() {
+        // Typed out by hand: the codes a circuit breaker counts.
+        let charged = [
+            ErrorCode::WorkerUnavailable,
+            ErrorCode::WorkerError,
+            ErrorCode::WorkerTimeout,
+            ErrorCode::EncodeFailed,
+            ErrorCode::StreamInterrupted,
+        ];
+        for code in ErrorCode::ALL {
+            assert_eq!(code.charges_worker(), charged.contains(code), "{code}");
+            if code.charges_worker() {
+                assert_eq!(code.origin(), Origin::Worker, "{code}");
+            }
+        }
+    }
+
+    #[test]
+    fn blame_is_by_exact_worker_url() {
+        let status = tonic::Status::unavailable("down");
+        let err = Error::from_worker_status(&status, "grpc://h:50001");
+        assert_eq!(err.worker.as_deref(), Some("grpc://h:50001"));
+        assert!(err.charges("grpc://h:50001"));
+        assert!(
+            !err.charges("grpc://h:5000"),
+            "a URL that is a prefix of another"
+        );
+        assert!(
+            !Error::new(ErrorCode::WorkerError, "grpc://h:5000 failed").charges("grpc://h:5000")
+        );
+        let rejected = Error::from_worker_status(&tonic::Status::invalid_argument("no"), "w");
+        assert!(
+            !rejected.charges("w"),
+            "a rejection does not count against the worker"
+        );
     }
 }

@@ -188,41 +188,57 @@ impl Router {
         )
         .await?;
         let deadline = started + self.parts.request_timeout;
+        let output = self
+            .with_retries(&request.request_id, deadline, |attempt| {
+                self.attempt(pipeline, &request, attempt, deadline)
+            })
+            .await?;
+        Ok(Generation {
+            request_id: request.request_id.clone(),
+            model: request.model.clone(),
+            created: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            n: request.sampling.n,
+            tokenizer: self.parts.tokenizer.clone(),
+            output,
+        })
+    }
+
+    /// The one retry loop: runs `attempt(1)`, `attempt(2)`, ... until one
+    /// succeeds, fails for good (not retryable), the attempts run out or
+    /// `deadline` passes; every attempt runs under the deadline, and the
+    /// pause between attempts follows the retry settings.
+    async fn with_retries<T, F, Fut>(
+        &self,
+        request_id: &str,
+        deadline: Instant,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let attempts = self.parts.retry.attempts();
-        let mut attempt = 0;
+        let mut number = 0;
         loop {
-            attempt += 1;
-            let outcome = tokio::time::timeout_at(
-                deadline.into(),
-                self.attempt(pipeline, &request, attempt, deadline),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::new(
-                    ErrorCode::RequestTimeout,
-                    "the request exceeded its time limit",
-                ))
-            });
+            number += 1;
+            let outcome = tokio::time::timeout_at(deadline.into(), attempt(number))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorCode::RequestTimeout,
+                        "the request exceeded its time limit",
+                    ))
+                });
             match outcome {
-                Ok(output) => {
-                    return Ok(Generation {
-                        request_id: request.request_id.clone(),
-                        model: request.model.clone(),
-                        created: SystemTime::now()
-                            .duration_since(SystemTime::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs()),
-                        n: request.sampling.n,
-                        tokenizer: self.parts.tokenizer.clone(),
-                        output,
-                    });
-                }
-                Err(err) if err.retryable() && attempt < attempts && Instant::now() < deadline => {
-                    let pause = self.parts.retry.backoff(attempt);
-                    tracing::info!(request_id = %request.request_id, attempt, code = %err.code, ?pause, "retrying");
+                Err(err) if err.retryable() && number < attempts && Instant::now() < deadline => {
+                    let pause = self.parts.retry.backoff(number);
+                    tracing::info!(request_id, attempt = number, code = %err.code, ?pause, "retrying");
                     metrics::record_retry(self.parts.mode.metrics_label(), err.code.as_str());
                     tokio::time::sleep(pause).await;
                 }
-                Err(err) => return Err(err),
+                other => return other,
             }
         }
     }
@@ -276,48 +292,30 @@ impl Router {
     }
 
     async fn embed_one(&self, engine_id: &str, ids: &[u32]) -> Result<Embedding> {
-        let attempts = self.parts.retry.attempts();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+        let deadline = Instant::now() + self.parts.request_timeout;
+        self.with_retries(engine_id, deadline, |attempt| async move {
             let selection = SelectionRequest {
                 input_ids: ids,
                 ..Default::default()
             };
-            let outcome = async {
-                let guard = pick(
-                    &self.parts.workers,
-                    &self.parts.policies,
-                    WorkerRole::Regular,
-                    &selection,
-                )?;
-                let worker = Arc::clone(guard.worker());
-                let client = worker.client().clone();
-                let result = tokio::time::timeout(
-                    self.parts.request_timeout,
-                    client.embed(&format!("{engine_id}-{attempt}"), ids.to_vec()),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorCode::RequestTimeout,
-                        "the request exceeded its time limit",
-                    ))
-                });
-                match &result {
-                    Ok(_) => worker.record_outcome(true),
-                    Err(err) => record_failure(std::slice::from_ref(&worker), err),
-                }
-                result
+            let guard = pick(
+                &self.parts.workers,
+                &self.parts.policies,
+                WorkerRole::Regular,
+                &selection,
+            )?;
+            let worker = Arc::clone(guard.worker());
+            let result = worker
+                .client()
+                .embed(&format!("{engine_id}-{attempt}"), ids.to_vec())
+                .await;
+            match &result {
+                Ok(_) => worker.record_outcome(true),
+                Err(err) => record_failure(std::slice::from_ref(&worker), err),
             }
-            .await;
-            match outcome {
-                Err(err) if err.retryable() && attempt < attempts => {
-                    tokio::time::sleep(self.parts.retry.backoff(attempt)).await;
-                }
-                other => return other,
-            }
-        }
+            result
+        })
+        .await
     }
 
     /// One attempt: the stages after Preparation, up to the first output
@@ -419,34 +417,13 @@ impl Router {
     }
 }
 
-/// Whether a failure is the worker's fault (and so counts against its
-/// circuit breaker). Rejections of invalid requests and overload answers do
-/// not: the worker is up and talking.
-fn worker_fault(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::WorkerUnavailable
-            | ErrorCode::WorkerError
-            | ErrorCode::WorkerTimeout
-            | ErrorCode::EncodeFailed
-            | ErrorCode::StreamInterrupted
-    )
-}
-
-/// Charges a worker fault to the workers its message names (worker errors
-/// carry the worker's URL), or to every chosen worker when it names none.
+/// Charges a failure to the chosen worker it blames, if it counts against
+/// a worker at all ([`Error::charges`]). A failure that blames no worker
+/// (the gateway's own timeout, a lane that could not renew a tensor)
+/// charges nobody: a healthy worker must not be shut out for it.
 fn record_failure(chosen: &[Arc<Worker>], err: &Error) {
-    if !worker_fault(err.code) {
-        return;
-    }
-    let named: Vec<&Arc<Worker>> = chosen
-        .iter()
-        .filter(|w| err.message.contains(w.url()))
-        .collect();
-    if named.is_empty() {
-        chosen.iter().for_each(|w| w.record_outcome(false));
-    } else {
-        named.into_iter().for_each(|w| w.record_outcome(false));
+    for worker in chosen.iter().filter(|worker| err.charges(worker.url())) {
+        worker.record_outcome(false);
     }
 }
 
@@ -497,5 +474,46 @@ mod tests {
             1
         );
         assert_eq!(retry().attempts(), 4);
+    }
+
+    fn worker_at(url: &str) -> Arc<Worker> {
+        let client = crate::engine::EngineClient::new(url, Runtime::TokenSpeed).expect("valid URL");
+        let breaker = crate::workers::BreakerConfig {
+            failure_threshold: 1,
+            ..Default::default()
+        };
+        Arc::new(
+            Worker::new(client, WorkerRole::Regular, None)
+                .expect("worker")
+                .with_breaker(breaker),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_failure_charges_only_the_worker_it_blames() {
+        let short = worker_at("grpc://h:5000");
+        let long = worker_at("grpc://h:50001");
+        let chosen = [Arc::clone(&short), Arc::clone(&long)];
+        let unavailable = tonic::Status::unavailable("connection refused");
+        // The message of the long URL's error contains the short URL.
+        record_failure(
+            &chosen,
+            &Error::from_worker_status(&unavailable, "grpc://h:50001"),
+        );
+        assert!(short.is_available(), "h:5000 was not to blame");
+        assert!(!long.is_available(), "h:50001's circuit opened");
+
+        let other = worker_at("grpc://h:7");
+        let gateway_fault = Error::new(
+            ErrorCode::RequestTimeout,
+            "the request exceeded its time limit",
+        );
+        let unnamed = Error::new(ErrorCode::StreamInterrupted, "grpc://h:7 ended early");
+        let rejected =
+            Error::from_worker_status(&tonic::Status::invalid_argument("bad"), "grpc://h:7");
+        for err in [gateway_fault, unnamed, rejected] {
+            record_failure(std::slice::from_ref(&other), &err);
+            assert!(other.is_available(), "{err} must not open a circuit");
+        }
     }
 }

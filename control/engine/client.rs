@@ -91,7 +91,8 @@ impl EngineClient {
                     "worker {url} speaks neither TokenSpeed nor SGLang: both GetModelInfo \
                      probes answered UNIMPLEMENTED"
                 ),
-            )),
+            )
+            .with_worker(url)),
             Err(status) => Err(Error::from_worker_status(&status, url)),
         }
     }
@@ -316,6 +317,7 @@ impl EngineClient {
             ErrorCode::WorkerError,
             format!("worker {}: {why}", self.url),
         )
+        .with_worker(Arc::clone(&self.url))
     }
 
     fn unsupported(&self, what: &str) -> Error {
@@ -427,10 +429,13 @@ impl Progress {
         } else {
             return None;
         };
-        Some(Error::new(
-            ErrorCode::StreamInterrupted,
-            format!("worker {worker}: the Generate stream ended {why}"),
-        ))
+        Some(
+            Error::new(
+                ErrorCode::StreamInterrupted,
+                format!("worker {worker}: the Generate stream ended {why}"),
+            )
+            .with_worker(worker),
+        )
     }
 }
 
@@ -472,7 +477,8 @@ fn event_stream<M: Send + 'static>(
                              completion",
                             reading.worker
                         ),
-                    ),
+                    )
+                    .with_worker(Arc::clone(&reading.worker)),
                 },
                 Ok(None) => reading.progress.interruption(&reading.worker)?,
                 Err(status) => Error::from_worker_status(&status, &reading.worker),

@@ -264,11 +264,13 @@ fn encode_call(client: EngineClient, request_id: String, item: MediaItem, room: 
             Ok(false) => Err(Error::new(
                 ErrorCode::EncodeFailed,
                 format!("encode worker {} refused the image", client.url()),
-            )),
+            )
+            .with_worker(client.url())),
             Err(err) => Err(Error::new(
                 ErrorCode::EncodeFailed,
                 format!("encode worker {} failed: {}", client.url(), err.message),
-            )),
+            )
+            .with_worker(client.url())),
         }
     })
 }
