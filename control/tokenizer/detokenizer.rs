@@ -9,6 +9,13 @@
 //! a few already-emitted tokens (the context) together with the new ones,
 //! and emit what the new ones added to the context's text, holding it back
 //! while it ends in an incomplete UTF-8 sequence (U+FFFD).
+//!
+//! The ids not emitted yet are bounded too, so a push costs the same on a
+//! worker's hostile stream as on a normal one: ids that add no text
+//! (skipped special tokens) are dropped at once, and a run of more than
+//! [`MAX_PENDING_TOKENS`] ids that never completes a character (a real
+//! character spans at most four byte tokens) is emitted as the U+FFFD a
+//! full decode shows for invalid bytes.
 
 use super::Tokenizer;
 use crate::error::Result;
@@ -19,14 +26,21 @@ use crate::error::Result;
 /// decode would.
 const CONTEXT_TOKENS: usize = 4;
 
+/// How many ids may wait for their character to complete before they are
+/// emitted as they decode (with U+FFFD for their incomplete bytes).
+const MAX_PENDING_TOKENS: usize = 16;
+
 /// Decodes one sequence's tokens as they arrive.
 #[derive(Debug)]
 pub struct IncrementalDecoder {
     tokenizer: Tokenizer,
     skip_special_tokens: bool,
     /// Up to [`CONTEXT_TOKENS`] ids already emitted (decoded again only as
-    /// context), followed by the ids not emitted yet.
+    /// context), followed by at most [`MAX_PENDING_TOKENS`] ids not emitted
+    /// yet (plus the last push's).
     window: Vec<u32>,
+    /// How many of the window's ids are context.
+    context_tokens: usize,
     /// The byte length of the context ids' text.
     context_text_len: usize,
 }
@@ -37,6 +51,7 @@ impl IncrementalDecoder {
             tokenizer: tokenizer.clone(),
             skip_special_tokens,
             window: Vec::new(),
+            context_tokens: 0,
             context_text_len: 0,
         }
     }
@@ -48,7 +63,15 @@ impl IncrementalDecoder {
     pub fn push(&mut self, ids: &[u32]) -> Result<String> {
         self.window.extend_from_slice(ids);
         let text = self.decode_window()?;
-        if text.len() <= self.context_text_len || text.ends_with(char::REPLACEMENT_CHARACTER) {
+        let incomplete = text.ends_with(char::REPLACEMENT_CHARACTER);
+        if text.len() <= self.context_text_len && !incomplete {
+            // The pending ids add no text (skipped special tokens): nothing
+            // to wait for, so they need not be decoded again.
+            self.window.truncate(self.context_tokens);
+            return Ok(String::new());
+        }
+        let pending = self.window.len() - self.context_tokens;
+        if incomplete && pending <= MAX_PENDING_TOKENS {
             return Ok(String::new());
         }
         let new_text = text_after(&text, self.context_text_len).to_owned();
@@ -63,6 +86,7 @@ impl IncrementalDecoder {
         let text = self.decode_window()?;
         let rest = text_after(&text, self.context_text_len).to_owned();
         self.window.clear();
+        self.context_tokens = 0;
         self.context_text_len = 0;
         Ok(rest)
     }
@@ -77,6 +101,7 @@ impl IncrementalDecoder {
     fn retire_emitted(&mut self) -> Result<()> {
         let keep_from = self.window.len().saturating_sub(CONTEXT_TOKENS);
         self.window.drain(..keep_from);
+        self.context_tokens = self.window.len();
         self.context_text_len = self.decode_window()?.len();
         Ok(())
     }
@@ -222,6 +247,64 @@ mod tests {
             largest_window <= CONTEXT_TOKENS + 4,
             "window grew to {largest_window}"
         );
+    }
+
+    #[test]
+    fn ids_that_add_no_text_are_not_decoded_again() {
+        // A worker streaming only skipped special tokens once made every
+        // push decode all of them again (quadratic in the stream).
+        let tokenizer = fixture();
+        let mut ids = tokenizer.encode("before 世界", false).expect("encodes");
+        ids.extend(std::iter::repeat_n(4002, 5_000));
+        ids.extend(tokenizer.encode(" after", false).expect("encodes"));
+        let mut decoder = IncrementalDecoder::new(&tokenizer, true);
+        let mut text = String::new();
+        let mut largest_window = 0;
+        for id in &ids {
+            text.push_str(&decoder.push(&[*id]).expect("decodes"));
+            largest_window = largest_window.max(decoder.window.len());
+        }
+        text.push_str(&decoder.finish().expect("decodes"));
+        assert_eq!(text, tokenizer.decode(&ids, true).expect("decodes"));
+        assert_eq!(text, "before 世界 after");
+        assert!(
+            largest_window <= CONTEXT_TOKENS + 1,
+            "window grew to {largest_window}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_never_complete_a_character_are_emitted_as_replacement_characters() {
+        let tokenizer = fixture();
+        // A token that is a lone UTF-8 continuation byte: it can never
+        // start or complete a character.
+        let continuation = (0..tokenizer.vocab_size() as u32)
+            .find(|&id| {
+                tokenizer.decode(&[id], false).ok().as_deref() == Some("\u{FFFD}")
+                    && tokenizer.decode(&[id, id], false).ok().as_deref()
+                        == Some("\u{FFFD}\u{FFFD}")
+            })
+            .expect("the byte-level fixture has a lone continuation byte");
+        let mut decoder = IncrementalDecoder::new(&tokenizer, false);
+        let mut text = String::new();
+        let mut largest_window = 0;
+        for _ in 0..5_000 {
+            text.push_str(&decoder.push(&[continuation]).expect("decodes"));
+            largest_window = largest_window.max(decoder.window.len());
+        }
+        assert!(
+            largest_window <= CONTEXT_TOKENS + MAX_PENDING_TOKENS + 1,
+            "window grew to {largest_window}"
+        );
+        assert!(
+            text.chars().count() >= 4_900,
+            "emitted as it went: {}",
+            text.chars().count()
+        );
+        text.push_str(&decoder.finish().expect("decodes"));
+        assert!(text.chars().all(|c| c == char::REPLACEMENT_CHARACTER));
+        let ok = tokenizer.encode(" ok", false).expect("encodes");
+        assert_eq!(decoder.push(&ok).expect("decodes"), " ok");
     }
 
     #[test]
