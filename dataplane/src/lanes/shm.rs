@@ -259,9 +259,16 @@ impl ShmPool {
 
     /// Free and busy slots (reclaiming any whose names are gone first).
     pub fn occupancy(&self) -> Occupancy {
+        self.occupancy_at(Instant::now())
+    }
+
+    /// [`occupancy`](Self::occupancy) as if the clock read `now`: names
+    /// whose RPC returned more than `reclaim_after` before `now` are
+    /// reclaimed. Lets a test move time instead of sleeping.
+    pub fn occupancy_at(&self, now: Instant) -> Occupancy {
         let mut free = 0;
         for index in 0..self.inner.slots.len() {
-            if self.try_reclaim(index) {
+            if self.try_reclaim(index, now) {
                 free += 1;
             }
         }
@@ -283,12 +290,13 @@ impl ShmPool {
     }
 
     fn claim_slot(&self) -> Option<usize> {
+        let now = Instant::now();
         let slots = self.inner.slots.len();
         let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed);
         (0..slots)
             .map(|step| (start + step) % slots.max(1))
             .find(|&index| {
-                self.try_reclaim(index)
+                self.try_reclaim(index, now)
                     && self.inner.slots[index]
                         .state
                         .compare_exchange(FREE, WRITING, Ordering::Acquire, Ordering::Relaxed)
@@ -297,16 +305,16 @@ impl ShmPool {
     }
 
     /// Whether slot `index` is free, freeing it first when its RPC returned
-    /// and its name is gone (or has outlived `reclaim_after`).
-    fn try_reclaim(&self, index: usize) -> bool {
+    /// and its name is gone (or has outlived `reclaim_after` at `now`).
+    fn try_reclaim(&self, index: usize, now: Instant) -> bool {
         let slot = &self.inner.slots[index];
         match slot.state.load(Ordering::Acquire) {
             FREE => true,
             RETURNED => {
                 let name_gone = slot.file.metadata().is_ok_and(|meta| meta.nlink() == 1);
                 let returned_at = Duration::from_nanos(slot.returned_at.load(Ordering::Relaxed));
-                let overdue =
-                    self.inner.epoch.elapsed() > returned_at + self.inner.config.reclaim_after;
+                let overdue = now.saturating_duration_since(self.inner.epoch)
+                    > returned_at + self.inner.config.reclaim_after;
                 if !name_gone && !overdue {
                     return false;
                 }

@@ -331,8 +331,7 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
                     }
                 }
                 work => {
-                    let heavy =
-                        matches!(work, Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_));
+                    let heavy = work.is_heavy();
                     let outcome = execute(work, worker.settings.index, &mut worker.scratch);
                     worker.complete(job.reply, outcome);
                     if heavy {
