@@ -292,3 +292,64 @@ fn a_progressive_jpeg_within_its_scan_budget_still_decodes() {
     let repeated = preprocess(&progressive_with_scans(max_scans(333, 517))).unwrap();
     assert_eq!(repeated.len(), plain.len());
 }
+
+fn webp_chunk(fourcc: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut chunk = fourcc.to_vec();
+    chunk.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    chunk.extend_from_slice(data);
+    if data.len() % 2 == 1 {
+        chunk.push(0);
+    }
+    chunk
+}
+
+fn webp(chunks: &[Vec<u8>]) -> Vec<u8> {
+    let body: Vec<u8> = chunks.concat();
+    let mut out = b"RIFF".to_vec();
+    out.extend_from_slice(&((4 + body.len()) as u32).to_le_bytes());
+    out.extend_from_slice(b"WEBP");
+    out.extend_from_slice(&body);
+    out
+}
+
+/// An extended-format header for a `width` x `height` canvas, no flags.
+fn vp8x(width: u32, height: u32) -> Vec<u8> {
+    let mut data = vec![0u8; 4];
+    data.extend_from_slice(&(width - 1).to_le_bytes()[..3]);
+    data.extend_from_slice(&(height - 1).to_le_bytes()[..3]);
+    webp_chunk(b"VP8X", &data)
+}
+
+/// The committed lossy WebP's VP8 bitstream, its frame header claiming
+/// `width` x `height`.
+fn vp8_claiming(width: u16, height: u16) -> Vec<u8> {
+    let file = fixture("lossy_320x240.webp");
+    assert_eq!(&file[12..16], b"VP8 ");
+    let len = u32::from_le_bytes([file[16], file[17], file[18], file[19]]) as usize;
+    let mut data = file[20..20 + len].to_vec();
+    // Frame tag (3), start code (3), then 14-bit width and height.
+    assert_eq!(data[3..6], [0x9d, 0x01, 0x2a]);
+    data[6..8].copy_from_slice(&width.to_le_bytes());
+    data[8..10].copy_from_slice(&height.to_le_bytes());
+    webp_chunk(b"VP8 ", &data)
+}
+
+#[test]
+fn a_webp_bitstream_larger_than_its_small_canvas_is_refused_before_its_buffers_exist() {
+    let processor = processor();
+    // The header (a 16x16 canvas) passes the pixel cap; the bitstream
+    // inside claims 16383x16383, 400 MB of decoder buffers.
+    let bytes = webp(&[vp8x(16, 16), vp8_claiming(16383, 16383)]);
+    let (outcome, growth) = peak_growth(|| processor.preprocess(&bytes, DType::BFloat16));
+    let error = outcome.expect_err("refused");
+    assert!(
+        growth < REFUSAL_HEAP,
+        "the heap rose {growth} bytes while refusing ({error})"
+    );
+    assert_eq!(error.code(), "corrupt_image", "{error}");
+    assert!(error.to_string().contains("16383x16383"), "{error}");
+    // The same bitstream under a canvas of its own size decodes.
+    let consistent = webp(&[vp8x(320, 240), vp8_claiming(320, 240)]);
+    let plain = preprocess(&fixture("lossy_320x240.webp")).unwrap();
+    assert_eq!(preprocess(&consistent).unwrap(), plain);
+}

@@ -42,8 +42,11 @@
 //!   `MAX_TEXT_MEMORY`: a file PIL refuses ("Decompressed data too large")
 //!   is refused here too, with `decode_limit_exceeded`.
 //! - JPEG: a scan budget ([`super::jpeg::max_scans`]).
-//! - WebP: metadata chunks (ICC, EXIF, XMP) are never read; the decoder's
-//!   buffers follow the canvas, which the pixel cap has checked.
+//! - WebP: metadata chunks (ICC, EXIF, XMP) are never read. The decoder
+//!   sizes its buffers from the bitstream's own header, so a bitstream
+//!   whose dimensions differ from the canvas the pixel cap checked is
+//!   refused before decoding (`corrupt_image`, as the decoder would
+//!   refuse it after allocating).
 
 use std::io::{Cursor, Read};
 
@@ -406,6 +409,7 @@ fn decode_webp(
 ) -> Result<DecodedImage, PreprocessError> {
     let (header, decoder) = open_webp(bytes, limits)?;
     check_dimensions(&header, limits)?;
+    check_webp_bitstreams(bytes, &header)?;
     let to_error = |error| decoder_error(error, Some(&header), limits);
     let color = decoder.color_type();
     let len = usize::try_from(decoder.total_bytes()).map_err(|_| too_large(&header, limits))?;
@@ -425,6 +429,79 @@ fn decode_webp(
         height: header.height as usize,
         layout,
         data,
+    })
+}
+
+/// Refuses a WebP whose image bitstream (top-level, or the first frame's:
+/// the only one decoded) has
+/// other dimensions than its canvas (or frame): the decoder allocates its
+/// buffers from the bitstream's own header (up to 16383x16383, ~400 MB)
+/// before it compares, so the canvas the pixel cap checked would not bound
+/// them. Such files fail to decode anyway; this fails them first.
+fn check_webp_bitstreams(bytes: &[u8], header: &SourceHeader) -> Result<(), PreprocessError> {
+    let canvas = (header.width, header.height);
+    for (fourcc, data) in riff_chunks(bytes.get(12..).unwrap_or_default()) {
+        match &fourcc {
+            b"ANMF" => {
+                // Frame x, y, width - 1, height - 1 (24 bits each), duration,
+                // flags; then the frame's own chunks.
+                let Some(frame) = data.get(..16) else {
+                    continue;
+                };
+                let side = |at: usize| {
+                    u32::from_le_bytes([frame[at], frame[at + 1], frame[at + 2], 0]) + 1
+                };
+                let size = (side(6), side(9));
+                for (fourcc, data) in riff_chunks(&data[16..]) {
+                    check_webp_bitstream(&fourcc, data, size)?;
+                }
+                break;
+            }
+            _ => check_webp_bitstream(&fourcc, data, canvas)?,
+        }
+    }
+    Ok(())
+}
+
+/// Checks one VP8 or VP8L bitstream's dimensions against `expected`.
+fn check_webp_bitstream(
+    fourcc: &[u8; 4],
+    data: &[u8],
+    expected: (u32, u32),
+) -> Result<(), PreprocessError> {
+    let claimed = match fourcc {
+        // Frame tag (3), start code (3), then 14-bit width and height
+        // (the top two bits are scaling).
+        b"VP8 " => data.get(6..10).map(|dims| {
+            let side = |lo: u8, hi: u8| u32::from(u16::from_le_bytes([lo, hi]) & 0x3FFF);
+            (side(dims[0], dims[1]), side(dims[2], dims[3]))
+        }),
+        // Signature, then width - 1 and height - 1 in 14 bits each.
+        b"VP8L" => data.get(1..5).map(|bits| {
+            let bits = u32::from_le_bytes([bits[0], bits[1], bits[2], bits[3]]);
+            ((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
+        }),
+        _ => None,
+    };
+    match claimed {
+        Some(claimed) if claimed != expected => Err(PreprocessError::CorruptImage(format!(
+            "webp bitstream is {}x{}, its canvas {}x{}",
+            claimed.0, claimed.1, expected.0, expected.1
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The RIFF chunks in `bytes` (fourcc, data), until one runs past the end.
+fn riff_chunks(bytes: &[u8]) -> impl Iterator<Item = ([u8; 4], &[u8])> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let head = bytes.get(pos..pos + 8)?;
+        let fourcc = [head[0], head[1], head[2], head[3]];
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let data = bytes.get(pos + 8..(pos + 8).checked_add(len)?)?;
+        pos += 8 + len + len % 2;
+        Some((fourcc, data))
     })
 }
 
