@@ -9,6 +9,9 @@
 //!   hands results back to tokio, backpressure and shutdown.
 //! - [`preprocess`]: the image kernels the cores run (Qwen2-VL family).
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(unreachable_pub)]
+
 pub mod lanes;
 pub mod preprocess;
 pub mod runtime;

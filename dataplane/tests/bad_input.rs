@@ -210,7 +210,7 @@ fn a_scan_flood_is_refused_before_decoding() {
     }
     flood.extend_from_slice(&[0xFF, 0xD9]);
     let error = error_of(&processor, &flood, "scan flood");
-    assert_eq!(error.code(), "corrupt_image", "{error}");
+    assert_eq!(error.code(), "decode_limit_exceeded", "{error}");
     assert!(error.to_string().contains("scans"), "{error}");
 }
 

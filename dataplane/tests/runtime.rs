@@ -7,11 +7,14 @@
 
 use std::os::unix::fs::symlink;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use smg_dataplane::preprocess::{ImageLimits, Qwen2VlImageProcessor, VisionPreprocessConfig};
+use smg_dataplane::runtime::testing::{self, HoldHandle};
 use smg_dataplane::runtime::{
     ActiveBackend, DataPlane, DataPlaneConfig, Destination, FileReadError, IoBackend, JobError,
     Output, Work,
@@ -241,6 +244,40 @@ async fn decodes_inline_base64_on_a_core_and_hashes_it() {
     }
 }
 
+/// Polls `future` once and hands it back still pending. A submit pushes
+/// its job onto a ring in its first poll, so afterwards the job is queued
+/// (or the submitter waits for room).
+async fn queued<F: Future + ?Sized>(mut future: Pin<Box<F>>) -> Pin<Box<F>> {
+    std::future::poll_fn(|cx| {
+        assert!(
+            future.as_mut().poll(cx).is_pending(),
+            "the job waits behind the hold"
+        );
+        Poll::Ready(())
+    })
+    .await;
+    future
+}
+
+/// A job's result, still to come.
+type Pending<'a> = Pin<Box<dyn Future<Output = Result<Output, JobError>> + 'a>>;
+
+/// Submits a hold and waits until a core runs it.
+async fn hold_a_core(
+    dataplane: &DataPlane,
+) -> (
+    tokio::task::JoinHandle<Result<Output, JobError>>,
+    HoldHandle,
+) {
+    let (job, mut handle) = testing::hold();
+    let running = tokio::spawn({
+        let dataplane = dataplane.clone();
+        async move { dataplane.submit(Work::Hold(job)).await }
+    });
+    assert!(within(handle.started()).await, "a core runs the hold");
+    (running, handle)
+}
+
 #[tokio::test]
 async fn a_full_ring_waits_for_room_then_fails_busy() {
     for io in BACKENDS {
@@ -249,39 +286,45 @@ async fn a_full_ring_waits_for_room_then_fails_busy() {
             config.submit_wait = Duration::from_millis(100);
         });
         // One job holds the core; two fill its ring.
-        let hold = tokio::spawn({
-            let dataplane = dataplane.clone();
-            async move {
-                dataplane
-                    .submit(Work::Hold(Duration::from_millis(1500)))
-                    .await
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let queued: Vec<_> = (0..2)
-            .map(|_| {
-                let dataplane = dataplane.clone();
-                tokio::spawn(async move { dataplane.ping().await })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (hold, handle) = hold_a_core(&dataplane).await;
+        let queued_pings = [
+            queued(Box::pin(dataplane.ping())).await,
+            queued(Box::pin(dataplane.ping())).await,
+        ];
         match within(dataplane.ping()).await {
             Err(error @ JobError::Busy { .. }) => assert_eq!(error.code(), "dataplane_busy"),
             other => panic!("{io:?}: expected busy, got {other:?}"),
         }
-        // A submitter with a longer deadline gets in once the hold ends.
-        let patient = {
-            let dataplane = dataplane.clone();
-            tokio::spawn(async move { dataplane.ping().await })
-        };
+        handle.release();
         assert!(matches!(within(hold).await.unwrap(), Ok(Output::Pong)));
-        for task in queued {
-            within(task).await.unwrap().expect("queued jobs run");
+        for ping in queued_pings {
+            within(ping).await.expect("queued jobs run");
         }
-        // The patient one waited 100 ms at most, then failed or got in; with
-        // the ring drained it can submit again now.
-        let _ = within(patient).await.unwrap();
         within(dataplane.ping()).await.expect("room again");
+    }
+}
+
+#[tokio::test]
+async fn a_submitter_waiting_for_room_gets_in_once_the_core_takes_a_job() {
+    for io in BACKENDS {
+        let dataplane = start(io, |config| {
+            config.ring_capacity = 2;
+            config.submit_wait = DEADLINE;
+        });
+        let (hold, handle) = hold_a_core(&dataplane).await;
+        let queued_pings = [
+            queued(Box::pin(dataplane.ping())).await,
+            queued(Box::pin(dataplane.ping())).await,
+        ];
+        // The ring is full: this one waits for room.
+        let patient = queued(Box::pin(dataplane.ping())).await;
+        handle.release();
+        within(patient).await.expect("got in once room appeared");
+        assert!(matches!(within(hold).await.unwrap(), Ok(Output::Pong)));
+        for ping in queued_pings {
+            within(ping).await.expect("queued jobs run");
+        }
+        assert_eq!(dataplane.stats()[0].completed, 4, "{io:?}");
     }
 }
 
@@ -289,20 +332,12 @@ async fn a_full_ring_waits_for_room_then_fails_busy() {
 async fn abandoned_jobs_are_skipped() {
     for io in BACKENDS {
         let dataplane = start(io, |_| {});
-        let hold = tokio::spawn({
-            let dataplane = dataplane.clone();
-            async move {
-                dataplane
-                    .submit(Work::Hold(Duration::from_millis(300)))
-                    .await
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (hold, handle) = hold_a_core(&dataplane).await;
         for _ in 0..3 {
             // Queued behind the hold, then given up on.
-            let gave_up = tokio::time::timeout(Duration::from_millis(10), dataplane.ping()).await;
-            assert!(gave_up.is_err());
+            drop(queued(Box::pin(dataplane.ping())).await);
         }
+        handle.release();
         within(hold).await.unwrap().expect("hold");
         within(dataplane.ping()).await.expect("pong");
         let stats = dataplane.stats();
@@ -317,40 +352,46 @@ async fn shutdown_finishes_the_running_job_fails_the_queued_ones_and_joins() {
     std::fs::write(dir.path().join("a.bin"), vec![9u8; 1 << 20]).unwrap();
     for io in BACKENDS {
         let dataplane = start(io, |config| config.threads = 1);
-        let running = tokio::spawn({
+        let (running, handle) = hold_a_core(&dataplane).await;
+        let mut queued_jobs: Vec<Pending<'_>> = Vec::new();
+        for k in 0..4 {
             let dataplane = dataplane.clone();
-            async move {
-                dataplane
-                    .submit(Work::Hold(Duration::from_millis(300)))
-                    .await
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let queued: Vec<_> = (0..4)
-            .map(|k| {
-                let dataplane = dataplane.clone();
-                let path = dir.path().join("a.bin");
-                tokio::spawn(async move {
-                    if k % 2 == 0 {
-                        dataplane.ping().await.map(|()| Output::Pong)
-                    } else {
-                        dataplane.read_file(path, 2 << 20).await.map(Output::File)
-                    }
-                })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+            let path = dir.path().join("a.bin");
+            let job: Pending<'_> = if k % 2 == 0 {
+                Box::pin(async move { dataplane.ping().await.map(|()| Output::Pong) })
+            } else {
+                Box::pin(async move { dataplane.read_file(path, 2 << 20).await.map(Output::File) })
+            };
+            queued_jobs.push(queued(job).await);
+        }
         let stopper = {
             let dataplane = dataplane.clone();
             tokio::task::spawn_blocking(move || dataplane.shutdown())
         };
+        // Wait until the shutdown has closed the ring: a new job is then
+        // refused at once. Jobs that still got in before are queued behind
+        // the hold and must fail like the others.
+        within(async {
+            loop {
+                let mut probe = Box::pin(dataplane.ping());
+                match std::future::poll_fn(|cx| Poll::Ready(probe.as_mut().poll(cx))).await {
+                    Poll::Ready(Err(JobError::ShuttingDown)) => break,
+                    Poll::Ready(other) => panic!("{io:?}: {other:?} while the core is held"),
+                    Poll::Pending => queued_jobs
+                        .push(Box::pin(async move { probe.await.map(|()| Output::Pong) })),
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        handle.release();
         assert!(
             matches!(within(running).await.unwrap(), Ok(Output::Pong)),
             "{io:?}: the running job completes"
         );
-        for task in queued {
+        for job in queued_jobs {
             assert!(
-                matches!(within(task).await.unwrap(), Err(JobError::ShuttingDown)),
+                matches!(within(job).await, Err(JobError::ShuttingDown)),
                 "{io:?}: queued jobs fail, they do not hang"
             );
         }

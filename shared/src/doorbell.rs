@@ -27,14 +27,18 @@
 //! re-checks and sleeps again.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::sync::{AtomicBool, Ordering, fence};
 
 /// An eventfd plus the "consumer is asleep" flag that decides when to use it.
 #[derive(Debug)]
 pub struct Doorbell {
-    fd: OwnedFd,
+    fd: EventFd,
     sleeping: AtomicBool,
 }
 
@@ -42,23 +46,17 @@ impl Doorbell {
     /// A doorbell whose eventfd blocks on read (for a consumer that waits by
     /// reading it, directly or through io_uring).
     pub fn blocking() -> io::Result<Self> {
-        Self::with_flags(libc::EFD_CLOEXEC)
+        Self::with_flags(EfdFlags::EFD_CLOEXEC)
     }
 
     /// A doorbell whose eventfd never blocks (for a consumer on an event
     /// loop, e.g. tokio's `AsyncFd`).
     pub fn nonblocking() -> io::Result<Self> {
-        Self::with_flags(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK)
+        Self::with_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
     }
 
-    fn with_flags(flags: libc::c_int) -> io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; a negative result is an error.
-        let raw = unsafe { libc::eventfd(0, flags) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    fn with_flags(flags: EfdFlags) -> io::Result<Self> {
+        let fd = EventFd::from_value_and_flags(0, flags)?;
         Ok(Self {
             fd,
             sleeping: AtomicBool::new(false),
@@ -81,11 +79,10 @@ impl Doorbell {
     }
 
     fn write_one(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It cannot
-        // block (the counter would have to reach u64::MAX - 1) and the only
-        // possible failure, EAGAIN on overflow, still leaves it readable.
-        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        // It cannot block (the counter would have to reach u64::MAX - 1) and
+        // the only possible failure, EAGAIN on overflow, still leaves it
+        // readable.
+        let _ = self.fd.write(1);
     }
 
     /// Consumer side: announce the intent to sleep. The caller must then
@@ -112,34 +109,22 @@ impl Doorbell {
     /// nothing pending as `WouldBlock` (what tokio's `AsyncFd::try_io` needs
     /// to clear its readiness only when the count really is zero).
     pub fn try_drain(&self) -> io::Result<u64> {
-        let mut count: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
-        let read = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+        let count = self.fd.read();
         self.sleeping.store(false, Ordering::Relaxed);
-        if read == 8 {
-            Ok(count)
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        Ok(count?)
     }
 
     /// Blocks until the eventfd is readable or `timeout_ms` passes (`-1`:
     /// forever); then drains it. For consumers without io_uring.
     pub fn wait(&self, timeout_ms: i32) -> io::Result<u64> {
-        let mut pollfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let mut pollfd = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        // Any negative timeout waits forever, as poll(2) does.
+        let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::NONE);
+        let ready = match nix::poll::poll(&mut pollfd, timeout) {
+            Ok(ready) => ready,
+            Err(Errno::EINTR) => return Ok(0),
+            Err(errno) => return Err(errno.into()),
         };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&raw mut pollfd, 1, timeout_ms) };
-        if ready < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                return Ok(0);
-            }
-            return Err(error);
-        }
         if ready == 0 {
             self.sleeping.store(false, Ordering::Relaxed);
             return Ok(0);

@@ -4,6 +4,9 @@
 //! eventfd [`doorbell`] that wakes a sleeping consumer, the `/dev/shm`
 //! identity, and wire-neutral tensor types.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(unreachable_pub)]
+
 pub mod doorbell;
 pub mod ring;
 pub mod shm;

@@ -19,16 +19,20 @@
 //! processes that died (`kill -9`) without touching live ones; a pool that
 //! drops removes its own.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, FallocateFlags, OFlag};
+use nix::sys::stat::Mode;
+use nix::unistd::UnlinkatFlags;
 
 /// Every public name this lane creates starts with this.
 pub const NAME_PREFIX: &str = "smg-";
@@ -98,52 +102,48 @@ struct Slot {
     returned_at: AtomicU64,
 }
 
-/// A shared, writable mapping of a whole file.
+/// A shared, writable mapping of a whole file (`MAP_SHARED |
+/// MAP_POPULATE`), pre-faulted for writing; unmapped on drop. Only raw
+/// pointers come out of it: the slot state machine gives exactly one writer
+/// access at a time (WRITING), and nobody in this process reads it.
 #[derive(Debug)]
 pub(crate) struct Mapping {
-    pub(crate) ptr: NonNull<u8>,
-    pub(crate) len: usize,
+    raw: MmapRaw,
+    ptr: NonNull<u8>,
 }
 
-// SAFETY: the mapping is plain memory; the slot state machine gives exactly
-// one writer access at a time (WRITING), and nobody in this process reads it.
+// SAFETY: `ptr` is `raw`'s base address, which is Send and Sync: it is plain
+// shared memory that lives as long as the mapping; every access to the
+// bytes goes through the owners' own exclusivity rules.
 unsafe impl Send for Mapping {}
-// SAFETY: as above; shared references never touch the bytes.
+// SAFETY: as above; `&Mapping` hands out only the address.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
     pub(crate) fn new(file: &File, len: usize) -> io::Result<Self> {
-        // SAFETY: mapping `len` bytes of a file we just sized to `len`; the
-        // result is checked for MAP_FAILED before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("null mapping"))?;
-        let mapping = Self { ptr, len };
-        // Touch every page once so tensor writes never fault.
+        let raw = MmapOptions::new().len(len).populate().map_raw(file)?;
+        let ptr = NonNull::new(raw.as_mut_ptr()).ok_or_else(|| io::Error::other("null mapping"))?;
+        let mapping = Self { raw, ptr };
+        // Touch every page once so tensor writes never fault (MAP_POPULATE
+        // maps the pages, but a shared mapping still faults on the first
+        // write to each).
         let page = 4096;
         for offset in (0..len).step_by(page) {
-            // SAFETY: offset < len, inside the mapping.
+            // SAFETY: offset < len, inside the writable mapping, which no
+            // one else uses yet.
             unsafe { mapping.ptr.as_ptr().add(offset).write_volatile(0) };
         }
         Ok(mapping)
     }
-}
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the region `new` mapped, once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    /// The first mapped byte.
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// Mapped bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.raw.len()
     }
 }
 
@@ -259,9 +259,16 @@ impl ShmPool {
 
     /// Free and busy slots (reclaiming any whose names are gone first).
     pub fn occupancy(&self) -> Occupancy {
+        self.occupancy_at(Instant::now())
+    }
+
+    /// [`occupancy`](Self::occupancy) as if the clock read `now`: names
+    /// whose RPC returned more than `reclaim_after` before `now` are
+    /// reclaimed. Lets a test move time instead of sleeping.
+    pub fn occupancy_at(&self, now: Instant) -> Occupancy {
         let mut free = 0;
         for index in 0..self.inner.slots.len() {
-            if self.try_reclaim(index) {
+            if self.try_reclaim(index, now) {
                 free += 1;
             }
         }
@@ -283,12 +290,13 @@ impl ShmPool {
     }
 
     fn claim_slot(&self) -> Option<usize> {
+        let now = Instant::now();
         let slots = self.inner.slots.len();
         let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed);
         (0..slots)
             .map(|step| (start + step) % slots.max(1))
             .find(|&index| {
-                self.try_reclaim(index)
+                self.try_reclaim(index, now)
                     && self.inner.slots[index]
                         .state
                         .compare_exchange(FREE, WRITING, Ordering::Acquire, Ordering::Relaxed)
@@ -297,16 +305,16 @@ impl ShmPool {
     }
 
     /// Whether slot `index` is free, freeing it first when its RPC returned
-    /// and its name is gone (or has outlived `reclaim_after`).
-    fn try_reclaim(&self, index: usize) -> bool {
+    /// and its name is gone (or has outlived `reclaim_after` at `now`).
+    fn try_reclaim(&self, index: usize, now: Instant) -> bool {
         let slot = &self.inner.slots[index];
         match slot.state.load(Ordering::Acquire) {
             FREE => true,
             RETURNED => {
                 let name_gone = slot.file.metadata().is_ok_and(|meta| meta.nlink() == 1);
                 let returned_at = Duration::from_nanos(slot.returned_at.load(Ordering::Relaxed));
-                let overdue =
-                    self.inner.epoch.elapsed() > returned_at + self.inner.config.reclaim_after;
+                let overdue = now.saturating_duration_since(self.inner.epoch)
+                    > returned_at + self.inner.config.reclaim_after;
                 if !name_gone && !overdue {
                     return false;
                 }
@@ -375,7 +383,7 @@ impl ShmWriter {
             // SAFETY: the state machine (WRITING) or sole ownership of a
             // one-off file gives this writer exclusive use of the first
             // `nbytes` <= mapping length bytes, for as long as `&mut self`.
-            Some(map) => unsafe { std::slice::from_raw_parts_mut(map.ptr.as_ptr(), self.nbytes) },
+            Some(map) => unsafe { std::slice::from_raw_parts_mut(map.ptr().as_ptr(), self.nbytes) },
             None => &mut [],
         }
     }
@@ -593,18 +601,13 @@ pub(crate) fn own_start_time() -> u64 {
 
 /// Bytes an unprivileged writer may still allocate in `dir`'s filesystem.
 pub(crate) fn free_bytes(dir: &File) -> Result<u64, ShmError> {
-    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: fstatvfs fills the struct on success; it is read only then.
-    let rc = unsafe { libc::fstatvfs(dir.as_raw_fd(), stats.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(ShmError::Io {
-            action: "checking free space",
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: initialised by the successful call above.
-    let stats = unsafe { stats.assume_init() };
-    Ok(stats.f_bavail.saturating_mul(stats.f_frsize))
+    let stats = nix::sys::statvfs::fstatvfs(dir).map_err(|errno| ShmError::Io {
+        action: "checking free space",
+        source: errno.into(),
+    })?;
+    Ok(stats
+        .blocks_available()
+        .saturating_mul(stats.fragment_size()))
 }
 
 /// A new 0600 file `<stem><random>` in `dir` of `len` bytes with its
@@ -613,41 +616,25 @@ pub(crate) fn create_named(dir: &File, stem: &str, len: usize) -> Result<(File, 
     let (file, name) = loop {
         let (hi, lo) = random_u128()?;
         let name = format!("{stem}{hi:016x}{lo:016x}");
-        let c_name = CString::new(name.as_str()).map_err(|err| ShmError::Io {
-            action: "naming a shm file",
-            source: io::Error::new(io::ErrorKind::InvalidInput, err),
-        })?;
         let flags =
-            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW;
-        // SAFETY: a valid C string relative to a directory fd we own; the
-        // returned fd is checked and then owned by the File.
-        let fd = unsafe {
-            libc::openat(
-                dir.as_raw_fd(),
-                c_name.as_ptr(),
-                flags,
-                0o600 as libc::c_uint,
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: `fd` is a fresh descriptor nobody else owns.
-            break (unsafe { File::from_raw_fd(fd) }, name);
-        }
-        let source = io::Error::last_os_error();
-        if source.kind() != io::ErrorKind::AlreadyExists {
-            return Err(ShmError::Io {
-                action: "creating a shm file",
-                source,
-            });
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW;
+        match nix::fcntl::openat(dir, name.as_str(), flags, Mode::S_IRUSR | Mode::S_IWUSR) {
+            Ok(fd) => break (File::from(fd), name),
+            // Someone holds this name: draw another.
+            Err(Errno::EEXIST) => continue,
+            Err(errno) => {
+                return Err(ShmError::Io {
+                    action: "creating a shm file",
+                    source: errno.into(),
+                });
+            }
         }
     };
     if len > 0 {
-        // SAFETY: plain syscall on an fd we own.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
-        if rc != 0 {
-            let source = io::Error::last_os_error();
+        let reserved = nix::fcntl::fallocate(&file, FallocateFlags::empty(), 0, len as libc::off_t);
+        if let Err(errno) = reserved {
             let _ = unlink_at(dir, &name);
-            return Err(if source.raw_os_error() == Some(libc::ENOSPC) {
+            return Err(if errno == Errno::ENOSPC {
                 ShmError::NoSpace {
                     needed: len,
                     available: 0,
@@ -655,7 +642,7 @@ pub(crate) fn create_named(dir: &File, stem: &str, len: usize) -> Result<(File, 
             } else {
                 ShmError::Io {
                     action: "reserving shm memory",
-                    source,
+                    source: errno.into(),
                 }
             });
         }
@@ -666,24 +653,7 @@ pub(crate) fn create_named(dir: &File, stem: &str, len: usize) -> Result<(File, 
 /// Adds the name `to` for the file named `from` in `dir`; fails with
 /// `AlreadyExists` instead of replacing an existing name.
 fn link_at(dir: &File, from: &str, to: &str) -> io::Result<()> {
-    let from = CString::new(from).map_err(io::Error::other)?;
-    let to = CString::new(to).map_err(io::Error::other)?;
-    // SAFETY: valid C strings and a directory fd we own; linkat does not
-    // retain them.
-    let rc = unsafe {
-        libc::linkat(
-            dir.as_raw_fd(),
-            from.as_ptr(),
-            dir.as_raw_fd(),
-            to.as_ptr(),
-            0,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    nix::unistd::linkat(dir, from, dir, to, AtFlags::empty()).map_err(io::Error::from)
 }
 
 /// Private names created so far, removed if pool creation fails midway.
@@ -723,27 +693,16 @@ impl Drop for PoolInner {
 }
 
 pub(crate) fn unlink_at(dir: &File, name: &str) -> io::Result<()> {
-    let target = CString::new(name).map_err(io::Error::other)?;
-    // SAFETY: a valid C string and an fd we own.
-    let rc = unsafe { libc::unlinkat(dir.as_raw_fd(), target.as_ptr(), 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    nix::unistd::unlinkat(dir, name, UnlinkatFlags::NoRemoveDir).map_err(io::Error::from)
 }
 
 /// 128 unguessable bits from the kernel.
 pub(crate) fn random_u128() -> Result<(u64, u64), ShmError> {
     let mut bytes = [0u8; 16];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        return Err(ShmError::Io {
-            action: "drawing a random name",
-            source: io::Error::last_os_error(),
-        });
-    }
+    getrandom::fill(&mut bytes).map_err(|err| ShmError::Io {
+        action: "drawing a random name",
+        source: err.into(),
+    })?;
     let (hi, lo) = bytes.split_at(8);
     let word = |part: &[u8]| part.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
     Ok((word(hi), word(lo)))

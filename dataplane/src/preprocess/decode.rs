@@ -22,25 +22,53 @@
 //! - Animated WebP: the first frame.
 //!
 //! JPEG goes to libjpeg-turbo's decoder ([`super::jpeg`]), so its pixels
-//! round exactly as Pillow's; PNG and WebP to the `image` crate's decoders,
-//! which are lossless (PNG) or bit-exact with libwebp here (the parity test
-//! checks both). A JPEG must end in an end-of-image marker after its scan
-//! data: PIL refuses truncated JPEGs ("image file is truncated"), while
-//! libjpeg would only warn and fill the missing part with gray.
+//! round exactly as Pillow's; PNG to the `png` crate and WebP to the `image`
+//! crate's decoder, which are lossless (PNG) or bit-exact with libwebp here
+//! (the parity test checks both). A JPEG must end in an end-of-image marker
+//! after its scan data: PIL refuses truncated JPEGs ("image file is
+//! truncated"), while libjpeg would only warn and fill the missing part with
+//! gray.
+//!
+//! # What one image may cost
+//!
+//! The pixel cap bounds the decoded image; these bound what a decoder does
+//! besides, so a small file cannot buy gigabytes or seconds of a core:
+//! - PNG: the decoder's allocation limit is set before the header is read
+//!   (every chunk it keeps counts against it), and ICC profiles and text
+//!   chunks are skipped, never inflated. Before decoding, compressed
+//!   metadata (iCCP, zTXt, compressed iTXt) is inflated into a sink with a
+//!   cap of [`MAX_PNG_METADATA_CHUNK`] per chunk and
+//!   [`MAX_PNG_METADATA_TOTAL`] per file, PIL's `MAX_TEXT_CHUNK` and
+//!   `MAX_TEXT_MEMORY`: a file PIL refuses ("Decompressed data too large")
+//!   is refused here too, with `decode_limit_exceeded`.
+//! - JPEG: a scan budget ([`super::jpeg::max_scans`]).
+//! - WebP: metadata chunks (ICC, EXIF, XMP) are never read. The decoder
+//!   sizes its buffers from the bitstream's own header, so a bitstream
+//!   whose dimensions differ from the canvas the pixel cap checked is
+//!   refused before decoding (`corrupt_image`, as the decoder would
+//!   refuse it after allocating).
 
-use std::io::Cursor;
+use std::io::{Cursor, Read};
 
-use image::codecs::png::PngDecoder;
 use image::codecs::webp::WebPDecoder;
-use image::{ColorType, ImageDecoder, ImageError, Limits};
+use image::{ColorType, ImageDecoder, ImageError};
 
 use super::error::PreprocessError;
 use super::jpeg;
 use super::resize::{PixelLayout, SourcePixels};
 use super::scratch::sized;
 
-/// Extra decoder working memory allowed on top of the decoded pixels.
-const DECODER_SLACK_BYTES: u64 = 64 << 20;
+/// What the PNG decoder may allocate besides the pixel buffer (which is
+/// ours): chunks it keeps (EXIF, palette), row buffers.
+const PNG_DECODER_ALLOC_BYTES: usize = 16 << 20;
+
+/// Most bytes one compressed PNG metadata chunk (iCCP, zTXt, iTXt) may
+/// inflate to: PIL's `PngImagePlugin.MAX_TEXT_CHUNK`.
+pub const MAX_PNG_METADATA_CHUNK: u64 = 1 << 20;
+
+/// Most bytes all of a PNG's metadata chunks may hold together, inflated:
+/// PIL's `PngImagePlugin.MAX_TEXT_MEMORY`.
+pub const MAX_PNG_METADATA_TOTAL: u64 = 64 << 20;
 
 /// The compressed formats the kernel decodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,7 +168,15 @@ pub fn read_header(bytes: &[u8], limits: &ImageLimits) -> Result<SourceHeader, P
                 height: jpeg.height,
             }
         }
-        SourceFormat::Png | SourceFormat::WebP => open_lossless(format, bytes, limits)?.0,
+        SourceFormat::Png => {
+            let (width, height) = png_header(bytes)?;
+            SourceHeader {
+                format,
+                width,
+                height,
+            }
+        }
+        SourceFormat::WebP => open_webp(bytes, limits)?.0,
     };
     check_dimensions(&header, limits)?;
     Ok(header)
@@ -161,9 +197,8 @@ pub fn decode_into(
 ) -> Result<DecodedImage, PreprocessError> {
     match sniff_supported(bytes)? {
         SourceFormat::Jpeg => decode_jpeg(bytes, limits, buffer),
-        format @ (SourceFormat::Png | SourceFormat::WebP) => {
-            decode_with_image_crate(format, bytes, limits, buffer)
-        }
+        SourceFormat::Png => decode_png(bytes, limits, buffer),
+        SourceFormat::WebP => decode_webp(bytes, limits, buffer),
     }
 }
 
@@ -201,52 +236,272 @@ fn decode_jpeg(
     })
 }
 
-fn decode_with_image_crate(
-    format: SourceFormat,
+/// A PNG decoder whose allocation limit is set before it reads anything,
+/// and which skips ICC profiles and text chunks.
+fn png_decoder(bytes: &[u8]) -> png::Decoder<Cursor<&[u8]>> {
+    let mut decoder = png::Decoder::new_with_limits(
+        Cursor::new(bytes),
+        png::Limits {
+            bytes: PNG_DECODER_ALLOC_BYTES,
+        },
+    );
+    decoder.set_ignore_iccp_chunk(true);
+    decoder.set_ignore_text_chunk(true);
+    // Bit depths below 8 and palettes become 8-bit gray or RGB(A); 16-bit
+    // samples stay 16-bit (narrowed below as PIL does).
+    decoder.set_transformations(png::Transformations::EXPAND);
+    decoder
+}
+
+/// Width and height from the PNG's IHDR (nothing else is read).
+fn png_header(bytes: &[u8]) -> Result<(u32, u32), PreprocessError> {
+    let mut decoder = png_decoder(bytes);
+    let info = decoder.read_header_info().map_err(png_error)?;
+    Ok((info.width, info.height))
+}
+
+fn decode_png(
     bytes: &[u8],
     limits: &ImageLimits,
     buffer: Vec<u8>,
 ) -> Result<DecodedImage, PreprocessError> {
-    let (header, mut decoder) = open_lossless(format, bytes, limits)?;
+    let mut decoder = png_decoder(bytes);
+    let info = decoder.read_header_info().map_err(png_error)?;
+    let header = SourceHeader {
+        format: SourceFormat::Png,
+        width: info.width,
+        height: info.height,
+    };
     check_dimensions(&header, limits)?;
-    let to_error = |error| decoder_error(error, Some(&header), limits);
-    let mut decoder_limits = Limits::default();
-    decoder_limits.max_alloc = Some(
-        limits
-            .max_source_pixels
-            .saturating_mul(8)
-            .saturating_add(DECODER_SLACK_BYTES),
-    );
-    decoder.set_limits(decoder_limits).map_err(to_error)?;
-
-    let color = decoder.color_type();
-    let len = usize::try_from(decoder.total_bytes()).map_err(|_| too_large(&header, limits))?;
+    check_png_metadata(bytes)?;
+    let mut reader = decoder.read_info().map_err(png_error)?;
+    let len = reader
+        .output_buffer_size()
+        .ok_or_else(|| too_large(&header, limits))?;
+    let (color, depth) = reader.output_color_type();
     let mut data = sized(buffer, len);
-    decoder.read_image_boxed(&mut data).map_err(to_error)?;
+    reader.next_frame(&mut data).map_err(png_error)?;
 
-    let (width, height) = (header.width as usize, header.height as usize);
-    let (layout, data) = match color {
-        ColorType::L8 => (PixelLayout::Gray, data),
-        ColorType::La8 => (PixelLayout::GrayAlpha, data),
-        ColorType::Rgb8 => (PixelLayout::Rgb, data),
-        ColorType::Rgba8 => (PixelLayout::Rgba, data),
+    let (layout, data) = match (color, depth) {
+        (png::ColorType::Grayscale, png::BitDepth::Eight) => (PixelLayout::Gray, data),
+        (png::ColorType::GrayscaleAlpha, png::BitDepth::Eight) => (PixelLayout::GrayAlpha, data),
+        (png::ColorType::Rgb, png::BitDepth::Eight) => (PixelLayout::Rgb, data),
+        (png::ColorType::Rgba, png::BitDepth::Eight) => (PixelLayout::Rgba, data),
         // PIL "I;16" -> "RGB" clips instead of scaling.
-        ColorType::L16 => (PixelLayout::Gray, narrow_u16(&data, |v| v.min(255) as u8)),
-        ColorType::La16 => (PixelLayout::GrayAlpha, narrow_u16(&data, high_byte)),
-        ColorType::Rgb16 => (PixelLayout::Rgb, narrow_u16(&data, high_byte)),
-        ColorType::Rgba16 => (PixelLayout::Rgba, narrow_u16(&data, high_byte)),
-        other => {
+        (png::ColorType::Grayscale, png::BitDepth::Sixteen) => {
+            (PixelLayout::Gray, narrow_u16(&data, |v| v.min(255) as u8))
+        }
+        (png::ColorType::GrayscaleAlpha, png::BitDepth::Sixteen) => {
+            (PixelLayout::GrayAlpha, narrow_u16(&data, high_byte))
+        }
+        (png::ColorType::Rgb, png::BitDepth::Sixteen) => {
+            (PixelLayout::Rgb, narrow_u16(&data, high_byte))
+        }
+        (png::ColorType::Rgba, png::BitDepth::Sixteen) => {
+            (PixelLayout::Rgba, narrow_u16(&data, high_byte))
+        }
+        (color, depth) => {
             return Err(PreprocessError::UnsupportedFormat(format!(
-                "{} with {other:?} pixels",
-                header.format.name()
+                "png with {color:?} pixels of {depth:?} bits"
             )));
         }
     };
     Ok(DecodedImage {
-        width,
-        height,
+        width: header.width as usize,
+        height: header.height as usize,
         layout,
         data,
+    })
+}
+
+fn png_error(error: png::DecodingError) -> PreprocessError {
+    match error {
+        png::DecodingError::LimitsExceeded => PreprocessError::DecodeLimitExceeded(format!(
+            "the png decoder needs more than {PNG_DECODER_ALLOC_BYTES} bytes besides its pixels"
+        )),
+        error => PreprocessError::CorruptImage(format!("png: {error}")),
+    }
+}
+
+/// Refuses a PNG whose metadata inflates past PIL's caps (see the module
+/// doc). Walks the chunks by their lengths; a chunk that runs past the end
+/// stops the walk (the decoder reports the damage). Inflating goes into a
+/// sink and stops one byte past the cap, so it costs no memory and at most
+/// [`MAX_PNG_METADATA_TOTAL`] bytes of inflating.
+fn check_png_metadata(bytes: &[u8]) -> Result<(), PreprocessError> {
+    let mut total = 0u64;
+    let mut pos = 8;
+    while let Some(chunk) = bytes.get(pos..pos + 8) {
+        let len = u32::from_be_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) as usize;
+        let kind = [chunk[4], chunk[5], chunk[6], chunk[7]];
+        let Some(data) = bytes.get(pos + 8..(pos + 8).saturating_add(len)) else {
+            break;
+        };
+        pos += 12 + len;
+        let size = match &kind {
+            b"tEXt" => data.len() as u64,
+            b"iCCP" | b"zTXt" => match compressed_after_keyword(data, 1) {
+                Some(compressed) => inflated_len(compressed, &kind)?,
+                None => continue,
+            },
+            b"iTXt" => match itxt_text(data) {
+                Some((true, text)) => inflated_len(text, &kind)?,
+                Some((false, text)) => text.len() as u64,
+                None => continue,
+            },
+            b"IEND" => break,
+            _ => continue,
+        };
+        total += size;
+        if total > MAX_PNG_METADATA_TOTAL {
+            return Err(PreprocessError::DecodeLimitExceeded(format!(
+                "png metadata chunks hold more than {MAX_PNG_METADATA_TOTAL} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What follows `keyword NUL` and `skip` more bytes (the compression
+/// method).
+fn compressed_after_keyword(data: &[u8], skip: usize) -> Option<&[u8]> {
+    let nul = data.iter().position(|&b| b == 0)?;
+    data.get(nul + 1 + skip..)
+}
+
+/// An iTXt's text and whether it is compressed: `keyword NUL flag method
+/// language NUL translated-keyword NUL text`.
+fn itxt_text(data: &[u8]) -> Option<(bool, &[u8])> {
+    let after_keyword = data.get(data.iter().position(|&b| b == 0)? + 1..)?;
+    let (&flag, rest) = after_keyword.split_first()?;
+    let rest = rest.get(1..)?; // compression method
+    let rest = rest.get(rest.iter().position(|&b| b == 0)? + 1..)?; // language
+    let text = rest.get(rest.iter().position(|&b| b == 0)? + 1..)?; // translated keyword
+    Some((flag == 1, text))
+}
+
+/// Bytes the zlib stream `compressed` inflates to, refusing past
+/// [`MAX_PNG_METADATA_CHUNK`]. A damaged stream counts what inflated before
+/// the damage (such chunks are skipped by the decoder anyway).
+fn inflated_len(compressed: &[u8], kind: &[u8; 4]) -> Result<u64, PreprocessError> {
+    let mut inflate = flate2::read::ZlibDecoder::new(compressed).take(MAX_PNG_METADATA_CHUNK + 1);
+    let mut inflated = 0u64;
+    let mut block = [0u8; 16 << 10];
+    loop {
+        match inflate.read(&mut block) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => inflated += n as u64,
+        }
+    }
+    if inflated > MAX_PNG_METADATA_CHUNK {
+        return Err(PreprocessError::DecodeLimitExceeded(format!(
+            "a png {} chunk inflates to more than {MAX_PNG_METADATA_CHUNK} bytes",
+            String::from_utf8_lossy(kind)
+        )));
+    }
+    Ok(inflated)
+}
+
+fn decode_webp(
+    bytes: &[u8],
+    limits: &ImageLimits,
+    buffer: Vec<u8>,
+) -> Result<DecodedImage, PreprocessError> {
+    let (header, decoder) = open_webp(bytes, limits)?;
+    check_dimensions(&header, limits)?;
+    check_webp_bitstreams(bytes, &header)?;
+    let to_error = |error| decoder_error(error, Some(&header), limits);
+    let color = decoder.color_type();
+    let len = usize::try_from(decoder.total_bytes()).map_err(|_| too_large(&header, limits))?;
+    let mut data = sized(buffer, len);
+    decoder.read_image_boxed(&mut data).map_err(to_error)?;
+    let layout = match color {
+        ColorType::Rgb8 => PixelLayout::Rgb,
+        ColorType::Rgba8 => PixelLayout::Rgba,
+        other => {
+            return Err(PreprocessError::UnsupportedFormat(format!(
+                "webp with {other:?} pixels"
+            )));
+        }
+    };
+    Ok(DecodedImage {
+        width: header.width as usize,
+        height: header.height as usize,
+        layout,
+        data,
+    })
+}
+
+/// Refuses a WebP whose image bitstream (top-level, or the first frame's:
+/// the only one decoded) has
+/// other dimensions than its canvas (or frame): the decoder allocates its
+/// buffers from the bitstream's own header (up to 16383x16383, ~400 MB)
+/// before it compares, so the canvas the pixel cap checked would not bound
+/// them. Such files fail to decode anyway; this fails them first.
+fn check_webp_bitstreams(bytes: &[u8], header: &SourceHeader) -> Result<(), PreprocessError> {
+    let canvas = (header.width, header.height);
+    for (fourcc, data) in riff_chunks(bytes.get(12..).unwrap_or_default()) {
+        match &fourcc {
+            b"ANMF" => {
+                // Frame x, y, width - 1, height - 1 (24 bits each), duration,
+                // flags; then the frame's own chunks.
+                let Some(frame) = data.get(..16) else {
+                    continue;
+                };
+                let side = |at: usize| {
+                    u32::from_le_bytes([frame[at], frame[at + 1], frame[at + 2], 0]) + 1
+                };
+                let size = (side(6), side(9));
+                for (fourcc, data) in riff_chunks(&data[16..]) {
+                    check_webp_bitstream(&fourcc, data, size)?;
+                }
+                break;
+            }
+            _ => check_webp_bitstream(&fourcc, data, canvas)?,
+        }
+    }
+    Ok(())
+}
+
+/// Checks one VP8 or VP8L bitstream's dimensions against `expected`.
+fn check_webp_bitstream(
+    fourcc: &[u8; 4],
+    data: &[u8],
+    expected: (u32, u32),
+) -> Result<(), PreprocessError> {
+    let claimed = match fourcc {
+        // Frame tag (3), start code (3), then 14-bit width and height
+        // (the top two bits are scaling).
+        b"VP8 " => data.get(6..10).map(|dims| {
+            let side = |lo: u8, hi: u8| u32::from(u16::from_le_bytes([lo, hi]) & 0x3FFF);
+            (side(dims[0], dims[1]), side(dims[2], dims[3]))
+        }),
+        // Signature, then width - 1 and height - 1 in 14 bits each.
+        b"VP8L" => data.get(1..5).map(|bits| {
+            let bits = u32::from_le_bytes([bits[0], bits[1], bits[2], bits[3]]);
+            ((bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
+        }),
+        _ => None,
+    };
+    match claimed {
+        Some(claimed) if claimed != expected => Err(PreprocessError::CorruptImage(format!(
+            "webp bitstream is {}x{}, its canvas {}x{}",
+            claimed.0, claimed.1, expected.0, expected.1
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The RIFF chunks in `bytes` (fourcc, data), until one runs past the end.
+fn riff_chunks(bytes: &[u8]) -> impl Iterator<Item = ([u8; 4], &[u8])> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let head = bytes.get(pos..pos + 8)?;
+        let fourcc = [head[0], head[1], head[2], head[3]];
+        let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let data = bytes.get(pos + 8..(pos + 8).checked_add(len)?)?;
+        pos += 8 + len + len % 2;
+        Some((fourcc, data))
     })
 }
 
@@ -254,34 +509,26 @@ fn high_byte(value: u16) -> u8 {
     (value >> 8) as u8
 }
 
-/// 16-bit samples (native endian, as the decoders emit them) to 8-bit.
+/// 16-bit big-endian samples (as PNG stores them) to 8-bit.
 fn narrow_u16(data: &[u8], narrow: impl Fn(u16) -> u8) -> Vec<u8> {
     data.chunks_exact(2)
-        .map(|pair| narrow(u16::from_ne_bytes([pair[0], pair[1]])))
+        .map(|pair| narrow(u16::from_be_bytes([pair[0], pair[1]])))
         .collect()
 }
 
-/// Opens a PNG or WebP decoder and reads its header (not yet checked).
-fn open_lossless<'a>(
-    format: SourceFormat,
+/// Opens a WebP decoder and reads its header (not yet checked). Only the
+/// RIFF chunk headers are read; no metadata chunk is.
+fn open_webp<'a>(
     bytes: &'a [u8],
     limits: &ImageLimits,
 ) -> Result<(SourceHeader, BoxedDecoder<'a>), PreprocessError> {
-    let to_error = |error| decoder_error(error, None, limits);
-    let cursor = Cursor::new(bytes);
-    let decoder: BoxedDecoder<'a> = match format {
-        SourceFormat::Png => Box::new(PngDecoder::new(cursor).map_err(to_error)?),
-        SourceFormat::WebP => Box::new(WebPDecoder::new(cursor).map_err(to_error)?),
-        SourceFormat::Jpeg => {
-            return Err(PreprocessError::UnsupportedFormat(
-                "jpeg is decoded by libjpeg".into(),
-            ));
-        }
-    };
+    let decoder: BoxedDecoder<'a> = Box::new(
+        WebPDecoder::new(Cursor::new(bytes)).map_err(|error| decoder_error(error, None, limits))?,
+    );
     let (width, height) = decoder.dimensions();
     Ok((
         SourceHeader {
-            format,
+            format: SourceFormat::WebP,
             width,
             height,
         },
@@ -446,7 +693,7 @@ mod tests {
     fn sixteen_bit_narrowing_follows_pil() {
         let samples: Vec<u8> = [0u16, 200, 255, 256, 0xABCD]
             .iter()
-            .flat_map(|v| v.to_ne_bytes())
+            .flat_map(|v| v.to_be_bytes())
             .collect();
         assert_eq!(
             narrow_u16(&samples, |v| v.min(255) as u8),

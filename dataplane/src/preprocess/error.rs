@@ -28,6 +28,13 @@ pub enum PreprocessError {
         max_pixels: u64,
     },
 
+    /// Decoding would cost more memory or work than one image is allowed,
+    /// whatever its pixel count: a metadata chunk that inflates past its
+    /// cap, a JPEG with more scans than its size allows, a decoder's
+    /// allocation limit. Nothing beyond the limit was allocated or decoded.
+    #[error("image exceeds a decoding limit: {0}")]
+    DecodeLimitExceeded(String),
+
     /// The image has a zero or too short side, or resizing it would leave no
     /// patch.
     #[error("image is {width}x{height}, too small to preprocess ({reason})")]
@@ -66,6 +73,7 @@ pub const IMAGE_ERROR_CODES: &[&str] = &[
     "unsupported_format",
     "corrupt_image",
     "image_too_large",
+    "decode_limit_exceeded",
     "image_too_small",
     "bad_aspect_ratio",
 ];
@@ -82,6 +90,7 @@ impl PreprocessError {
             PreprocessError::UnsupportedFormat(_) => "unsupported_format",
             PreprocessError::CorruptImage(_) => "corrupt_image",
             PreprocessError::ImageTooLarge { .. } => "image_too_large",
+            PreprocessError::DecodeLimitExceeded(_) => "decode_limit_exceeded",
             PreprocessError::ImageTooSmall { .. } => "image_too_small",
             PreprocessError::BadAspectRatio { .. } => "bad_aspect_ratio",
             PreprocessError::UnsupportedDType(_) => "unsupported_dtype",
@@ -112,6 +121,10 @@ mod tests {
                     max_pixels: 0,
                 },
                 "image_too_large",
+            ),
+            (
+                PreprocessError::DecodeLimitExceeded("x".into()),
+                "decode_limit_exceeded",
             ),
             (
                 PreprocessError::ImageTooSmall {
@@ -149,6 +162,7 @@ mod tests {
                 PreprocessError::UnsupportedFormat(_)
                     | PreprocessError::CorruptImage(_)
                     | PreprocessError::ImageTooLarge { .. }
+                    | PreprocessError::DecodeLimitExceeded(_)
                     | PreprocessError::ImageTooSmall { .. }
                     | PreprocessError::BadAspectRatio { .. }
             );

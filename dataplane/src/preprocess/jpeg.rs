@@ -39,10 +39,32 @@ use super::resize::PixelLayout;
 /// errors.
 const LIBJPEG_FATAL_PREFIX: &str = "libjpeg fatal error: ";
 
-/// Most scans a (progressive) JPEG may have. Each scan can revisit every
-/// coefficient of the image, so thousands of tiny scans make a small file
-/// cost minutes of CPU; real encoders write at most a few dozen.
-pub const MAX_SCANS: usize = 1000;
+/// Most scans a JPEG may have, however small. Each scan of a progressive
+/// JPEG walks every block of its components (libjpeg only warns about a
+/// scan that repeats an earlier one), so a few kilobytes of repeated scans
+/// cost seconds of a core: ~1000 scans took 7 s. Real encoders write 1
+/// (baseline) to about a dozen (libjpeg's and mozjpeg's progressive
+/// scripts); 100 leaves room for unusual ones.
+pub const MAX_SCANS: usize = 100;
+
+/// Scans every JPEG may have, however large (see [`max_scans`]).
+pub const MIN_SCAN_ALLOWANCE: usize = 32;
+
+/// The per-image CPU budget, in scans × pixels: 100 scans of a
+/// 16-megapixel image.
+pub const SCAN_PIXEL_BUDGET: u64 = 100 * 16_000_000;
+
+/// Most scans a `width` × `height` JPEG may have: the budget spread over
+/// its pixels, between [`MIN_SCAN_ALLOWANCE`] and [`MAX_SCANS`].
+///
+/// Counted from the bytes, before libjpeg runs ([`count_scans`]): every
+/// scan libjpeg decodes starts with an FF DA marker in the file, so the
+/// count is an upper bound that no arrangement of the file can evade.
+pub fn max_scans(width: u32, height: u32) -> usize {
+    let pixels = (u64::from(width) * u64::from(height)).max(1);
+    let budget = usize::try_from(SCAN_PIXEL_BUDGET / pixels).unwrap_or(usize::MAX);
+    budget.clamp(MIN_SCAN_ALLOWANCE, MAX_SCANS)
+}
 
 /// What libjpeg's header says about an image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,16 +105,19 @@ pub fn decode_into(
     check: impl FnOnce(&JpegHeader) -> Result<(), PreprocessError>,
     buffer: Vec<u8>,
 ) -> Result<JpegPixels, PreprocessError> {
-    let scans = count_scans(bytes);
-    if scans > MAX_SCANS {
-        return Err(PreprocessError::CorruptImage(format!(
-            "jpeg has {scans} scans, more than the {MAX_SCANS} accepted"
-        )));
-    }
     guarded(|| {
         let decompress = Decompress::new_mem(bytes).map_err(io_error)?;
         let header = header_of(&decompress);
         check(&header)?;
+        // Before libjpeg decodes (or allocates) anything.
+        let scans = count_scans(bytes);
+        let allowed = max_scans(header.width, header.height);
+        if scans > allowed {
+            return Err(PreprocessError::DecodeLimitExceeded(format!(
+                "jpeg has {scans} scans, more than the {allowed} accepted at {}x{}",
+                header.width, header.height
+            )));
+        }
         let (out_space, channels) = match header.components {
             1 => (ColorSpace::JCS_GRAYSCALE, 1),
             3 => (ColorSpace::JCS_RGB, 3),
@@ -206,7 +231,7 @@ pub fn inverted_cmyk_to_rgb(data: &mut Vec<u8>) {
     data.truncate(pixels * 3);
 }
 
-/// Start-of-scan markers in the file. Inside entropy-coded data a 0xFF byte
+/// Start-of-scan markers in the file, from the first one on. Inside entropy-coded data a 0xFF byte
 /// is always followed by 0x00 or a restart marker, and marker segments before
 /// the first scan are skipped by length, so every FF DA counted after that
 /// starts a scan (an over-count only if a later segment's payload holds FF
@@ -241,6 +266,15 @@ mod tests {
             data,
             [255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 255, 127, 100, 50, 25]
         );
+    }
+
+    #[test]
+    fn the_scan_allowance_shrinks_with_the_image_between_its_bounds() {
+        assert_eq!(max_scans(640, 480), MAX_SCANS);
+        assert_eq!(max_scans(4000, 4000), 100);
+        assert_eq!(max_scans(8000, 4000), 50);
+        assert_eq!(max_scans(8192, 8192), MIN_SCAN_ALLOWANCE);
+        assert_eq!(max_scans(0, 0), MAX_SCANS);
     }
 
     #[test]

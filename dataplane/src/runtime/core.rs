@@ -227,8 +227,9 @@ impl CoreWorker {
 pub(crate) fn execute(work: Work, core: usize, scratch: &mut ScratchSpace) -> JobResult {
     catch_unwind(AssertUnwindSafe(|| match work {
         Work::Ping => Ok(Output::Pong),
-        Work::Hold(duration) => {
-            std::thread::sleep(duration);
+        #[cfg(feature = "testing")]
+        Work::Hold(hold) => {
+            hold.run();
             Ok(Output::Pong)
         }
         Work::ReadFile(request) => files::read_blocking(&request)
@@ -294,10 +295,7 @@ pub(crate) fn run_plain(mut worker: CoreWorker) {
         while !worker.backlogged() {
             let Some(job) = worker.next_job() else { break };
             progress = true;
-            let heavy = matches!(
-                job.work,
-                Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_)
-            );
+            let heavy = job.work.is_heavy();
             let result = execute(job.work, worker.settings.index, &mut worker.scratch);
             worker.complete(job.reply, result);
             if heavy {

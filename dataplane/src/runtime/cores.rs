@@ -9,6 +9,8 @@
 //! cannot steal the cores that serve text requests.
 
 use core_affinity::CoreId;
+use nix::sched::{CpuSet, sched_setaffinity};
+use nix::unistd::Pid;
 
 /// The data plane's default share: a quarter of the cores, at least one.
 pub fn default_dataplane_cores(total: usize) -> usize {
@@ -84,18 +86,13 @@ pub fn confine_current_thread(cores: &[CoreId]) -> bool {
     if cores.is_empty() {
         return false;
     }
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut set = CpuSet::new();
     for core in cores {
-        if core.id < libc::CPU_SETSIZE as usize {
-            // SAFETY: the index is below CPU_SETSIZE, inside `set`.
-            unsafe { libc::CPU_SET(core.id, &mut set) };
-        }
+        // Cores beyond CPU_SETSIZE cannot be named; they are left out.
+        let _ = set.set(core.id);
     }
-    // SAFETY: pid 0 is the calling thread; `set` lives for the call.
-    unsafe {
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) == 0
-    }
+    // Pid 0 is the calling thread.
+    sched_setaffinity(Pid::from_raw(0), &set).is_ok()
 }
 
 #[cfg(test)]

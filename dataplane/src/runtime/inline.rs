@@ -69,7 +69,10 @@ pub fn padded_decoded_len(encoded: &[u8]) -> Result<usize, Base64Error> {
 }
 
 /// Validates, decodes and hashes `encoded` (see [`Base64Decode`]).
-pub fn decode_and_hash(encoded: &[u8], max_bytes: usize) -> Result<FileContents, Base64Error> {
+pub(crate) fn decode_and_hash(
+    encoded: &[u8],
+    max_bytes: usize,
+) -> Result<FileContents, Base64Error> {
     let decoded_len = padded_decoded_len(encoded)?;
     if decoded_len > max_bytes {
         return Err(Base64Error::TooLarge {

@@ -23,10 +23,11 @@ pub enum Work {
     /// Nothing: a job that only measures the hand-off (submit, core, reactor,
     /// waiter) and proves a core is alive.
     Ping,
-    /// Occupy the core for a while, then answer like [`Work::Ping`]: a
-    /// stand-in for a heavy job in backpressure and shutdown tests and
-    /// benchmarks.
-    Hold(std::time::Duration),
+    /// Occupy the core until the test releases it, then answer like
+    /// [`Work::Ping`]: a stand-in for a heavy job in backpressure and
+    /// shutdown tests (see [`super::testing::hold`]).
+    #[cfg(feature = "testing")]
+    Hold(super::testing::Hold),
     /// Read a whole regular file (already vetted by the caller's allow-list)
     /// and hash it.
     ReadFile(FileRead),
@@ -35,6 +36,19 @@ pub enum Work {
     DecodeBase64(Base64Decode),
     /// Decode an image and write its encoder input tensor into a destination.
     Image(ImageJob),
+}
+
+impl Work {
+    /// Work that occupies the core for a while: the loop lets queued I/O
+    /// move before taking the next job.
+    pub(crate) fn is_heavy(&self) -> bool {
+        match self {
+            Work::Image(_) | Work::DecodeBase64(_) => true,
+            #[cfg(feature = "testing")]
+            Work::Hold(_) => true,
+            Work::Ping | Work::ReadFile(_) => false,
+        }
+    }
 }
 
 /// Read `path` (the final component is not followed if it is a symlink), at

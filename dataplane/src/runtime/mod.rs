@@ -46,6 +46,8 @@ mod files;
 mod inline;
 mod job;
 mod reactor;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod uring;
 
 use std::fmt;

@@ -16,10 +16,12 @@
 //! the ring and the buffers are dropped.
 
 use std::ffi::CString;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::time::Instant;
 
 use io_uring::{IoUring, opcode, squeue, types};
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use tokio::sync::oneshot;
 
 use super::core::{CoreWorker, MAX_FILES_IN_FLIGHT, execute};
@@ -217,12 +219,12 @@ impl FileOps {
         check_metadata(regular, op.statx.stx_size, op.max_bytes).map_err(Err)?;
         // Regular files never block on open; reads should wait for the disk
         // (in io_uring's workers), not fail with EAGAIN.
-        // SAFETY: plain fcntl calls on a descriptor this op owns.
-        unsafe {
-            let flags = libc::fcntl(op.fd, libc::F_GETFL);
-            if flags >= 0 {
-                libc::fcntl(op.fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
-            }
+        // SAFETY: io_uring opened `op.fd` for this op, which closes it only
+        // after its last read; it stays open while `fd` is borrowed here.
+        let fd = unsafe { BorrowedFd::borrow_raw(op.fd) };
+        if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
+            let flags = OFlag::from_bits_retain(flags) - OFlag::O_NONBLOCK;
+            let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
         }
         // One byte beyond the declared size, so growth shows up as a full
         // buffer instead of going unnoticed.
@@ -331,8 +333,7 @@ pub(crate) fn run(mut worker: CoreWorker, mut ring: IoUring) {
                     }
                 }
                 work => {
-                    let heavy =
-                        matches!(work, Work::Image(_) | Work::Hold(_) | Work::DecodeBase64(_));
+                    let heavy = work.is_heavy();
                     let outcome = execute(work, worker.settings.index, &mut worker.scratch);
                     worker.complete(job.reply, outcome);
                     if heavy {

@@ -51,7 +51,7 @@ pub(crate) struct ArenaLayout {
 
 impl ArenaLayout {
     /// `None` when the arena would not fit the address space (or has no slot).
-    pub fn new(slots: usize, slot_bytes: usize) -> Option<Self> {
+    pub(crate) fn new(slots: usize, slot_bytes: usize) -> Option<Self> {
         if slots == 0 || u32::try_from(slots).is_err() {
             return None;
         }
@@ -68,16 +68,16 @@ impl ArenaLayout {
         })
     }
 
-    pub fn stamp_offset(&self, index: usize) -> usize {
+    pub(crate) fn stamp_offset(&self, index: usize) -> usize {
         HEADER_LEN + 8 * index
     }
 
-    pub fn slot_offset(&self, index: usize) -> usize {
+    pub(crate) fn slot_offset(&self, index: usize) -> usize {
         self.data_offset + self.slot_stride * index
     }
 
     /// The header bytes for this layout and `key`.
-    pub fn header(&self, key: u64) -> [u8; HEADER_LEN] {
+    pub(crate) fn header(&self, key: u64) -> [u8; HEADER_LEN] {
         let mut header = [0u8; HEADER_LEN];
         header[0..8].copy_from_slice(&ARENA_MAGIC);
         header[8..12].copy_from_slice(&ARENA_VERSION.to_le_bytes());
@@ -90,7 +90,7 @@ impl ArenaLayout {
     }
 
     /// The layout and key a header describes, if it is a version-1 header.
-    pub fn parse_header(header: &[u8]) -> Option<(Self, u64)> {
+    pub(crate) fn parse_header(header: &[u8]) -> Option<(Self, u64)> {
         let word = |range: std::ops::Range<usize>| {
             let mut bytes = [0u8; 8];
             bytes[..range.len()].copy_from_slice(header.get(range)?);
@@ -158,7 +158,7 @@ pub(crate) struct SlotArena {
 
 impl SlotArena {
     /// Lays out `memory` (at least `layout.total_len` bytes) as an arena.
-    pub fn new(memory: Box<dyn RemoteMemory>, layout: ArenaLayout) -> Self {
+    pub(crate) fn new(memory: Box<dyn RemoteMemory>, layout: ArenaLayout) -> Self {
         debug_assert!(memory.size() >= layout.total_len);
         let header = layout.header(memory.key());
         // SAFETY: `RemoteMemory` guarantees `size()` writable bytes at
@@ -186,11 +186,11 @@ impl SlotArena {
         arena
     }
 
-    pub fn memory(&self) -> &dyn RemoteMemory {
+    pub(crate) fn memory(&self) -> &dyn RemoteMemory {
         &*self.memory
     }
 
-    pub fn layout(&self) -> &ArenaLayout {
+    pub(crate) fn layout(&self) -> &ArenaLayout {
         &self.layout
     }
 
@@ -212,7 +212,7 @@ impl SlotArena {
     /// Claims a free slot for a writer: `(index, generation)`. Never
     /// blocks; when every slot is taken it reaps expired ones once and looks
     /// again.
-    pub fn claim(&self) -> Option<(usize, u64)> {
+    pub(crate) fn claim(&self) -> Option<(usize, u64)> {
         self.try_claim().or_else(|| {
             if self.reap_expired() > 0 {
                 self.try_claim()
@@ -251,7 +251,7 @@ impl SlotArena {
     }
 
     /// Where slot `index`'s bytes start (`layout.slot_bytes` of them).
-    pub fn slot_ptr(&self, index: usize) -> *mut u8 {
+    pub(crate) fn slot_ptr(&self, index: usize) -> *mut u8 {
         // SAFETY: the slot's offset lies inside the arena memory.
         unsafe {
             self.memory
@@ -262,7 +262,7 @@ impl SlotArena {
     }
 
     /// A writer gave its slot back unpublished.
-    pub fn abandon(&self, index: usize, generation: u64) {
+    pub(crate) fn abandon(&self, index: usize, generation: u64) {
         let _ = self.slots[index].lease.compare_exchange(
             lease(generation, WRITING),
             lease(generation, FREE),
@@ -272,7 +272,7 @@ impl SlotArena {
     }
 
     /// Publishes the written slot until `deadline` from now.
-    pub fn publish(&self, index: usize, generation: u64, deadline: Duration) {
+    pub(crate) fn publish(&self, index: usize, generation: u64, deadline: Duration) {
         let at = self.now_nanos().saturating_add(deadline.as_nanos() as u64);
         let slot = &self.slots[index];
         slot.deadline.store(at, Ordering::Relaxed);
@@ -283,7 +283,7 @@ impl SlotArena {
     /// Takes back the publication `(index, generation)` if nobody has yet:
     /// bumps its stamp (old descriptors go stale), then frees the slot.
     /// Returns whether this call did it.
-    pub fn release(&self, index: usize, generation: u64) -> bool {
+    pub(crate) fn release(&self, index: usize, generation: u64) -> bool {
         let slot = &self.slots[index];
         if slot
             .lease
@@ -304,7 +304,7 @@ impl SlotArena {
     }
 
     /// Takes back every publication past its deadline; returns how many.
-    pub fn reap_expired(&self) -> usize {
+    pub(crate) fn reap_expired(&self) -> usize {
         let now = self.now_nanos();
         let mut reaped = 0;
         for (index, slot) in self.slots.iter().enumerate() {
@@ -326,7 +326,7 @@ impl SlotArena {
         reaped
     }
 
-    pub fn occupancy(&self) -> RdmaOccupancy {
+    pub(crate) fn occupancy(&self) -> RdmaOccupancy {
         let in_use = self
             .slots
             .iter()

@@ -15,15 +15,15 @@
 //! thrown away.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
 
 use super::arena::{ArenaLayout, HEADER_LEN};
 use super::descriptor::{Descriptor, DescriptorError, Endpoint};
@@ -50,7 +50,7 @@ pub(crate) struct LoopbackMemory {
 }
 
 impl LoopbackMemory {
-    pub fn create(dir: &Path, len: usize) -> Result<Self, RdmaError> {
+    pub(crate) fn create(dir: &Path, len: usize) -> Result<Self, RdmaError> {
         let io_error = |action| move |source| RdmaError::Io { action, source };
         let dir_fd = File::open(dir).map_err(io_error("opening the arena directory"))?;
         let available = free_bytes(&dir_fd)?;
@@ -108,11 +108,11 @@ unsafe impl RemoteMemory for LoopbackMemory {
     }
 
     fn base(&self) -> NonNull<u8> {
-        self.map.ptr
+        self.map.ptr()
     }
 
     fn size(&self) -> usize {
-        self.map.len
+        self.map.len()
     }
 
     fn key(&self) -> u64 {
@@ -192,30 +192,12 @@ impl RemoteReadError {
     }
 }
 
-/// A read-only shared mapping, unmapped on drop.
-#[derive(Debug)]
-struct ReadOnlyMap {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: read-only memory; every access goes through raw reads that
-// tolerate concurrent writers (checked by the stamps).
-unsafe impl Send for ReadOnlyMap {}
-// SAFETY: as above.
-unsafe impl Sync for ReadOnlyMap {}
-
-impl Drop for ReadOnlyMap {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `ReadMapping::open` mapped, once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
-
 /// One arena file mapped read-only, kept across reads.
 #[derive(Debug)]
 struct ReadMapping {
-    map: ReadOnlyMap,
+    /// Read-only and shared: every access goes through raw reads that
+    /// tolerate concurrent writers (checked by the stamps).
+    map: MmapRaw,
     file: File,
     layout: ArenaLayout,
     key: u64,
@@ -227,32 +209,24 @@ impl ReadMapping {
             name: name.to_owned(),
             why: why.to_owned(),
         };
-        let path = dir.join(name);
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| invalid("name contains NUL"))?;
-        // SAFETY: a valid C string; the fd is checked, then owned by a File.
-        let fd = unsafe {
-            libc::open(
-                c_path.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let source = io::Error::last_os_error();
-            return Err(if source.kind() == io::ErrorKind::NotFound {
-                RemoteReadError::ArenaNotFound {
-                    name: name.to_owned(),
-                    dir: dir.display().to_string(),
+        // O_CLOEXEC comes with std's open.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dir.join(name))
+            .map_err(|source| {
+                if source.kind() == io::ErrorKind::NotFound {
+                    RemoteReadError::ArenaNotFound {
+                        name: name.to_owned(),
+                        dir: dir.display().to_string(),
+                    }
+                } else {
+                    RemoteReadError::Io {
+                        name: name.to_owned(),
+                        source,
+                    }
                 }
-            } else {
-                RemoteReadError::Io {
-                    name: name.to_owned(),
-                    source,
-                }
-            });
-        }
-        // SAFETY: `fd` is fresh and owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
+            })?;
         let meta = file.metadata().map_err(|source| RemoteReadError::Io {
             name: name.to_owned(),
             source,
@@ -264,30 +238,17 @@ impl ReadMapping {
         if len < HEADER_LEN {
             return Err(invalid("shorter than an arena header"));
         }
-        // SAFETY: a read-only shared mapping of `len` bytes of a file we
-        // hold open; checked for MAP_FAILED before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(RemoteReadError::Io {
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw_read_only(&file)
+            .map_err(|source| RemoteReadError::Io {
                 name: name.to_owned(),
-                source: io::Error::last_os_error(),
-            });
-        }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| invalid("null mapping"))?;
-        let map = ReadOnlyMap { ptr, len };
+                source,
+            })?;
         let mut header = [0u8; HEADER_LEN];
         // SAFETY: the mapping holds at least HEADER_LEN bytes; the header is
         // written once, before any descriptor naming the arena exists.
-        unsafe { std::ptr::copy_nonoverlapping(ptr.as_ptr(), header.as_mut_ptr(), HEADER_LEN) };
+        unsafe { std::ptr::copy_nonoverlapping(map.as_ptr(), header.as_mut_ptr(), HEADER_LEN) };
         let (layout, key) =
             ArenaLayout::parse_header(&header).ok_or_else(|| invalid("bad arena header"))?;
         if layout.total_len > len {
@@ -309,7 +270,7 @@ impl ReadMapping {
     fn stamp(&self, offset: usize) -> &AtomicU64 {
         // SAFETY: `offset` was checked to be one of the layout's stamp
         // offsets (8-aligned, inside the mapping); accessed atomically only.
-        unsafe { &*self.map.ptr.as_ptr().add(offset).cast::<AtomicU64>() }
+        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU64>() }
     }
 }
 
@@ -392,7 +353,7 @@ impl LoopbackReader {
         // copy away (seqlock read side).
         unsafe {
             std::ptr::copy_nonoverlapping(
-                arena.map.ptr.as_ptr().add(data_offset),
+                arena.map.as_ptr().add(data_offset),
                 out.as_mut_ptr(),
                 out.len(),
             );

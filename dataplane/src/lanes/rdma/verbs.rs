@@ -16,6 +16,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use memmap2::{MmapOptions, MmapRaw};
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::device::{DeviceInfo, DeviceList};
 use sideway::ibverbs::device_context::DeviceContext;
@@ -30,39 +31,25 @@ const PORT: u8 = 1;
 /// The GID table entry descriptors carry.
 const GID_INDEX: u32 = 0;
 
-/// Private anonymous memory, pre-faulted; unmapped on drop.
+/// Private anonymous memory (`MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE`),
+/// pre-faulted; unmapped on drop.
 #[derive(Debug)]
 struct AnonymousRegion {
+    _map: MmapRaw,
     ptr: NonNull<u8>,
     len: usize,
 }
 
 impl AnonymousRegion {
     fn new(len: usize) -> std::io::Result<Self> {
-        // SAFETY: a fresh private anonymous mapping, checked for MAP_FAILED.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
+        let map = MmapRaw::from(MmapOptions::new().len(len).populate().map_anon()?);
         let ptr =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| std::io::Error::other("null mapping"))?;
-        Ok(Self { ptr, len })
-    }
-}
-
-impl Drop for AnonymousRegion {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `new` mapped, once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            NonNull::new(map.as_mut_ptr()).ok_or_else(|| std::io::Error::other("null mapping"))?;
+        Ok(Self {
+            _map: map,
+            ptr,
+            len,
+        })
     }
 }
 
@@ -88,7 +75,7 @@ unsafe impl Sync for VerbsMemory {}
 impl VerbsMemory {
     /// Opens `device` (the name `detect_device` found), allocates one
     /// protection domain and registers `len` bytes for remote READ.
-    pub fn open(device: &str, len: usize) -> Result<Self, RdmaUnavailable> {
+    pub(crate) fn open(device: &str, len: usize) -> Result<Self, RdmaUnavailable> {
         let fail = |what: &str| {
             let what = what.to_owned();
             move |err: &dyn std::fmt::Display| {
