@@ -325,9 +325,10 @@ fn png_error(error: png::DecodingError) -> PreprocessError {
 
 /// Refuses a PNG whose metadata inflates past PIL's caps (see the module
 /// doc). Walks the chunks by their lengths; a chunk that runs past the end
-/// stops the walk (the decoder reports the damage). Inflating goes into a
-/// sink and stops one byte past the cap, so it costs no memory and at most
-/// [`MAX_PNG_METADATA_TOTAL`] bytes of inflating.
+/// stops the walk (the decoder reports the damage). Inflating goes through
+/// a 16 KiB block into nothing and stops one byte past the cap, so it costs
+/// no buffer of the chunk's size and at most [`MAX_PNG_METADATA_TOTAL`]
+/// bytes of inflating per file.
 fn check_png_metadata(bytes: &[u8]) -> Result<(), PreprocessError> {
     let mut total = 0u64;
     let mut pos = 8;
