@@ -83,6 +83,10 @@ error_codes! {
     InvalidImage => ("invalid_image", 400, Client, false, free),
     /// An image's header declares more pixels than the gateway decodes.
     ImageTooLarge => ("image_too_large", 400, Client, false, free),
+    /// Decoding an image would exceed the decoder's budget: a colour
+    /// profile or text chunk that inflates past its cap, too many JPEG
+    /// scans for its size, an allocation past the decoder's limit.
+    ImageDecodeLimitExceeded => ("image_decode_limit_exceeded", 400, Client, false, free),
     /// An image is not JPEG, PNG or WebP.
     UnsupportedImageFormat => ("unsupported_image_format", 400, Client, false, free),
     /// The request carries media this gateway cannot process.

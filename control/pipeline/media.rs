@@ -221,10 +221,40 @@ fn image_error(index: usize, err: &PreprocessError) -> Error {
     let code = match err {
         PreprocessError::UnsupportedFormat(_) => ErrorCode::UnsupportedImageFormat,
         PreprocessError::ImageTooLarge { .. } => ErrorCode::ImageTooLarge,
+        PreprocessError::DecodeLimitExceeded(_) => ErrorCode::ImageDecodeLimitExceeded,
         PreprocessError::CorruptImage(_)
         | PreprocessError::ImageTooSmall { .. }
         | PreprocessError::BadAspectRatio { .. } => ErrorCode::InvalidImage,
         _ => ErrorCode::InternalError,
     };
     Error::new(code, format!("image {index}: {err}")).with_param("messages")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_failures_are_client_errors_with_stable_codes() {
+        let cases = [
+            (
+                PreprocessError::DecodeLimitExceeded("iCCP inflates past 1 MiB".into()),
+                "image_decode_limit_exceeded",
+            ),
+            (
+                PreprocessError::CorruptImage("truncated".into()),
+                "invalid_image",
+            ),
+        ];
+        for (err, code) in cases {
+            let mapped = image_error(2, &err);
+            assert_eq!(mapped.code.as_str(), code, "{err}");
+            assert_eq!(mapped.code.http_status(), 400, "{err}");
+            assert!(
+                mapped.message.starts_with("image 2: "),
+                "{}",
+                mapped.message
+            );
+        }
+    }
 }
