@@ -3,6 +3,10 @@
 //! available; a key idle for `idle_ttl` is forgotten. A key whose worker
 //! became unavailable is rebound to the least loaded one. Requests without a
 //! key go to a random worker.
+//!
+//! A binding is kept under a 128-bit digest of its key, never the key
+//! itself: the client chooses the key's length, and 3,000 keys of 100 KB
+//! once held 335 MB. Each binding costs the same whatever the key.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,9 +38,19 @@ struct Binding {
     last_used: Instant,
 }
 
+/// A routing key's digest (its first 128 bits of BLAKE3).
+type KeyDigest = u128;
+
+fn digest(key: &str) -> KeyDigest {
+    let hash = blake3::hash(key.as_bytes());
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&hash.as_bytes()[..16]);
+    u128::from_le_bytes(first)
+}
+
 #[derive(Debug, Default)]
 struct Bindings {
-    by_key: HashMap<String, Binding>,
+    by_key: HashMap<KeyDigest, Binding>,
     /// When idle bindings were last swept.
     swept: Option<Instant>,
 }
@@ -78,9 +92,10 @@ impl Manual {
             let available = pool.available();
             return available[rand::random_range(0..available.len())];
         };
+        let key = digest(key);
         let mut bindings = self.lock();
         self.sweep(&mut bindings, now);
-        if let Some(binding) = bindings.by_key.get_mut(key)
+        if let Some(binding) = bindings.by_key.get_mut(&key)
             && let Some(index) = pool.find_available(binding.serial)
         {
             binding.last_used = now;
@@ -88,7 +103,7 @@ impl Manual {
         }
         let index = least_loaded_from(pool, now, turn);
         bindings.by_key.insert(
-            key.to_owned(),
+            key,
             Binding {
                 serial: pool.worker(index).serial(),
                 last_used: now,
@@ -206,5 +221,32 @@ mod tests {
             );
         }
         assert!(policy.keys() <= 16, "{}", policy.keys());
+    }
+
+    #[test]
+    fn long_keys_are_bound_by_digest_and_still_stick() {
+        let fleet = workers(4);
+        let policy = Manual::default();
+        let t0 = Instant::now();
+        let pick = |key: &str| {
+            let up = available(&fleet);
+            policy.select_at(&Pool::new(&fleet, &up, 1), &keyed(key), t0)
+        };
+        let long_a = format!("{}a", "k".repeat(100_000));
+        let long_b = format!("{}b", "k".repeat(100_000));
+        let a = pick(&long_a);
+        let b = pick(&long_b);
+        assert_eq!(
+            policy.keys(),
+            2,
+            "keys differing in their last byte are distinct"
+        );
+        for _ in 0..3 {
+            assert_eq!(pick(&long_a), a);
+            assert_eq!(pick(&long_b), b);
+        }
+        // What a binding stores does not grow with its key.
+        assert_eq!(std::mem::size_of::<KeyDigest>(), 16);
+        assert_ne!(digest(&long_a), digest(&long_b));
     }
 }
