@@ -13,6 +13,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use futures::stream::FuturesUnordered;
@@ -114,6 +115,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
 
     let primary_sequences = primary.request.sampling.n.max(1);
+    let primary_url: Arc<str> = Arc::from(primary.client.url());
     let primary_start = primary.client.generate(primary.request);
     let (primary_stream, prefill_stream) = match prefill {
         Some(leg) => {
@@ -132,6 +134,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
             guards,
             sequences: primary_sequences,
             completes: 0,
+            worker: primary_url,
         }));
     }
 
@@ -142,7 +145,14 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
         let mut side: FuturesUnordered<SideCall> = side_calls.into_iter().collect();
         let mut prefill_stream = prefill_stream;
         let mut primary_stream = primary_stream;
-        let outcome = supervise(&mut primary_stream, &mut prefill_stream, &mut side, &sender).await;
+        let outcome = supervise(
+            &mut primary_stream,
+            &primary_url,
+            &mut prefill_stream,
+            &mut side,
+            &sender,
+        )
+        .await;
         if let Supervised::Finished { prefill_done } = outcome {
             primary_abort.armed = false;
             if let Some(guard) = prefill_abort.as_mut() {
@@ -169,6 +179,8 @@ struct LoneLeg {
     /// Sequences the leg generates (the request's `n`).
     sequences: u32,
     completes: u32,
+    /// The leg's worker, blamed when its stream ends too early.
+    worker: Arc<str>,
 }
 
 impl LoneLeg {
@@ -203,7 +215,7 @@ impl Stream for LoneLeg {
                 return Poll::Ready(Some(Ok(event)));
             }
             Some(Err(err)) => Some(Err(err)),
-            None if this.completes == 0 => Some(Err(ended_before_completion())),
+            None if this.completes == 0 => Some(Err(ended_before_completion(&this.worker))),
             None => None,
         };
         this.end(item.is_none());
@@ -220,6 +232,7 @@ enum Supervised {
 
 async fn supervise(
     primary: &mut EventStream,
+    primary_url: &Arc<str>,
     prefill: &mut Option<EventStream>,
     side: &mut FuturesUnordered<SideCall>,
     sender: &mpsc::Sender<Result<GenerateEvent>>,
@@ -259,7 +272,7 @@ async fn supervise(
                 }
                 None => {
                     if primary_completes == 0 {
-                        let _ = sender.send(Err(ended_before_completion())).await;
+                        let _ = sender.send(Err(ended_before_completion(primary_url))).await;
                         return Supervised::Stopped;
                     }
                     return Supervised::Finished { prefill_done };
@@ -269,11 +282,12 @@ async fn supervise(
     }
 }
 
-fn ended_before_completion() -> Error {
+fn ended_before_completion(worker: &Arc<str>) -> Error {
     Error::new(
         ErrorCode::StreamInterrupted,
-        "the worker's stream ended before the request completed",
+        format!("worker {worker}: the stream ended before the request completed"),
     )
+    .with_worker(Arc::clone(worker))
 }
 
 /// How long a failed leg waits for still-running encodes to report.
@@ -305,5 +319,19 @@ async fn next_prefill(prefill: &mut Option<EventStream>) -> Option<Result<Genera
     match prefill {
         Some(stream) => stream.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_that_ends_early_blames_its_worker() {
+        let url: Arc<str> = Arc::from("grpc://decode:1");
+        let err = ended_before_completion(&url);
+        assert_eq!(err.code, ErrorCode::StreamInterrupted);
+        assert!(err.charges("grpc://decode:1"), "{err}");
+        assert!(!err.charges("grpc://prefill:1"), "{err}");
     }
 }
