@@ -36,7 +36,7 @@ fn fleet(n: usize) -> Vec<Arc<Worker>> {
         .map(|i| {
             let url = format!("grpc://10.0.{}.{}:50051", i / 250, i % 250 + 1);
             let client = EngineClient::new(&url, Runtime::TokenSpeed).expect("client");
-            Arc::new(Worker::new(client, WorkerRole::Regular, None).expect("worker"))
+            Arc::new(Worker::new(Arc::new(client), WorkerRole::Regular, None).expect("worker"))
         })
         .collect()
 }

@@ -15,7 +15,7 @@ use anyhow::Context;
 use smg_dataplane::runtime::DataPlane;
 
 use crate::config::ModelSource;
-use crate::engine::{EngineClient, ModelInfo};
+use crate::engine::{Engine, ModelInfo};
 use crate::lanes::TensorLanes;
 use crate::media::MediaConfig;
 use crate::pipeline::media::MediaPlanner;
@@ -53,7 +53,7 @@ fn load_tokenizer_dir(dir: &Path) -> anyhow::Result<Tokenizer> {
 async fn load_tokenizer(
     source: &ModelSource,
     info: Option<&ModelInfo>,
-    client: &EngineClient,
+    client: &Arc<dyn Engine>,
 ) -> anyhow::Result<Tokenizer> {
     if let Some(dir) = source.tokenizer_dir() {
         return load_tokenizer_dir(dir);

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use crate::api::{self, AppState, Fleet};
 use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
 use crate::discovery::{DiscoveryEnv, ModelContext, discover, start_load_polling};
-use crate::engine::{EngineClient, Runtime};
+use crate::engine::{Engine, EngineClient, Runtime};
 use crate::lanes::{TensorLanes, open_rdma};
 use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
@@ -88,8 +88,9 @@ async fn build_router(
         } else {
             1
         };
+        let engine: Arc<dyn Engine> = Arc::new(client);
         for rank in 0..ranks {
-            let worker = Worker::new(client.clone(), role, port)
+            let worker = Worker::new(Arc::clone(&engine), role, port)
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .with_breaker(config.lifecycle.breaker);
             workers.add(if dp_aware {

@@ -140,6 +140,7 @@ async fn run<D: Dialect>(
         n,
         tokenizer,
         output,
+        stages: _,
     } = generation;
     let info = GenerationInfo {
         id: request_id,

@@ -14,13 +14,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use futures::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 use super::convert::{sglang, tokenspeed};
 use super::{
-    Embedding, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime, ServerInfo,
+    Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
+    ServerInfo,
 };
 use crate::error::{Error, ErrorCode, Result};
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
@@ -329,6 +331,61 @@ impl EngineClient {
                 self.runtime().name()
             ),
         )
+    }
+}
+
+impl Engine for EngineClient {
+    fn url(&self) -> &str {
+        EngineClient::url(self)
+    }
+
+    fn runtime(&self) -> Runtime {
+        EngineClient::runtime(self)
+    }
+
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>> {
+        Box::pin(EngineClient::generate(self, request))
+    }
+
+    fn encode<'a>(
+        &'a self,
+        request_id: &'a str,
+        item: &'a MediaItem,
+        room: i64,
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(EngineClient::encode(self, request_id, item, room))
+    }
+
+    fn abort<'a>(&'a self, request_id: &'a str, reason: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(EngineClient::abort(self, request_id, reason))
+    }
+
+    fn embed<'a>(
+        &'a self,
+        request_id: &'a str,
+        input_ids: Vec<u32>,
+    ) -> BoxFuture<'a, Result<Embedding>> {
+        Box::pin(EngineClient::embed(self, request_id, input_ids))
+    }
+
+    fn health_check(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(EngineClient::health_check(self))
+    }
+
+    fn model_info(&self) -> BoxFuture<'_, Result<ModelInfo>> {
+        Box::pin(EngineClient::model_info(self))
+    }
+
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfo>> {
+        Box::pin(EngineClient::server_info(self))
+    }
+
+    fn loads(&self) -> BoxFuture<'_, Result<Load>> {
+        Box::pin(EngineClient::loads(self))
+    }
+
+    fn tokenizer_archive(&self) -> BoxFuture<'_, Result<Vec<u8>>> {
+        Box::pin(EngineClient::tokenizer_archive(self))
     }
 }
 

@@ -11,6 +11,9 @@ mod convert;
 pub use client::{EngineClient, EventStream};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use crate::error::Result;
 use smg_shared::tensor::DType;
 
 /// Which engine protocol a worker speaks.
@@ -41,6 +44,51 @@ impl Runtime {
     pub const fn has_encoder(self) -> bool {
         matches!(self, Runtime::TokenSpeed)
     }
+}
+
+/// The calls the gateway makes to one worker, whatever it runs.
+///
+/// Why a trait: the router's retries, blame, leg coupling and cancellation
+/// depend only on what these calls answer and when, so the same pipeline
+/// runs against [`EngineClient`] (gRPC to a real or simulated engine) in
+/// production and against a scripted engine in process, under paused time,
+/// in the router's tests.
+pub trait Engine: std::fmt::Debug + Send + Sync + 'static {
+    /// The worker's URL, as the fleet names it.
+    fn url(&self) -> &str;
+
+    fn runtime(&self) -> Runtime;
+
+    /// Starts a Generate call; see [`EngineClient::generate`].
+    fn generate(&self, request: GenerateRequest) -> BoxFuture<'_, Result<EventStream>>;
+
+    /// Sends one media item to an encode worker; see [`EngineClient::encode`].
+    fn encode<'a>(
+        &'a self,
+        request_id: &'a str,
+        item: &'a MediaItem,
+        room: i64,
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Asks the worker to stop a request; see [`EngineClient::abort`].
+    fn abort<'a>(&'a self, request_id: &'a str, reason: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// Embeds `input_ids`; see [`EngineClient::embed`].
+    fn embed<'a>(
+        &'a self,
+        request_id: &'a str,
+        input_ids: Vec<u32>,
+    ) -> BoxFuture<'a, Result<Embedding>>;
+
+    fn health_check(&self) -> BoxFuture<'_, Result<bool>>;
+
+    fn model_info(&self) -> BoxFuture<'_, Result<ModelInfo>>;
+
+    fn server_info(&self) -> BoxFuture<'_, Result<ServerInfo>>;
+
+    fn loads(&self) -> BoxFuture<'_, Result<Load>>;
+
+    fn tokenizer_archive(&self) -> BoxFuture<'_, Result<Vec<u8>>>;
 }
 
 /// A fresh random rendezvous room valid for `runtime`.

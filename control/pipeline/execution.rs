@@ -21,7 +21,7 @@ use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::engine::{EngineClient, EventStream, GenerateEvent, GenerateRequest};
+use crate::engine::{Engine, EventStream, GenerateEvent, GenerateRequest, MediaItem};
 use crate::error::{Error, ErrorCode, Result};
 use crate::workers::LoadGuard;
 use smg_dataplane::lanes::TensorLease;
@@ -29,12 +29,23 @@ use smg_dataplane::lanes::TensorLease;
 /// One Generate call to make.
 #[derive(Debug)]
 pub struct Leg {
-    pub client: EngineClient,
+    pub client: Arc<dyn Engine>,
     pub request: GenerateRequest,
 }
 
+/// One Encode call to make (EPD): a media item to an encode worker, which
+/// publishes its embedding under `room` for prefill to fetch.
+#[derive(Debug)]
+pub struct EncodeCall {
+    pub client: Arc<dyn Engine>,
+    /// Set by DispatchMetadata: `<engine request id>-enc<item index>`.
+    pub request_id: String,
+    pub item: MediaItem,
+    pub room: i64,
+}
+
 /// A side call whose success the request depends on (an Encode).
-pub type SideCall = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+type SideCall = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
 
 /// Everything one attempt executes.
 pub struct ExecutionPlan {
@@ -43,7 +54,7 @@ pub struct ExecutionPlan {
     /// PD/EPD: the prefill leg, drained in parallel.
     pub prefill: Option<Leg>,
     /// EPD: encode calls that must all succeed.
-    pub side_calls: Vec<SideCall>,
+    pub encodes: Vec<EncodeCall>,
     /// Held until the calls end: worker load counts.
     pub guards: Vec<LoadGuard>,
     /// Held until the calls end: the lane resources (shm slots) of the
@@ -56,15 +67,59 @@ impl std::fmt::Debug for ExecutionPlan {
         f.debug_struct("ExecutionPlan")
             .field("primary", &self.primary)
             .field("prefill", &self.prefill)
-            .field("side_calls", &self.side_calls.len())
+            .field("encodes", &self.encodes)
             .finish()
     }
+}
+
+impl ExecutionPlan {
+    /// DispatchMetadata: names every call of the attempt after
+    /// `engine_request_id` (the legs share it; encode calls add their item's
+    /// index), so a worker's logs, aborts and the gateway's agree.
+    pub fn stamp(&mut self, engine_request_id: &str) {
+        self.primary.request.request_id = engine_request_id.to_owned();
+        if let Some(prefill) = &mut self.prefill {
+            prefill.request.request_id = engine_request_id.to_owned();
+        }
+        for (index, call) in self.encodes.iter_mut().enumerate() {
+            call.request_id = format!("{engine_request_id}-enc{index}");
+        }
+    }
+}
+
+/// An Encode call as a supervised future: a refusal or a failure fails the
+/// request, blaming the encode worker.
+fn encode_call(call: EncodeCall) -> SideCall {
+    Box::pin(async move {
+        let EncodeCall {
+            client,
+            request_id,
+            item,
+            room,
+        } = call;
+        let started = std::time::Instant::now();
+        let result = client.encode(&request_id, &item, room).await;
+        crate::metrics::record_encode(started.elapsed());
+        match result {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::new(
+                ErrorCode::EncodeFailed,
+                format!("encode worker {} refused the image", client.url()),
+            )
+            .with_worker(client.url())),
+            Err(err) => Err(Error::new(
+                ErrorCode::EncodeFailed,
+                format!("encode worker {} failed: {}", client.url(), err.message),
+            )
+            .with_worker(client.url())),
+        }
+    })
 }
 
 /// Aborts a leg on the worker unless disarmed (the leg finished on its own).
 #[derive(Debug)]
 struct AbortOnDrop {
-    client: EngineClient,
+    client: Arc<dyn Engine>,
     request_id: String,
     armed: bool,
 }
@@ -72,7 +127,7 @@ struct AbortOnDrop {
 impl AbortOnDrop {
     fn new(leg: &Leg) -> Self {
         Self {
-            client: leg.client.clone(),
+            client: Arc::clone(&leg.client),
             request_id: leg.request.request_id.clone(),
             armed: true,
         }
@@ -84,7 +139,7 @@ impl Drop for AbortOnDrop {
         if !self.armed {
             return;
         }
-        let client = self.client.clone();
+        let client = Arc::clone(&self.client);
         let request_id = std::mem::take(&mut self.request_id);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
@@ -107,7 +162,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     let ExecutionPlan {
         primary,
         prefill,
-        side_calls,
+        encodes,
         guards,
         leases,
     } = plan;
@@ -127,7 +182,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     // If either fails to start, the guards abort whatever did start.
     let primary_stream = primary_stream?;
     let prefill_stream = prefill_stream.transpose()?;
-    if prefill_stream.is_none() && side_calls.is_empty() {
+    if prefill_stream.is_none() && encodes.is_empty() {
         return Ok(Box::pin(LoneLeg {
             events: primary_stream,
             abort: Some(primary_abort),
@@ -142,7 +197,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     tokio::spawn(async move {
         let _guards = guards;
         let _leases = leases;
-        let mut side: FuturesUnordered<SideCall> = side_calls.into_iter().collect();
+        let mut side: FuturesUnordered<SideCall> = encodes.into_iter().map(encode_call).collect();
         let mut prefill_stream = prefill_stream;
         let mut primary_stream = primary_stream;
         let outcome = supervise(

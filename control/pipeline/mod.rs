@@ -2,10 +2,12 @@
 //!
 //! [`RequestPipeline::build`] composes the stages for each valid pair and
 //! answers `None` where an endpoint does not exist in a mode (the router then
-//! answers 501). Stages share one [`state::ProcessingState`] owned by the
-//! request; resources it holds (worker load guards, leg aborts, lane buffers)
-//! are released by `Drop` when the request ends, however it ends.
+//! answers 501). The list is what runs: the router runs Preparation once,
+//! then [`attempt::run`] executes the remaining stages in this order on each
+//! attempt. Resources the stages hold (worker load guards, leg aborts, lane
+//! leases) are released by `Drop` when the request ends, however it ends.
 
+pub mod attempt;
 pub mod execution;
 pub mod media;
 pub mod prepare;
@@ -72,12 +74,21 @@ pub enum StageKind {
     /// The engine requests: rendezvous info, metadata-only media for
     /// prefill and decode.
     RequestBuilding,
-    /// Ids, model, created time, weight version.
+    /// The attempt's engine request id on every call, and the response's
+    /// created time.
     DispatchMetadata,
     /// Send; PD legs in parallel; EPD encodes supervised.
     RequestExecution,
     /// SSE or JSON; incremental detokenization; stop strings.
     ResponseProcessing,
+}
+
+impl StageKind {
+    /// Whether the stage runs on every attempt (a retry runs it again);
+    /// only Preparation runs once per request.
+    pub const fn per_attempt(self) -> bool {
+        !matches!(self, StageKind::Preparation)
+    }
 }
 
 /// What pipeline construction depends on besides endpoint and mode.

@@ -82,7 +82,8 @@ pub struct ResponseOptions {
     pub stop_strings: Vec<String>,
     pub no_stop_trim: bool,
     /// The whole request must end by then.
-    pub deadline: Instant,
+    /// When the request must be done (tokio's clock, so tests can pause it).
+    pub deadline: tokio::time::Instant,
 }
 
 struct Sequence {
@@ -97,7 +98,7 @@ struct Processor {
     sequences: Vec<Sequence>,
     pending: std::collections::VecDeque<OutputEvent>,
     usage: Usage,
-    deadline: Instant,
+    deadline: tokio::time::Instant,
     done: bool,
 }
 
@@ -240,7 +241,7 @@ impl Processor {
                 return Some(Ok(OutputEvent::Usage(self.usage)));
             }
             let events = self.events.as_mut()?;
-            let next = tokio::time::timeout_at(self.deadline.into(), events.next()).await;
+            let next = tokio::time::timeout_at(self.deadline, events.next()).await;
             let result = match next {
                 Err(_) => Err(Error::new(
                     ErrorCode::RequestTimeout,

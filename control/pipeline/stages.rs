@@ -1,12 +1,13 @@
 //! The stages between Preparation and RequestExecution: WorkerSelection,
 //! ClientAcquisition, Encode (EPD), RequestBuilding and DispatchMetadata.
-//! Each runs once per attempt: a retry picks workers, rooms and engine
-//! request ids afresh.
+//! Each runs once per attempt (see `attempt`, which runs them in the order
+//! the pipeline declares): a retry picks workers, rooms and engine request
+//! ids afresh.
 
 use std::sync::Arc;
 
 use crate::engine::{
-    EncodeBootstrap, EngineClient, GenerateRequest, KvBootstrap, MediaItem, Runtime, TensorPayload,
+    EncodeBootstrap, Engine, GenerateRequest, KvBootstrap, MediaItem, Runtime, TensorPayload,
     mint_room,
 };
 use crate::error::{Error, ErrorCode, Result};
@@ -15,7 +16,7 @@ use crate::mode::{ExecutionPlan as PlanShape, Mode};
 use crate::policies::{Policy, Pool, SelectionRequest};
 use crate::workers::{LoadGuard, Worker, WorkerRole, WorkerSet};
 
-use super::execution::{ExecutionPlan, Leg, SideCall};
+use super::execution::{EncodeCall, ExecutionPlan, Leg};
 use super::prepare::PreparedRequest;
 
 /// The policy of each role.
@@ -46,6 +47,16 @@ pub struct Selection {
     pub prefill: Option<LoadGuard>,
     /// EPD: one encode worker per media item, in item order.
     pub encoders: Vec<LoadGuard>,
+}
+
+impl Selection {
+    /// Every chosen worker: primary, prefill, then the encoders.
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        std::iter::once(&self.primary)
+            .chain(&self.prefill)
+            .chain(&self.encoders)
+            .map(LoadGuard::worker)
+    }
 }
 
 /// Picks one available worker of `role` with the role's policy and holds it
@@ -140,13 +151,13 @@ pub fn select_workers(
 /// ClientAcquisition: the gRPC client of each chosen worker.
 #[derive(Debug)]
 pub struct Clients {
-    pub primary: EngineClient,
-    pub prefill: Option<EngineClient>,
-    pub encoders: Vec<EngineClient>,
+    pub primary: Arc<dyn Engine>,
+    pub prefill: Option<Arc<dyn Engine>>,
+    pub encoders: Vec<Arc<dyn Engine>>,
 }
 
 pub fn acquire_clients(selection: &Selection) -> Clients {
-    let client = |guard: &LoadGuard| guard.worker().client().clone();
+    let client = |guard: &LoadGuard| Arc::clone(guard.worker().client());
     Clients {
         primary: client(&selection.primary),
         prefill: selection.prefill.as_ref().map(client),
@@ -159,7 +170,7 @@ pub fn acquire_clients(selection: &Selection) -> Clients {
 #[derive(Debug, Default)]
 pub struct EncodeDispatch {
     pub bootstrap: Vec<EncodeBootstrap>,
-    pub calls: Vec<(EngineClient, String, MediaItem, i64)>,
+    pub calls: Vec<EncodeCall>,
 }
 
 /// Headroom left in a gRPC message for everything but the tensors.
@@ -221,7 +232,6 @@ pub fn plan_encodes(
     media: &[MediaItem],
     selection: &Selection,
     clients: &Clients,
-    engine_request_id: &str,
 ) -> Result<EncodeDispatch> {
     let mut dispatch = EncodeDispatch::default();
     for (index, (item, (guard, client))) in media
@@ -244,35 +254,14 @@ pub fn plan_encodes(
             port,
             room,
         });
-        dispatch.calls.push((
-            client.clone(),
-            format!("{engine_request_id}-enc{index}"),
-            item.clone(),
+        dispatch.calls.push(EncodeCall {
+            client: Arc::clone(client),
+            request_id: String::new(),
+            item: item.clone(),
             room,
-        ));
+        });
     }
     Ok(dispatch)
-}
-
-fn encode_call(client: EngineClient, request_id: String, item: MediaItem, room: i64) -> SideCall {
-    Box::pin(async move {
-        let started = std::time::Instant::now();
-        let result = client.encode(&request_id, &item, room).await;
-        metrics::record_encode(started.elapsed());
-        match result {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::new(
-                ErrorCode::EncodeFailed,
-                format!("encode worker {} refused the image", client.url()),
-            )
-            .with_worker(client.url())),
-            Err(err) => Err(Error::new(
-                ErrorCode::EncodeFailed,
-                format!("encode worker {} failed: {}", client.url(), err.message),
-            )
-            .with_worker(client.url())),
-        }
-    })
 }
 
 /// The item as prefill and decode see it in EPD (and decode in PD):
@@ -283,7 +272,8 @@ fn metadata_only(item: &MediaItem) -> MediaItem {
     item
 }
 
-/// RequestBuilding + DispatchMetadata: the engine requests of one attempt.
+/// RequestBuilding: the engine requests of one attempt, still unnamed
+/// (DispatchMetadata gives them their ids: [`ExecutionPlan::stamp`]).
 pub fn build_plan(
     mode: Mode,
     request: &PreparedRequest,
@@ -291,7 +281,6 @@ pub fn build_plan(
     selection: Selection,
     clients: Clients,
     encodes: EncodeDispatch,
-    engine_request_id: String,
 ) -> Result<ExecutionPlan> {
     let rank_of = |guard: &LoadGuard| {
         guard
@@ -301,7 +290,6 @@ pub fn build_plan(
     };
     let base = GenerateRequest {
         data_parallel_rank: rank_of(&selection.primary),
-        request_id: engine_request_id,
         input_ids: request.input_ids.clone(),
         original_text: request.prompt_text.clone(),
         sampling: request.sampling.clone(),
@@ -327,7 +315,7 @@ pub fn build_plan(
                 request: base,
             },
             prefill: None,
-            side_calls: Vec::new(),
+            encodes: Vec::new(),
             guards,
             leases,
         });
@@ -378,11 +366,7 @@ pub fn build_plan(
             client: prefill_client,
             request: prefill_request,
         }),
-        side_calls: encodes
-            .calls
-            .into_iter()
-            .map(|(client, id, item, room)| encode_call(client, id, item, room))
-            .collect(),
+        encodes: encodes.calls,
         guards,
         leases,
     })

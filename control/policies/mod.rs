@@ -335,7 +335,7 @@ pub mod test_support {
                     Runtime::TokenSpeed,
                 )
                 .expect("client");
-                Arc::new(Worker::new(client, WorkerRole::Regular, None).expect("worker"))
+                Arc::new(Worker::new(Arc::new(client), WorkerRole::Regular, None).expect("worker"))
             })
             .collect()
     }

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::EngineClient;
+use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
 
 /// A worker's part in the fleet.
@@ -99,7 +99,7 @@ pub struct Worker {
     bootstrap_port: Option<u16>,
     /// The data-parallel rank this logical worker stands for (`--dp-aware`).
     dp_rank: Option<u32>,
-    client: EngineClient,
+    client: Arc<dyn Engine>,
     in_flight: AtomicUsize,
     /// Prompt tokens of the requests in flight.
     in_flight_tokens: AtomicU64,
@@ -117,7 +117,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(
-        client: EngineClient,
+        client: Arc<dyn Engine>,
         role: WorkerRole,
         bootstrap_port: Option<u16>,
     ) -> Result<Self> {
@@ -202,7 +202,8 @@ impl Worker {
         self.role
     }
 
-    pub fn client(&self) -> &EngineClient {
+    /// The worker's engine calls (gRPC in production).
+    pub fn client(&self) -> &Arc<dyn Engine> {
         &self.client
     }
 

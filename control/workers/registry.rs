@@ -26,7 +26,7 @@ use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_probe_loop, worker_id,
 };
-use crate::engine::{EngineClient, Runtime, ServerInfo};
+use crate::engine::{Engine, EngineClient, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
 
 /// How long a registration waits for the worker's discovery RPCs.
@@ -317,9 +317,10 @@ impl WorkerRegistry {
             // Its lane exists before its first request can pick it.
             Arc::clone(&self.lanes).prepare(wanted.mode).await;
         }
+        let engine: Arc<dyn Engine> = Arc::new(client);
         let workers = (0..ranks.unwrap_or(1))
             .map(|rank| {
-                let worker = Worker::new(client.clone(), role, port)
+                let worker = Worker::new(Arc::clone(&engine), role, port)
                     .map_err(|err| err.message)?
                     .with_lane_override(lane_override)
                     .with_breaker(self.lifecycle.breaker)

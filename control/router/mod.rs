@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use futures::StreamExt;
+use tokio::time::Instant;
 
 use crate::engine::Embedding;
 use crate::engine::Runtime;
@@ -16,16 +17,13 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::lanes::LaneDecision;
 use crate::metrics;
 use crate::mode::Mode;
-use crate::pipeline::execution::execute;
+use crate::pipeline::attempt::{self, AttemptContext, AttemptOutcome};
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
-use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
+use crate::pipeline::respond::OutputStream;
 use crate::pipeline::spec::{GenerationSpec, InputItem};
-use crate::pipeline::stages::{
-    EncodeDispatch, RolePolicies, Selection, acquire_clients, build_plan, media_for_attempt, pick,
-    plan_encodes, select_workers,
-};
+use crate::pipeline::stages::{RolePolicies, pick};
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
 use crate::policies::SelectionRequest;
 use crate::tokenizer::Tokenizer;
@@ -91,6 +89,9 @@ pub struct Generation {
     pub n: u32,
     /// The model's tokenizer (responses render token ids with it).
     pub tokenizer: crate::tokenizer::Tokenizer,
+    /// The pipeline stages that ran for it, in order: Preparation, then
+    /// those of the attempt that answered.
+    pub stages: Vec<StageKind>,
     pub output: OutputStream,
 }
 
@@ -187,20 +188,37 @@ impl Router {
             routing_key,
         )
         .await?;
+        self.dispatch(pipeline, request, started).await
+    }
+
+    /// Runs a prepared request's attempts, retrying as configured, until
+    /// one has produced its first event.
+    async fn dispatch(
+        &self,
+        pipeline: &RequestPipeline,
+        request: PreparedRequest,
+        started: Instant,
+    ) -> Result<Generation> {
         let deadline = started + self.parts.request_timeout;
-        let output = self
+        let Attempted {
+            output,
+            ran,
+            created,
+        } = self
             .with_retries(&request.request_id, deadline, |attempt| {
                 self.attempt(pipeline, &request, attempt, deadline)
             })
             .await?;
+        let mut stages = Vec::with_capacity(ran.len() + 1);
+        stages.push(StageKind::Preparation);
+        stages.extend(ran);
         Ok(Generation {
-            request_id: request.request_id.clone(),
-            model: request.model.clone(),
-            created: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            request_id: request.request_id,
+            model: request.model,
+            created,
             n: request.sampling.n,
             tokenizer: self.parts.tokenizer.clone(),
+            stages,
             output,
         })
     }
@@ -223,7 +241,7 @@ impl Router {
         let mut number = 0;
         loop {
             number += 1;
-            let outcome = tokio::time::timeout_at(deadline.into(), attempt(number))
+            let outcome = tokio::time::timeout_at(deadline, attempt(number))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Error::new(
@@ -318,43 +336,48 @@ impl Router {
         .await
     }
 
-    /// One attempt: the stages after Preparation, up to the first output
-    /// event (so a failure before any byte reaches the client can retry).
-    /// The outcome feeds the chosen workers' circuit breakers: success once
-    /// the first event arrives, failure on a worker's fault before or during
-    /// the stream.
+    /// One attempt: the pipeline's attempt-scoped stages
+    /// ([`attempt::run`]), up to the first output event (so a failure before
+    /// any byte reaches the client can retry). The outcome feeds the chosen
+    /// workers' circuit breakers: success once the first event arrives,
+    /// failure on a worker's fault before or during the stream.
     async fn attempt(
         &self,
         pipeline: &RequestPipeline,
         request: &PreparedRequest,
         attempt: u32,
         deadline: Instant,
-    ) -> Result<OutputStream> {
-        let engine_request_id = format!("{}-{attempt}", request.request_id);
-        let selection = select_workers(
-            self.parts.mode,
+    ) -> Result<Attempted> {
+        let context = AttemptContext {
+            mode: self.parts.mode,
             request,
-            &self.parts.workers,
-            &self.parts.policies,
-        )?;
-        let chosen: Vec<Arc<Worker>> = std::iter::once(&selection.primary)
-            .chain(&selection.prefill)
-            .chain(&selection.encoders)
-            .map(|guard| Arc::clone(guard.worker()))
-            .collect();
-        let outcome = self
-            .attempt_on(pipeline, request, selection, engine_request_id, deadline)
-            .await;
-        match outcome {
+            workers: &self.parts.workers,
+            policies: &self.parts.policies,
+            tokenizer: &self.parts.tokenizer,
+            engine_request_id: format!("{}-{attempt}", request.request_id),
+            deadline,
+        };
+        let AttemptOutcome {
+            result,
+            chosen,
+            ran,
+            created,
+        } = attempt::run(pipeline, context).await;
+        match result {
             Ok(output) => {
                 for worker in &chosen {
                     worker.record_outcome(true);
                 }
-                Ok(Box::pin(output.inspect(move |event| {
+                let output: OutputStream = Box::pin(output.inspect(move |event| {
                     if let Err(err) = event {
                         record_failure(&chosen, err);
                     }
-                })))
+                }));
+                Ok(Attempted {
+                    output,
+                    ran,
+                    created,
+                })
             }
             Err(err) => {
                 record_failure(&chosen, &err);
@@ -362,59 +385,13 @@ impl Router {
             }
         }
     }
+}
 
-    /// The attempt's stages after WorkerSelection.
-    async fn attempt_on(
-        &self,
-        pipeline: &RequestPipeline,
-        request: &PreparedRequest,
-        selection: Selection,
-        engine_request_id: String,
-        deadline: Instant,
-    ) -> Result<OutputStream> {
-        let mode = self.parts.mode;
-        let clients = acquire_clients(&selection);
-        let media = media_for_attempt(request)?;
-        let encodes = if pipeline.has_stage(StageKind::Encode) {
-            plan_encodes(&media, &selection, &clients, &engine_request_id)?
-        } else {
-            EncodeDispatch::default()
-        };
-        let plan = build_plan(
-            mode,
-            request,
-            media,
-            selection,
-            clients,
-            encodes,
-            engine_request_id,
-        )?;
-        let legs_started = Instant::now();
-        let events = execute(plan).await?;
-        if mode != Mode::Regular {
-            metrics::record_pd_legs_start(mode.metrics_label(), legs_started.elapsed());
-        }
-        let options = ResponseOptions {
-            tokenizer: self.parts.tokenizer.clone(),
-            n: request.sampling.n,
-            skip_special_tokens: request.sampling.skip_special_tokens,
-            stop_strings: request.stop_strings.clone(),
-            no_stop_trim: request.sampling.no_stop_trim,
-            deadline,
-        };
-        let mut output = process(events, options);
-        // Wait for the first event: an error here is still retryable.
-        match output.next().await {
-            Some(Err(err)) => Err(err),
-            Some(Ok(first)) => Ok(Box::pin(
-                futures::stream::once(async { Ok(first) }).chain(output),
-            )),
-            None => Err(Error::new(
-                ErrorCode::StreamInterrupted,
-                "the response ended before it began",
-            )),
-        }
-    }
+/// A successful attempt.
+struct Attempted {
+    output: OutputStream,
+    ran: Vec<StageKind>,
+    created: u64,
 }
 
 /// Charges a failure to the chosen worker it blames, if it counts against
@@ -428,92 +405,4 @@ fn record_failure(chosen: &[Arc<Worker>], err: &Error) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn retry() -> RetryConfig {
-        RetryConfig {
-            max_retries: 3,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_millis(300),
-            multiplier: 2.0,
-            jitter_factor: 0.0,
-            disabled: false,
-        }
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let config = retry();
-        assert_eq!(config.backoff(1), Duration::from_millis(100));
-        assert_eq!(config.backoff(2), Duration::from_millis(200));
-        assert_eq!(config.backoff(3), Duration::from_millis(300));
-        assert_eq!(config.backoff(9), Duration::from_millis(300));
-    }
-
-    #[test]
-    fn jitter_stays_within_its_factor() {
-        let config = RetryConfig {
-            jitter_factor: 0.5,
-            ..retry()
-        };
-        for _ in 0..100 {
-            let pause = config.backoff(1).as_secs_f64();
-            assert!((0.05..=0.15).contains(&pause), "{pause}");
-        }
-    }
-
-    #[test]
-    fn disabled_retries_mean_one_attempt() {
-        assert_eq!(
-            RetryConfig {
-                disabled: true,
-                ..retry()
-            }
-            .attempts(),
-            1
-        );
-        assert_eq!(retry().attempts(), 4);
-    }
-
-    fn worker_at(url: &str) -> Arc<Worker> {
-        let client = crate::engine::EngineClient::new(url, Runtime::TokenSpeed).expect("valid URL");
-        let breaker = crate::workers::BreakerConfig {
-            failure_threshold: 1,
-            ..Default::default()
-        };
-        Arc::new(
-            Worker::new(client, WorkerRole::Regular, None)
-                .expect("worker")
-                .with_breaker(breaker),
-        )
-    }
-
-    #[tokio::test]
-    async fn a_failure_charges_only_the_worker_it_blames() {
-        let short = worker_at("grpc://h:5000");
-        let long = worker_at("grpc://h:50001");
-        let chosen = [Arc::clone(&short), Arc::clone(&long)];
-        let unavailable = tonic::Status::unavailable("connection refused");
-        // The message of the long URL's error contains the short URL.
-        record_failure(
-            &chosen,
-            &Error::from_worker_status(&unavailable, "grpc://h:50001"),
-        );
-        assert!(short.is_available(), "h:5000 was not to blame");
-        assert!(!long.is_available(), "h:50001's circuit opened");
-
-        let other = worker_at("grpc://h:7");
-        let gateway_fault = Error::new(
-            ErrorCode::RequestTimeout,
-            "the request exceeded its time limit",
-        );
-        let unnamed = Error::new(ErrorCode::StreamInterrupted, "grpc://h:7 ended early");
-        let rejected =
-            Error::from_worker_status(&tonic::Status::invalid_argument("bad"), "grpc://h:7");
-        for err in [gateway_fault, unnamed, rejected] {
-            record_failure(std::slice::from_ref(&other), &err);
-            assert!(other.is_available(), "{err} must not open a circuit");
-        }
-    }
-}
+mod tests;
