@@ -81,18 +81,20 @@ fn bundled_model() -> PathBuf {
 /// Makes the child get SIGTERM when the demo dies, even by SIGKILL (where
 /// no destructor runs). The signal follows the thread that forked, and the
 /// demo starts its fleet from the main thread, which lives as long as it.
+// `pre_exec` has no safe form: this is the control plane's one `unsafe`.
+#[allow(unsafe_code)]
 fn die_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
-    let parent = std::process::id();
+    let parent = nix::unistd::Pid::this();
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, getppid); it allocates nothing.
+    // async-signal-safe calls (prctl, getppid); it allocates nothing on
+    // success.
     unsafe {
         command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)?;
             // The parent may have died before the prctl took effect.
-            if libc::getppid() as u32 != parent {
+            if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::other(
                     "the demo exited while starting its fleet",
                 ));

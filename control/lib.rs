@@ -7,6 +7,12 @@
 //! strings), and media intake (`media`: image references to raw bytes, under
 //! an SSRF guard and byte caps). Per-byte work (images, tensors) belongs to
 //! the `smg-dataplane` crate, reached only through the rings in `smg-shared`.
+//!
+//! No `unsafe` here: raw memory and syscalls belong to the data plane. The
+//! one exception (`demo`'s `pre_exec`) is allowed where it stands.
+
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod api;
 pub mod cli;
