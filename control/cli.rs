@@ -19,6 +19,7 @@ use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand, 
 use smg_dataplane::IoBackend;
 use smg_dataplane::lanes::rdma::RdmaBackend;
 
+use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     DataPlaneSettings, FleetConfig, GatewayConfig, ListenConfig, LogConfig, ModelSource,
     PolicyChoice, RoutingConfig, WorkerAddress,
@@ -517,6 +518,30 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 1800)]
     pub request_timeout_secs: u64,
 
+    /// Requests served at once (admission control); the rest wait in the
+    /// queue. -1 (or 0): no limit, as in SMG.
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub max_concurrent_requests: i64,
+    /// Requests that may wait for a slot when all are taken; beyond it,
+    /// 429 queue_full.
+    #[arg(long, default_value_t = 100)]
+    pub queue_size: usize,
+    /// How long a request may wait for a slot; then 408 queue_timeout.
+    #[arg(long, default_value_t = 60)]
+    pub queue_timeout_secs: u64,
+    /// Requests per second (a token bucket), per tenant when tenant keys
+    /// are configured; unset: no rate limit.
+    #[arg(long)]
+    pub rate_limit_tokens_per_second: Option<f64>,
+    /// The token bucket's capacity (a burst); default: one second's worth
+    /// of the rate, at least 1.
+    #[arg(long)]
+    pub rate_limit_burst: Option<f64>,
+    /// TENANT=CLASS: the tenant's priority class in the admission queue
+    /// (system, interactive, default, bulk). Repeatable.
+    #[arg(long, value_name = "TENANT=CLASS")]
+    pub tenant_priority: Vec<String>,
+
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
     /// Log as JSON lines.
@@ -628,6 +653,40 @@ fn at_least<T: PartialOrd + std::fmt::Display>(
         ));
     }
     Ok(value)
+}
+
+/// Admission control from its flags.
+fn admission(args: &LaunchArgs) -> Result<AdmissionConfig, ConfigError> {
+    let rate = match args.rate_limit_tokens_per_second {
+        None => None,
+        Some(per_second) if per_second.is_finite() && per_second > 0.0 => {
+            let burst = args.rate_limit_burst.unwrap_or(per_second.max(1.0));
+            if !burst.is_finite() || burst < 1.0 {
+                return Err(ConfigError::new(
+                    "rate-limit-burst",
+                    format!("{burst} is less than one request"),
+                ));
+            }
+            Some(RateLimit { per_second, burst })
+        }
+        Some(other) => {
+            return Err(ConfigError::new(
+                "rate-limit-tokens-per-second",
+                format!("{other} is not a positive rate"),
+            ));
+        }
+    };
+    Ok(AdmissionConfig {
+        max_concurrent: usize::try_from(args.max_concurrent_requests)
+            .ok()
+            .filter(|&limit| limit > 0),
+        queue_size: args.queue_size,
+        queue_timeout: seconds("queue-timeout-secs", args.queue_timeout_secs)?,
+        rate,
+        tenant_priorities: named_values("tenant-priority", &args.tenant_priority, |class| {
+            class.parse::<Priority>()
+        })?,
+    })
 }
 
 fn seconds(flag: &'static str, secs: u64) -> Result<Duration, ConfigError> {
@@ -844,6 +903,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             allow_private_hosts,
             ..MediaConfig::default()
         };
+        let admission = admission(&args)?;
         let dataplane = DataPlaneSettings {
             cores: args
                 .dataplane_cores
@@ -866,6 +926,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             lifecycle,
             lanes,
             media,
+            admission,
             dataplane,
             log: LogConfig {
                 level: args.log_level.as_filter(),

@@ -19,6 +19,7 @@ use std::time::Duration;
 use smg_dataplane::IoBackend;
 use smg_dataplane::runtime::{CorePlan, DataPlaneConfig};
 
+use crate::admission::AdmissionConfig;
 use crate::engine::Runtime;
 use crate::lanes::LaneSettings;
 use crate::media::MediaConfig;
@@ -41,6 +42,8 @@ pub struct GatewayConfig {
     pub lifecycle: Lifecycle,
     pub lanes: LaneSettings,
     pub media: MediaConfig,
+    /// How much work the gateway takes on at once, and who waits.
+    pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,
     pub log: LogConfig,
 }

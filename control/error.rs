@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Who caused a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +124,16 @@ error_codes! {
     NoHealthyWorker => ("no_healthy_worker", 503, Gateway, true, free),
     /// The gateway is at capacity (a full queue or ring).
     Overloaded => ("overloaded", 503, Gateway, true, free),
+    /// Every admission slot is taken and the admission queue is full
+    /// (`--max-concurrent-requests`, `--queue-size`); `Retry-After` says
+    /// when to try again.
+    QueueFull => ("queue_full", 429, Gateway, false, free),
+    /// The request waited in the admission queue longer than
+    /// `--queue-timeout-secs` (408 as in SMG, with `Retry-After`).
+    QueueTimeout => ("queue_timeout", 408, Gateway, false, free),
+    /// Over the request rate (`--rate-limit-tokens-per-second`, per tenant
+    /// when tenants exist); `Retry-After` says when the next token comes.
+    RateLimited => ("rate_limited", 429, Client, false, free),
     /// Every data-plane core's job ring stayed full for the submit deadline
     /// (`--dataplane-submit-timeout-ms`): images arrive faster than the data
     /// plane preprocesses them.
@@ -169,6 +180,8 @@ pub struct Error {
     /// The URL of the worker whose answer (or silence) this is, when one
     /// is to blame.
     pub worker: Option<Arc<str>>,
+    /// When trying again may succeed (the `Retry-After` header).
+    pub retry_after: Option<Duration>,
 }
 
 impl Error {
@@ -178,7 +191,14 @@ impl Error {
             message: message.into(),
             param: None,
             worker: None,
+            retry_after: None,
         }
+    }
+
+    /// Tells the client when trying again may succeed.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     /// Blames the worker at `url`.
@@ -291,6 +311,37 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
+
+    /// The README's error table is the documentation clients read: every
+    /// code is in it with its status, and it lists no code that does not
+    /// exist.
+    #[test]
+    fn the_readme_documents_every_code_with_its_status() {
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+            .expect("README.md");
+        let documented: std::collections::HashMap<&str, u16> = readme
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.strip_prefix("| `")?.split('|');
+                let code = cells.next()?.trim().strip_suffix('`')?;
+                let status = cells.next()?.trim().parse().ok()?;
+                Some((code, status))
+            })
+            .collect();
+        for code in ErrorCode::ALL {
+            assert_eq!(
+                documented.get(code.as_str()),
+                Some(&code.http_status()),
+                "README error table row for {code}"
+            );
+        }
+        for code in documented.keys() {
+            assert!(
+                ErrorCode::ALL.iter().any(|known| known.as_str() == *code),
+                "README documents {code}, which no longer exists"
+            );
+        }
+    }
     use super::*;
     use std::collections::HashSet;
 

@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+pub mod admission;
 pub mod api;
 pub mod cli;
 pub mod config;

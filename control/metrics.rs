@@ -22,6 +22,10 @@ pub const BREAKER_STATE: &str = "smg_worker_cb_state";
 pub const BREAKER_TRANSITIONS: &str = "smg_worker_cb_transitions_total";
 pub const LOAD_READINGS: &str = "smg_worker_load_readings_total";
 pub const LOAD_AGE: &str = "smg_worker_load_age_seconds";
+pub const ADMISSION_IN_FLIGHT: &str = "smg_admission_in_flight";
+pub const ADMISSION_QUEUE_DEPTH: &str = "smg_admission_queue_depth";
+pub const ADMISSION_WAIT: &str = "smg_admission_queue_wait_seconds";
+pub const ADMISSION_REFUSALS: &str = "smg_admission_refusals_total";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -116,4 +120,21 @@ pub fn record_load_age(worker: &str, role: &'static str, age: Option<Duration>) 
 /// A fresh `GetLoads` reading arrived (its age is 0 now).
 pub fn record_load_reading(worker: &str, role: &'static str) {
     metrics::counter!(LOAD_READINGS, "worker" => worker.to_owned(), "role" => role).increment(1);
+}
+
+/// Admission's occupancy after a change: requests served and waiting.
+pub fn record_admission(in_flight: usize, waiting: usize) {
+    metrics::gauge!(ADMISSION_IN_FLIGHT).set(in_flight as f64);
+    metrics::gauge!(ADMISSION_QUEUE_DEPTH).set(waiting as f64);
+}
+
+/// How long a queued request waited, admitted or not.
+pub fn record_admission_wait(waited: Duration, priority: &'static str) {
+    metrics::histogram!(ADMISSION_WAIT, "priority" => priority).record(waited.as_secs_f64());
+}
+
+/// A request admission refused: `queue_full`, `queue_timeout` or
+/// `rate_limited`.
+pub fn record_admission_refusal(reason: &'static str, priority: &'static str) {
+    metrics::counter!(ADMISSION_REFUSALS, "reason" => reason, "priority" => priority).increment(1);
 }

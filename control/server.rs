@@ -194,7 +194,11 @@ async fn serve_with(
         }
     };
     drop(env);
-    let state = Arc::new(AppState::of(fleet).with_aliases(config.routing.aliases.clone()));
+    let state = Arc::new(
+        AppState::of(fleet)
+            .with_aliases(config.routing.aliases.clone())
+            .with_admission(config.admission.clone()),
+    );
 
     let listen = &config.listen;
     let http = TcpListener::bind((listen.host.as_str(), listen.port))

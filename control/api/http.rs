@@ -26,13 +26,19 @@ pub type SharedState = Arc<AppState>;
 
 /// The routing table of the public API.
 pub fn app(state: SharedState) -> HttpRouter {
-    HttpRouter::new()
+    let inference = HttpRouter::new()
         .route("/v1/chat/completions", post(endpoints::chat_completions))
         .route("/v1/completions", post(endpoints::completions))
         .route("/generate", post(endpoints::generate))
         .route("/v1/messages", post(endpoints::messages))
         .route("/v1/embeddings", post(endpoints::embeddings))
         .route("/v1/classify", post(endpoints::classify))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            super::admit::admit,
+        ));
+    HttpRouter::new()
+        .merge(inference)
         .route("/v1/models", get(endpoints::models))
         .route("/health", get(health))
         .route("/liveness", get(liveness))
@@ -81,7 +87,15 @@ pub async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
 pub fn error_response(err: &Error) -> Response {
     let status =
         StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(err.to_openai_json())).into_response()
+    let mut response = (status, axum::Json(err.to_openai_json())).into_response();
+    if let Some(after) = err.retry_after {
+        // Whole seconds, rounded up: "0" would invite an immediate retry.
+        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    }
+    response
 }
 
 impl IntoResponse for Error {

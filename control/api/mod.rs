@@ -3,6 +3,7 @@
 //! server plumbing (`http`: routes, SSE framing, errors, listeners).
 
 mod admin;
+mod admit;
 mod endpoints;
 mod http;
 mod logprobs;

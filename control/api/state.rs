@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::admission::{Admission, AdmissionConfig};
 use crate::error::{Error, ErrorCode, Result};
 use crate::models::ModelTable;
 use crate::pipeline::prepare::ServedModel;
@@ -38,6 +39,8 @@ pub struct AppState {
     /// `--model-alias ALIAS=MODEL`.
     pub aliases: HashMap<String, String>,
     pub started: Instant,
+    /// Admission control of the inference routes.
+    pub admission: Arc<Admission>,
 }
 
 impl AppState {
@@ -71,7 +74,13 @@ impl AppState {
             fleet,
             aliases: HashMap::new(),
             started: Instant::now(),
+            admission: Admission::new(AdmissionConfig::default()),
         }
+    }
+
+    pub fn with_admission(mut self, config: AdmissionConfig) -> Self {
+        self.admission = Admission::new(config);
+        self
     }
 
     pub fn with_aliases(mut self, aliases: HashMap<String, String>) -> Self {
