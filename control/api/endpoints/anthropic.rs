@@ -183,3 +183,117 @@ pub(crate) async fn messages(
     run::<MessagesDialect>(state, &headers, &body).await
 }
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! The exact bytes `/v1/messages` writes: named events streamed, the
+    //! message whole, and Anthropic-shaped errors.
+    use super::super::fixtures::{body, collected, info, text, usage};
+    use super::*;
+    use crate::error::ErrorCode;
+
+    fn dialect() -> MessagesDialect {
+        MessagesDialect {
+            block_open: false,
+            stop: None,
+        }
+    }
+
+    /// The `event: <name>\ndata: <json>\n\n` frames of `events`.
+    fn events(events: &[(&str, &str)]) -> Vec<String> {
+        events
+            .iter()
+            .map(|(name, json)| format!("event: {name}\ndata: {json}\n\n"))
+            .collect()
+    }
+
+    const MESSAGE_START: (&str, &str) = (
+        "message_start",
+        r#"{"type":"message_start","message":{"id":"req-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}}}"#,
+    );
+    const BLOCK_START: (&str, &str) = (
+        "content_block_start",
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+    );
+    const MESSAGE_STOP: (&str, &str) = ("message_stop", r#"{"type":"message_stop"}"#);
+
+    #[test]
+    fn a_stream_is_one_text_block_between_start_and_stop() {
+        let info = info();
+        let mut dialect = dialect();
+        let mut out = dialect.start(&info);
+        out.extend(dialect.delta(&info, 0, "Hello".into(), &[39, 415], None));
+        out.extend(dialect.delta(&info, 0, " world".into(), &[78, 1009], None));
+        let matched = Some(MatchedStop::Text("!".into()));
+        out.extend(dialect.finish(&info, 0, FinishReason::Stop, matched));
+        out.extend(dialect.usage(&info, &usage()));
+        out.extend(dialect.end());
+        let expected = [
+            MESSAGE_START,
+            BLOCK_START,
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" world"}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"!"},"usage":{"output_tokens":3}}"#,
+            ),
+            MESSAGE_STOP,
+        ];
+        assert_eq!(text(out), events(&expected));
+    }
+
+    #[test]
+    fn a_stream_that_fails_ends_with_an_error_event_then_message_stop() {
+        let info = info();
+        let mut dialect = dialect();
+        let mut out = dialect.start(&info);
+        out.extend(dialect.error(&Error::internal("boom")));
+        out.extend(dialect.end());
+        let expected = [
+            MESSAGE_START,
+            BLOCK_START,
+            (
+                "error",
+                r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
+            ),
+            MESSAGE_STOP,
+        ];
+        assert_eq!(text(out), events(&expected));
+    }
+
+    #[tokio::test]
+    async fn the_whole_message_and_errors_are_pinned() {
+        let info = info();
+        assert_eq!(
+            body(dialect().json(&info, collected())).await,
+            r#"{"id":"req-1","type":"message","role":"assistant","content":[{"type":"text","text":"Hello world"}],"model":"m","stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":3,"cache_read_input_tokens":2}}"#
+        );
+        let response =
+            MessagesDialect::error_response(&Error::new(ErrorCode::NoHealthyWorker, "none"));
+        assert_eq!(response.status(), 503);
+        assert_eq!(
+            body(response).await,
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"none"}}"#
+        );
+        // A generation without output is the gateway's fault, reported in
+        // the OpenAI shape (as before the split).
+        let mut empty = collected();
+        empty.choices.clear();
+        let response = dialect().json(&info, empty);
+        assert_eq!(response.status(), 500);
+        assert_eq!(
+            body(response).await,
+            r#"{"error":{"message":"the generation produced no output","type":"server_error","param":null,"code":"internal_error"}}"#
+        );
+    }
+}

@@ -173,3 +173,94 @@ pub(crate) async fn generate(
     run::<GenerateDialect>(state, &headers, &body).await
 }
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    //! The exact bytes `/generate` writes, streamed and whole, except the
+    //! wall-clock `e2e_latency`, which is checked to be a duration and then
+    //! zeroed.
+    use super::super::fixtures::{body, collected, frames, info, text, usage};
+    use super::*;
+
+    /// `text` with its `e2e_latency` values replaced by 0, after checking
+    /// each is a number of seconds.
+    fn without_latency(text: &str) -> String {
+        const KEY: &str = r#""e2e_latency":"#;
+        let mut out = String::new();
+        let mut rest = text;
+        while let Some(at) = rest.find(KEY) {
+            let (head, tail) = rest.split_at(at + KEY.len());
+            let end = tail.find([',', '}']).unwrap();
+            let seconds: f64 = tail[..end].parse().unwrap();
+            assert!((0.0..60.0).contains(&seconds), "{text}");
+            out.push_str(head);
+            out.push('0');
+            rest = &tail[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    fn dialect(n: u32) -> GenerateDialect {
+        GenerateDialect {
+            n,
+            sequences: Vec::new(),
+            finished: Vec::new(),
+            usage: Usage::default(),
+        }
+    }
+
+    #[test]
+    fn streamed_chunks_carry_each_sequence_so_far() {
+        let info = info();
+        let mut dialect = dialect(2);
+        let mut out = dialect.start(&info);
+        out.extend(dialect.delta(&info, 0, "Hello".into(), &[39, 415], None));
+        out.extend(dialect.usage(&info, &usage()));
+        out.extend(dialect.delta(&info, 1, "Hi".into(), &[78], None));
+        out.extend(dialect.delta(&info, 0, " world".into(), &[78, 1009], None));
+        out.extend(dialect.finish(&info, 0, FinishReason::Length, None));
+        out.extend(dialect.finish(&info, 2, FinishReason::Abort, None));
+        let matched = Some(MatchedStop::TokenId(2));
+        out.extend(dialect.finish(&info, 1, FinishReason::Stop, matched));
+        out.extend(dialect.end());
+        let out: Vec<String> = text(out).iter().map(|f| without_latency(f)).collect();
+        let expected = [
+            r#"{"text":"Hello","output_ids":[39,415],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":0,"completion_tokens":2,"cached_tokens":0,"e2e_latency":0},"index":0}"#,
+            r#"{"text":"Hi","output_ids":[78],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":1,"cached_tokens":2,"e2e_latency":0},"index":1}"#,
+            r#"{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0},"index":0}"#,
+            r#"{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":{"type":"length","length":4},"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0},"index":0}"#,
+            r#"{"text":"","output_ids":[],"meta_info":{"id":"req-1","finish_reason":{"type":"abort","message":"aborted"},"prompt_tokens":5,"completion_tokens":0,"cached_tokens":2,"e2e_latency":0},"index":2}"#,
+            r#"{"text":"Hi","output_ids":[78],"meta_info":{"id":"req-1","finish_reason":{"type":"stop","matched":2},"prompt_tokens":5,"completion_tokens":1,"cached_tokens":2,"e2e_latency":0},"index":1}"#,
+            "[DONE]",
+        ];
+        assert_eq!(out, frames(&expected));
+    }
+
+    #[tokio::test]
+    async fn one_sequence_answers_an_object_and_several_a_list() {
+        let info = info();
+        let dialect = dialect(2);
+        assert_eq!(
+            without_latency(&body(dialect.json(&info, collected())).await),
+            r#"[{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":{"type":"length","length":4},"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0},"index":0},{"text":"Hi","output_ids":[78],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":1,"cached_tokens":2,"e2e_latency":0},"index":1}]"#
+        );
+        let mut one = collected();
+        one.choices.truncate(1);
+        assert_eq!(
+            without_latency(&body(dialect.json(&info, one)).await),
+            r#"{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":{"type":"length","length":4},"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0}}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn errors_are_openai_shaped() {
+        let err = crate::error::Error::new(crate::error::ErrorCode::NoHealthyWorker, "none");
+        let response = GenerateDialect::error_response(&err);
+        assert_eq!(response.status(), 503);
+        assert_eq!(
+            body(response).await,
+            r#"{"error":{"message":"none","type":"service_unavailable_error","param":null,"code":"no_healthy_worker"}}"#
+        );
+    }
+}
