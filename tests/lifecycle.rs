@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use support::{Gateway, SimWorker, bounded};
+use support::{Gateway, SimWorker, bounded, poll_until};
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -53,14 +53,9 @@ async fn chat(gateway: &Gateway, extra: Value) -> (u16, Value) {
 
 /// Polls `GET /workers/{id}` until `done` accepts the status.
 async fn wait_status(gateway: &Gateway, id: &str, what: &str, done: impl Fn(u16, &Value) -> bool) {
-    bounded(what, async {
-        loop {
-            let (code, body) = get(gateway, &format!("/workers/{id}")).await;
-            if done(code, &body) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    poll_until(what, async || {
+        let (code, body) = get(gateway, &format!("/workers/{id}")).await;
+        done(code, &body).then_some(())
     })
     .await;
 }
@@ -374,7 +369,7 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
 
     // The worker is replaced by a healthy one on the same address, slow to
     // its first token (a prompt of a dozen tokens or more takes over half a
-    // second to prefill).
+    // second to prefill), so a trial request stays in flight a while.
     failing.kill();
     let healthy = SimWorker::start(
         "tokenspeed",
@@ -382,16 +377,26 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
         &["--port", &port, "--prefill-tokens-per-sec", "20"],
     );
     assert_eq!(healthy.grpc_url(), url);
-    tokio::time::sleep(Duration::from_millis(1100)).await;
-    // Half-open: one trial request (the success threshold) goes through and
-    // closes the circuit; a request arriving while the trial is still
-    // without a verdict finds no trial slot.
-    let messages = json!([{"role": "user", "content": "Hello, fleet."}]);
-    let ((code, body), (second_code, second)) =
-        tokio::join!(chat(&gateway, json!({"messages": messages})), async {
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            chat(&gateway, json!({})).await
-        });
+    // Half-open: once the open period is over, the next request is the one
+    // trial (the success threshold) and closes the circuit. Only an
+    // admission notices the period is over, so ask until one is admitted.
+    let trial = poll_until("the circuit admits a trial", async || {
+        let (code, body) = chat(&gateway, json!({})).await;
+        let refused = code == 503 && body["error"]["code"] == "no_healthy_worker";
+        (!refused).then_some((code, body))
+    });
+    // A request arriving while the trial is in flight without a verdict
+    // (the worker shows the half-open circuit and one request) finds no
+    // trial slot.
+    let during_trial = async {
+        poll_until("the trial is in flight", async || {
+            let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+            (status["circuit"] == "half_open" && status["in_flight"] == 1).then_some(())
+        })
+        .await;
+        chat(&gateway, json!({})).await
+    };
+    let ((code, body), (second_code, second)) = tokio::join!(trial, during_trial);
     assert_eq!(
         (second_code, second["error"]["code"].as_str()),
         (503, Some("no_healthy_worker")),
@@ -414,14 +419,9 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
 /// Asks for `model` until it stops answering 503 (its mode or tokenizer is
 /// still settling); returns the first other answer.
 async fn once_served(gateway: &Gateway, model: &str) -> (u16, Value) {
-    bounded("the model serves", async {
-        loop {
-            let (code, body) = chat(gateway, json!({"model": model})).await;
-            if code != 503 {
-                return (code, body);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    poll_until("the model serves", async || {
+        let (code, body) = chat(gateway, json!({"model": model})).await;
+        (code != 503).then_some((code, body))
     })
     .await
 }

@@ -14,7 +14,7 @@ use smg::proto::tokenspeed_encoder as enc;
 use smg::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use smg::proto::tokenspeed_scheduler as ts;
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
-use support::{SimWorker, bounded, digest, expected_header};
+use support::{SimWorker, bounded, digest, expected_header, poll_until};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -418,9 +418,16 @@ async fn tokenspeed_pd_decode_gets_prefill_kv_by_int64_room() {
         kv_bootstrap_info: Some(kv.clone()),
         ..ts_request(id, &ids, exactly(32), true)
     };
-    // Decode starts first and waits for the KV, as in a real rendezvous.
+    // Decode starts first and waits for the KV, as in a real rendezvous:
+    // prefill is sent only once decode runs the request (counted as running
+    // when it takes its scheduler slot, whose only next step is the KV
+    // fetch).
+    let mut decode_loads = decode_client.clone();
     let (decoded, prefilled) = tokio::join!(ts_generate(&mut decode_client, leg("pd-1")), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_until("decode runs the request", async || {
+            (running_requests(&mut decode_loads).await == 1).then_some(())
+        })
+        .await;
         ts_generate(&mut prefill_client, leg("pd-1")).await
     });
     let prefill_done = prefilled.only_complete();
@@ -752,10 +759,8 @@ async fn a_cancelled_stream_frees_its_request() {
         .expect("stream");
     assert_eq!(running_requests(&mut client).await, 1);
     drop(stream);
-    bounded("running back to zero", async {
-        while running_requests(&mut client).await != 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    poll_until("running back to zero", async || {
+        (running_requests(&mut client).await == 0).then_some(())
     })
     .await;
 }

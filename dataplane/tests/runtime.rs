@@ -351,8 +351,13 @@ async fn shutdown_finishes_the_running_job_fails_the_queued_ones_and_joins() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.bin"), vec![9u8; 1 << 20]).unwrap();
     for io in BACKENDS {
-        let dataplane = start(io, |config| config.threads = 1);
+        let dataplane = start(io, |config| {
+            config.threads = 1;
+            config.ring_capacity = 4;
+            config.submit_wait = DEADLINE;
+        });
         let (running, handle) = hold_a_core(&dataplane).await;
+        // Four jobs fill the ring behind the hold.
         let mut queued_jobs: Vec<Pending<'_>> = Vec::new();
         for k in 0..4 {
             let dataplane = dataplane.clone();
@@ -364,26 +369,19 @@ async fn shutdown_finishes_the_running_job_fails_the_queued_ones_and_joins() {
             };
             queued_jobs.push(queued(job).await);
         }
+        // The ring is full, so this one waits for room; nothing but the
+        // shutdown can wake it while the core is held.
+        let patient = queued(Box::pin(dataplane.ping())).await;
         let stopper = {
             let dataplane = dataplane.clone();
             tokio::task::spawn_blocking(move || dataplane.shutdown())
         };
-        // Wait until the shutdown has closed the ring: a new job is then
-        // refused at once. Jobs that still got in before are queued behind
-        // the hold and must fail like the others.
-        within(async {
-            loop {
-                let mut probe = Box::pin(dataplane.ping());
-                match std::future::poll_fn(|cx| Poll::Ready(probe.as_mut().poll(cx))).await {
-                    Poll::Ready(Err(JobError::ShuttingDown)) => break,
-                    Poll::Ready(other) => panic!("{io:?}: {other:?} while the core is held"),
-                    Poll::Pending => queued_jobs
-                        .push(Box::pin(async move { probe.await.map(|()| Output::Pong) })),
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-        .await;
+        // The shutdown closes the ring, then wakes the waiting submitter,
+        // which is refused: from here on the ring is closed.
+        assert!(
+            matches!(within(patient).await, Err(JobError::ShuttingDown)),
+            "{io:?}: a submitter waiting for room learns of the shutdown"
+        );
         handle.release();
         assert!(
             matches!(within(running).await.unwrap(), Ok(Output::Pong)),
@@ -420,17 +418,14 @@ async fn dropping_the_last_handle_shuts_down_and_joins_the_threads() {
         let dataplane = start(io, |config| config.threads = 2);
         let names = dataplane.thread_names().to_vec();
         assert_eq!(names.len(), 2);
-        // A new thread names itself once it runs: wait for that.
-        let named = || {
-            let live = live_thread_names();
-            names.iter().all(|name| live.contains(name))
-        };
-        for _ in 0..500 {
-            if named() {
-                break;
+        // A core's thread is named before it runs anything, so once every
+        // core has completed a job, every name is set.
+        within(async {
+            while dataplane.stats().iter().any(|core| core.completed == 0) {
+                dataplane.ping().await.expect("pong");
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await;
         let live = live_thread_names();
         assert!(
             names.iter().all(|name| live.contains(name)),
@@ -444,10 +439,13 @@ async fn dropping_the_last_handle_shuts_down_and_joins_the_threads() {
         within(tokio::task::spawn_blocking(move || drop(clone)))
             .await
             .expect("the drop joins");
-        let live = live_thread_names();
-        assert!(
-            names.iter().all(|name| !live.contains(name)),
-            "{names:?} gone from {live:?}"
-        );
+        // A join returns once the kernel clears the thread's id, a moment
+        // before it removes the thread from /proc: look until it has.
+        within(async {
+            while names.iter().any(|name| live_thread_names().contains(name)) {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
     }
 }

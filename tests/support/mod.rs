@@ -176,6 +176,25 @@ pub async fn bounded<T>(what: &str, future: impl std::future::Future<Output = T>
         .unwrap_or_else(|_| panic!("{what} did not finish within 30 s"))
 }
 
+/// How long [`poll_until`] waits between two looks.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Asks `probe` until it answers `Some`, failing the test after 30 s. For
+/// conditions another process shows only when asked (an admin endpoint, a
+/// load report): the sleep is the interval between two looks, never an
+/// assumption that something happened meanwhile.
+pub async fn poll_until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    bounded(what, async {
+        loop {
+            if let Some(found) = probe().await {
+                return found;
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    })
+    .await
+}
+
 /// A running `smg launch` process.
 #[derive(Debug)]
 pub struct Gateway {
