@@ -20,6 +20,7 @@ use crate::pipeline::execution::execute;
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
+use crate::pipeline::request_context::{client_request_id, engine_request_id};
 use crate::pipeline::respond::{OutputStream, ResponseOptions, process};
 use crate::pipeline::spec::{GenerationSpec, InputItem};
 use crate::pipeline::stages::{
@@ -264,6 +265,7 @@ impl Router {
             .with_param("model"));
         }
         let request_id = mint_request_id(endpoint);
+        let client_request_id = client_request_id();
         let mut prompts = Vec::with_capacity(inputs.len());
         for input in inputs {
             let ids = match input {
@@ -284,7 +286,11 @@ impl Router {
             prompts.push(ids);
         }
         let calls = prompts.iter().enumerate().map(|(index, ids)| {
-            let engine_id = format!("{request_id}-{index}");
+            let engine_id = engine_request_id(
+                client_request_id.as_deref(),
+                &request_id,
+                u32::try_from(index).unwrap_or(u32::MAX),
+            );
             async move { self.embed_one(&engine_id, ids).await }
         });
         let embeddings = futures::future::try_join_all(calls).await?;
@@ -330,7 +336,11 @@ impl Router {
         attempt: u32,
         deadline: Instant,
     ) -> Result<OutputStream> {
-        let engine_request_id = format!("{}-{attempt}", request.request_id);
+        let engine_request_id = engine_request_id(
+            request.client_request_id.as_deref(),
+            &request.request_id,
+            attempt,
+        );
         let selection = select_workers(
             self.parts.mode,
             request,

@@ -9,6 +9,7 @@
 pub mod execution;
 pub mod media;
 pub mod prepare;
+pub mod request_context;
 pub mod respond;
 pub mod spec;
 pub mod stages;
