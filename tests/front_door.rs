@@ -95,7 +95,13 @@ fn assert_refused(answer: &Answer, status: u16, code: &str) {
 #[tokio::test]
 async fn without_keys_inference_is_open_and_admin_routes_stay_on_the_loopback_listener() {
     let worker = start_worker();
-    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("smg.log");
+    let gateway = Gateway::start_logged(
+        &["--worker-urls", &worker.grpc_url(), "--log-json"],
+        "warn,smg::audit=info",
+        &log,
+    );
     assert_ne!(gateway.admin, gateway.http, "an admin listener of its own");
     assert!(gateway.admin.ip().is_loopback());
 
@@ -126,6 +132,20 @@ async fn without_keys_inference_is_open_and_admin_routes_stay_on_the_loopback_li
     )
     .await;
     assert_refused(&inference, 404, "not_found");
+
+    // Changes through the admin listener are audited with the caller's address.
+    let removed = send(http().delete(gateway.admin_url("/workers/0123456789abcdef"))).await;
+    assert_refused(&removed, 404, "worker_not_found");
+    let line = audit_line(
+        &log,
+        json!({"action": "DELETE /workers/0123456789abcdef", "outcome": "failed"}),
+    )
+    .await;
+    let who = line["fields"]["who"].as_str().unwrap_or("");
+    assert!(
+        who.starts_with("admin listener client 127.0.0.1:"),
+        "{line}"
+    );
 }
 
 #[tokio::test]
@@ -321,6 +341,23 @@ async fn control_plane_keys_put_admin_routes_on_the_public_port_by_role_and_audi
     assert_eq!(line["fields"]["status"], 202, "{line}");
 
     let id = added.body["id"].as_str().expect("the new worker's id");
+    // Registration goes on in the background; a worker is deleted once it
+    // is registered.
+    bounded("the registration", async {
+        loop {
+            let shown = send(
+                http()
+                    .get(gateway.url(&format!("/workers/{id}")))
+                    .bearer_auth("cp-view"),
+            )
+            .await;
+            if shown.status == 200 && shown.body["status"] != "registering" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     let removed = send(
         http()
             .delete(gateway.url(&format!("/workers/{id}")))
