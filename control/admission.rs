@@ -25,17 +25,6 @@ use tokio::time::Instant;
 
 use crate::error::{Error, ErrorCode, Result};
 
-/// The tenant a request belongs to, as authentication established it (a
-/// request extension); admission keys its rate and priority class on it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Tenant(pub std::sync::Arc<str>);
-
-impl Tenant {
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-}
-
 /// Who leaves the queue first: a lower class always before a higher one,
 /// arrival order within a class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

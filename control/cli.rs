@@ -21,7 +21,8 @@ use smg_dataplane::lanes::rdma::RdmaBackend;
 
 use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
-    DataPlaneSettings, FleetConfig, GatewayConfig, ListenConfig, LogConfig, ModelSource,
+    AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
+    FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
     PolicyChoice, RoutingConfig, WorkerAddress,
 };
 use crate::demo::{DemoMode, DemoPlan};
@@ -315,6 +316,63 @@ pub struct LaunchArgs {
     /// Port of the HTTP API.
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
+
+    /// The key inference routes require (`Authorization: Bearer KEY`, or
+    /// `x-api-key: KEY` on /v1/messages); its tenant is `default`. Prefer
+    /// the --config file to the command line for keys.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// A tenant's inference key, `TENANT:KEY` (repeatable); the tenant
+    /// labels its requests' metrics and logs.
+    #[arg(long, value_name = "TENANT:KEY", action = ArgAction::Append)]
+    pub tenant_api_key: Vec<String>,
+    /// Keys of the admin routes (`/workers`), `ID:NAME:ROLE:KEY` with ROLE
+    /// `admin` or `viewer` (reads only). With keys, admin routes are served
+    /// on the public listener behind them; without, only on the admin
+    /// listener.
+    #[arg(long, num_args = 1.., value_name = "ID:NAME:ROLE:KEY", action = ArgAction::Append)]
+    pub control_plane_api_keys: Vec<String>,
+    /// Address of the admin listener (admin routes without keys).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub admin_host: String,
+    /// Port of the admin listener.
+    #[arg(long, default_value_t = 30001)]
+    pub admin_port: u16,
+
+    /// Largest request body, in bytes (larger: 413 payload_too_large).
+    #[arg(long, value_name = "BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub max_payload_size: usize,
+    /// Largest request head (request line and headers), in bytes (larger:
+    /// 431 headers_too_large).
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024)]
+    pub max_header_size: usize,
+    /// Time a client has to send a request's head, from its connection's
+    /// accept or from the first byte of a later request; then the
+    /// connection is closed (slow-header clients).
+    #[arg(long, default_value_t = 10)]
+    pub header_read_timeout_secs: u64,
+    /// Time a connection with no request in flight stays open (longer than
+    /// the 60 s idle timeout of common load balancers, so they close first).
+    #[arg(long, default_value_t = 75)]
+    pub keep_alive_timeout_secs: u64,
+    /// Open connections per listener; a connection over the cap is answered
+    /// 503 too_many_connections with Retry-After and closed.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Headers a client's request id is read from, first present wins
+    /// (repeatable). The id is returned as `x-request-id`.
+    #[arg(
+        long,
+        num_args = 1..,
+        value_name = "HEADER",
+        action = ArgAction::Append,
+        default_values_t = ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"].map(String::from)
+    )]
+    pub request_id_headers: Vec<String>,
+    /// Browser origins allowed to call the API (CORS), `scheme://host[:port]`
+    /// or `*` (repeatable or comma-separated); none by default.
+    #[arg(long, num_args = 1.., value_name = "ORIGIN", value_delimiter = ',', action = ArgAction::Append)]
+    pub cors_allowed_origins: Vec<String>,
 
     /// Regular-mode workers.
     #[arg(long, num_args = 1.., value_name = "URL")]
@@ -640,6 +698,240 @@ pub fn parse_override(text: &str) -> Result<(String, WorkerLaneOverride), String
     Ok((normalize_url(url), WorkerLaneOverride { mode, min_bytes }))
 }
 
+/// Whether `text` may name a tenant or a control-plane key: it ends up in
+/// metric labels and log lines, so it is short and plain.
+fn plain_name(text: &str) -> bool {
+    (1..=64).contains(&text.len())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+}
+
+/// Whether `key` can be sent in an `Authorization` header at all.
+fn sendable_key(key: &str) -> bool {
+    !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// `--api-key` (tenant `default`) and `--tenant-api-key TENANT:KEY` values,
+/// as digests. Refusals never quote a value: it may hold a key.
+pub fn api_keys(api_key: Option<&str>, tenant_keys: &[String]) -> Result<Vec<ApiKey>, ConfigError> {
+    let mut keys = Vec::new();
+    if let Some(key) = api_key {
+        if !sendable_key(key) {
+            return Err(ConfigError::new(
+                "api-key",
+                "the key is empty or has characters a header cannot carry",
+            ));
+        }
+        keys.push(ApiKey {
+            tenant: DEFAULT_TENANT.to_owned(),
+            digest: KeyDigest::of(key),
+        });
+    }
+    for (index, value) in tenant_keys.iter().enumerate() {
+        let flag = "tenant-api-key";
+        let (tenant, key) = value.split_once(':').ok_or_else(|| {
+            ConfigError::new(flag, format!("value {}: expected TENANT:KEY", index + 1))
+        })?;
+        if !plain_name(tenant) {
+            return Err(ConfigError::new(
+                flag,
+                format!(
+                    "value {}: the tenant must be 1 to 64 letters, digits or -_.@",
+                    index + 1
+                ),
+            ));
+        }
+        if !sendable_key(key) {
+            return Err(ConfigError::new(
+                flag,
+                format!(
+                    "tenant {tenant}: the key is empty or has characters a header cannot carry"
+                ),
+            ));
+        }
+        let digest = KeyDigest::of(key);
+        if keys
+            .iter()
+            .any(|known: &ApiKey| known.digest.matches(&digest))
+        {
+            return Err(ConfigError::new(
+                flag,
+                format!("tenant {tenant}: this key is already given (keys must be unique)"),
+            ));
+        }
+        keys.push(ApiKey {
+            tenant: tenant.to_owned(),
+            digest,
+        });
+    }
+    Ok(keys)
+}
+
+/// `--control-plane-api-keys ID:NAME:ROLE:KEY` values (the key may itself
+/// contain `:`), as digests.
+pub fn control_plane_keys(values: &[String]) -> Result<Vec<ControlPlaneKey>, ConfigError> {
+    let flag = "control-plane-api-keys";
+    let mut keys: Vec<ControlPlaneKey> = Vec::new();
+    for (index, value) in values.iter().enumerate() {
+        let mut parts = value.splitn(4, ':');
+        let (Some(id), Some(name), Some(role), Some(key)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(ConfigError::new(
+                flag,
+                format!("value {}: expected ID:NAME:ROLE:KEY", index + 1),
+            ));
+        };
+        if !plain_name(id) || !plain_name(name) {
+            return Err(ConfigError::new(
+                flag,
+                format!(
+                    "value {}: ID and NAME must be 1 to 64 letters, digits or -_.@",
+                    index + 1
+                ),
+            ));
+        }
+        let role = match role {
+            "admin" => AdminRole::Admin,
+            "viewer" => AdminRole::Viewer,
+            other => {
+                return Err(ConfigError::new(
+                    flag,
+                    format!("key {id}: unknown role {other:?} (admin or viewer)"),
+                ));
+            }
+        };
+        if !sendable_key(key) {
+            return Err(ConfigError::new(
+                flag,
+                format!("key {id}: the key is empty or has characters a header cannot carry"),
+            ));
+        }
+        let digest = KeyDigest::of(key);
+        if keys.iter().any(|known| known.id == id) {
+            return Err(ConfigError::new(
+                flag,
+                format!("key {id}: the ID is used twice"),
+            ));
+        }
+        if keys.iter().any(|known| known.digest.matches(&digest)) {
+            return Err(ConfigError::new(
+                flag,
+                format!("key {id}: this key is already given (keys must be unique)"),
+            ));
+        }
+        keys.push(ControlPlaneKey {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            role,
+            digest,
+        });
+    }
+    Ok(keys)
+}
+
+/// `--request-id-headers`: valid header names, lowercased, each once.
+fn request_id_headers(values: &[String]) -> Result<Vec<String>, ConfigError> {
+    let mut names: Vec<String> = Vec::new();
+    for value in values {
+        let name = value.trim().to_ascii_lowercase();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(ConfigError::new(
+                "request-id-headers",
+                format!("{value:?} is not a header name"),
+            ));
+        }
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.is_empty() {
+        return Err(ConfigError::new(
+            "request-id-headers",
+            "name at least one header",
+        ));
+    }
+    Ok(names)
+}
+
+/// `--cors-allowed-origins`: `*`, or origins (`scheme://host[:port]`).
+fn cors_policy(values: &[String]) -> Result<CorsPolicy, ConfigError> {
+    let flag = "cors-allowed-origins";
+    let values: Vec<&str> = values
+        .iter()
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .collect();
+    if values.is_empty() {
+        return Ok(CorsPolicy::Off);
+    }
+    if values.contains(&"*") {
+        if values.len() > 1 {
+            return Err(ConfigError::new(
+                flag,
+                "`*` allows every origin: give it alone",
+            ));
+        }
+        return Ok(CorsPolicy::AnyOrigin);
+    }
+    let mut origins = Vec::new();
+    for value in values {
+        let origin = value.trim_end_matches('/');
+        let uri: http::Uri = origin
+            .parse()
+            .map_err(|_| ConfigError::new(flag, format!("{value:?} is not an origin")))?;
+        let well_formed = matches!(uri.scheme_str(), Some("http" | "https"))
+            && uri.authority().is_some()
+            && uri
+                .path_and_query()
+                .is_none_or(|p| p.as_str().is_empty() || p == "/");
+        if !well_formed {
+            return Err(ConfigError::new(
+                flag,
+                format!("{value:?} is not an origin (scheme://host[:port], nothing after)"),
+            ));
+        }
+        origins.push(origin.to_owned());
+    }
+    Ok(CorsPolicy::Origins(origins))
+}
+
+/// The front door's part of the flags.
+fn front_door(args: &LaunchArgs) -> Result<FrontDoorConfig, ConfigError> {
+    let max_connections = at_least("max-connections", args.max_connections, 1)?;
+    if max_connections > MAX_CONNECTIONS_CAP {
+        return Err(ConfigError::new(
+            "max-connections",
+            format!("{max_connections} is above the maximum, {MAX_CONNECTIONS_CAP}"),
+        ));
+    }
+    Ok(FrontDoorConfig {
+        auth: AuthConfig {
+            api_keys: api_keys(args.api_key.as_deref(), &args.tenant_api_key)?,
+            control_plane_keys: control_plane_keys(&args.control_plane_api_keys)?,
+        },
+        limits: HttpLimits {
+            max_payload_bytes: at_least("max-payload-size", args.max_payload_size, 1)?,
+            max_header_bytes: at_least("max-header-size", args.max_header_size, 1024)?,
+            header_read_timeout: seconds(
+                "header-read-timeout-secs",
+                args.header_read_timeout_secs,
+            )?,
+            keep_alive_timeout: seconds("keep-alive-timeout-secs", args.keep_alive_timeout_secs)?,
+            max_connections,
+        },
+        request_id_headers: request_id_headers(&args.request_id_headers)?,
+        cors: cors_policy(&args.cors_allowed_origins)?,
+    })
+}
+
+/// The tenant of `--api-key`.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// The most `--max-connections` takes (a file descriptor each).
+const MAX_CONNECTIONS_CAP: usize = 1 << 20;
+
 /// `value`, refused below `min` (a zero interval, an empty ring...).
 fn at_least<T: PartialOrd + std::fmt::Display>(
     flag: &'static str,
@@ -787,7 +1079,10 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             host: args.host.clone(),
             port: args.port,
             metrics_port: args.prometheus_port,
+            admin_host: args.admin_host.clone(),
+            admin_port: args.admin_port,
         };
+        let front = front_door(&args)?;
         let model_policies = named_values("model-policy", &args.model_policy, |name| {
             name.parse::<PolicyKind>()
         })?;
@@ -915,6 +1210,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
         };
         Ok(GatewayConfig {
             listen,
+            front,
             fleet,
             runtime: args.runtime.map(RuntimeArg::runtime),
             model: ModelSource {
@@ -960,6 +1256,9 @@ pub struct DemoArgs {
     pub port: u16,
     #[arg(long, default_value_t = 29000)]
     pub prometheus_port: u16,
+    /// Port of the admin listener (as `smg launch --admin-port`).
+    #[arg(long, default_value_t = 30001)]
+    pub admin_port: u16,
     /// Data-plane threads (as `smg launch --dataplane-cores`).
     #[arg(long, value_name = "N")]
     pub dataplane_cores: Option<usize>,
@@ -975,6 +1274,7 @@ impl DemoArgs {
         let mut gateway = GatewayConfig::try_from(defaults)?;
         gateway.listen.port = self.port;
         gateway.listen.metrics_port = self.prometheus_port;
+        gateway.listen.admin_port = self.admin_port;
         gateway.dataplane.cores = self
             .dataplane_cores
             .map(|n| at_least("dataplane-cores", n, 1))
@@ -1212,6 +1512,199 @@ mod tests {
             config("smg launch --policy fastest"),
             Err(CliError::Syntax(_))
         ));
+    }
+
+    #[test]
+    fn front_door_flags_become_keys_limits_ids_and_cors() {
+        let config = config(
+            "smg launch --worker-urls grpc://a:1 --api-key sk-main \
+             --tenant-api-key team-a:sk-a --tenant-api-key team-b:sk:with:colons \
+             --control-plane-api-keys ops:alice:admin:cp-1 dash:grafana:viewer:cp-2 \
+             --admin-host 0.0.0.0 --admin-port 31001 --max-payload-size 1048576 \
+             --max-header-size 8192 --header-read-timeout-secs 3 --keep-alive-timeout-secs 9 \
+             --max-connections 64 --request-id-headers X-Trace-Id x-request-id \
+             --cors-allowed-origins https://a.example,http://localhost:3000/",
+        )
+        .expect("valid");
+        let auth = &config.front.auth;
+        let tenants: Vec<_> = auth.api_keys.iter().map(|k| k.tenant.as_str()).collect();
+        assert_eq!(tenants, ["default", "team-a", "team-b"]);
+        assert!(
+            auth.api_keys[2]
+                .digest
+                .matches(&KeyDigest::of("sk:with:colons"))
+        );
+        let operators: Vec<_> = auth
+            .control_plane_keys
+            .iter()
+            .map(|k| (k.id.as_str(), k.name.as_str(), k.role))
+            .collect();
+        assert_eq!(
+            operators,
+            [
+                ("ops", "alice", AdminRole::Admin),
+                ("dash", "grafana", AdminRole::Viewer)
+            ]
+        );
+        assert!(
+            auth.control_plane_keys[1]
+                .digest
+                .matches(&KeyDigest::of("cp-2"))
+        );
+        assert!(
+            !format!("{config:?}").contains("sk-main"),
+            "a printed config holds no key"
+        );
+        assert_eq!(
+            (config.listen.admin_host.as_str(), config.listen.admin_port),
+            ("0.0.0.0", 31001)
+        );
+        assert_eq!(
+            config.front.limits,
+            HttpLimits {
+                max_payload_bytes: 1 << 20,
+                max_header_bytes: 8192,
+                header_read_timeout: Duration::from_secs(3),
+                keep_alive_timeout: Duration::from_secs(9),
+                max_connections: 64,
+            }
+        );
+        assert_eq!(
+            config.front.request_id_headers,
+            ["x-trace-id", "x-request-id"]
+        );
+        assert_eq!(
+            config.front.cors,
+            CorsPolicy::Origins(vec![
+                "https://a.example".into(),
+                "http://localhost:3000".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn the_front_door_defaults_are_open_but_bounded() {
+        let config = config("smg launch --worker-urls grpc://a:1").expect("valid");
+        let front = &config.front;
+        assert_eq!(front.auth, AuthConfig::default());
+        assert_eq!(
+            (config.listen.admin_host.as_str(), config.listen.admin_port),
+            ("127.0.0.1", 30001),
+            "admin routes stay on loopback"
+        );
+        assert_eq!(front.limits.max_payload_bytes, 512 << 20, "as in SMG");
+        assert_eq!(front.limits.max_header_bytes, 64 << 10);
+        assert_eq!(front.limits.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(front.limits.keep_alive_timeout, Duration::from_secs(75));
+        assert_eq!(front.limits.max_connections, 10_000);
+        assert_eq!(
+            front.request_id_headers,
+            [
+                "x-request-id",
+                "x-correlation-id",
+                "x-trace-id",
+                "request-id"
+            ],
+            "SMG's defaults"
+        );
+        assert_eq!(front.cors, CorsPolicy::Off);
+        let any =
+            super::tests::config("smg launch --worker-urls grpc://a:1 --cors-allowed-origins *")
+                .expect("valid");
+        assert_eq!(any.front.cors, CorsPolicy::AnyOrigin);
+    }
+
+    #[test]
+    fn bad_key_flags_are_refused_naming_the_flag_but_never_the_key() {
+        let cases = [
+            ("--tenant-api-key sk-secret", "tenant-api-key"),
+            ("--tenant-api-key :sk-secret", "tenant-api-key"),
+            ("--tenant-api-key bad/tenant:sk-secret", "tenant-api-key"),
+            ("--tenant-api-key team-a:", "tenant-api-key"),
+            (
+                "--tenant-api-key a:sk-secret --tenant-api-key b:sk-secret",
+                "tenant-api-key",
+            ),
+            (
+                "--api-key sk-secret --tenant-api-key a:sk-secret",
+                "tenant-api-key",
+            ),
+            (
+                "--control-plane-api-keys ops:alice:sk-secret",
+                "control-plane-api-keys",
+            ),
+            (
+                "--control-plane-api-keys ops:alice:owner:sk-secret",
+                "control-plane-api-keys",
+            ),
+            (
+                "--control-plane-api-keys ops::admin:sk-secret",
+                "control-plane-api-keys",
+            ),
+            (
+                "--control-plane-api-keys ops:alice:admin:",
+                "control-plane-api-keys",
+            ),
+            (
+                "--control-plane-api-keys ops:a:admin:sk-secret ops:b:viewer:other",
+                "control-plane-api-keys",
+            ),
+            (
+                "--control-plane-api-keys ops:a:admin:sk-secret dash:b:viewer:sk-secret",
+                "control-plane-api-keys",
+            ),
+            ("--request-id-headers bad(name)", "request-id-headers"),
+            (
+                "--cors-allowed-origins ftp://a.example",
+                "cors-allowed-origins",
+            ),
+            (
+                "--cors-allowed-origins https://a.example/path",
+                "cors-allowed-origins",
+            ),
+            (
+                "--cors-allowed-origins *,https://a.example",
+                "cors-allowed-origins",
+            ),
+            ("--max-connections 0", "max-connections"),
+            ("--max-connections 99999999", "max-connections"),
+            ("--max-header-size 100", "max-header-size"),
+            ("--max-payload-size 0", "max-payload-size"),
+            ("--header-read-timeout-secs 0", "header-read-timeout-secs"),
+            ("--keep-alive-timeout-secs 0", "keep-alive-timeout-secs"),
+        ];
+        for (flags, flag) in cases {
+            let line = format!("smg launch --worker-urls grpc://a:1 {flags}");
+            let err = refusal(&line);
+            assert_eq!(err.flag, flag, "{line}: {err}");
+            assert!(
+                !err.reason.contains("sk-secret"),
+                "{line}: {err} shows the key"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_can_come_from_the_config_file() {
+        let file = write_config(
+            r#"
+            worker-urls = ["grpc://a:1"]
+            api-key = "sk-main"
+            tenant-api-key = ["team-a:sk-a"]
+            control-plane-api-keys = ["ops:alice:admin:cp-1"]
+            cors-allowed-origins = ["https://a.example"]
+            max-connections = 5
+            "#,
+        );
+        let line = format!("smg launch --config {}", file.path().display());
+        let config = config(&line).expect("valid");
+        assert_eq!(config.front.auth.api_keys.len(), 2);
+        assert_eq!(config.front.auth.control_plane_keys[0].id, "ops");
+        assert_eq!(config.front.limits.max_connections, 5);
+        assert_eq!(
+            config.front.cors,
+            CorsPolicy::Origins(vec!["https://a.example".into()])
+        );
     }
 
     fn write_config(text: &str) -> tempfile::NamedTempFile {

@@ -33,6 +33,8 @@ use crate::workers::{Lifecycle, WorkerRole};
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     pub listen: ListenConfig,
+    /// Who may call, how much they may send, request ids and CORS.
+    pub front: FrontDoorConfig,
     pub fleet: FleetConfig,
     /// The engine protocol; `None`: probed from the first worker (static
     /// fleets) or TokenSpeed unless a registration says otherwise (IGW).
@@ -48,13 +50,128 @@ pub struct GatewayConfig {
     pub log: LogConfig,
 }
 
-/// Where the HTTP API and the Prometheus exporter listen.
+/// Where the HTTP API, the admin routes and the Prometheus exporter listen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenConfig {
     pub host: String,
     pub port: u16,
     pub metrics_host: String,
     pub metrics_port: u16,
+    /// The admin listener, opened only when no control-plane key is
+    /// configured (with keys, admin routes are served on the public
+    /// listener behind them).
+    pub admin_host: String,
+    pub admin_port: u16,
+}
+
+/// The HTTP front door: everything decided about a request before a
+/// handler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontDoorConfig {
+    pub auth: AuthConfig,
+    pub limits: HttpLimits,
+    /// Header names a client's request id is read from, in order of
+    /// preference (lowercase, valid header names).
+    pub request_id_headers: Vec<String>,
+    pub cors: CorsPolicy,
+}
+
+/// API keys. Empty lists mean no key is asked for (inference) or admin
+/// routes stay on the admin listener (control plane).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Keys for the inference routes, each naming its tenant.
+    pub api_keys: Vec<ApiKey>,
+    /// Keys for the admin routes.
+    pub control_plane_keys: Vec<ControlPlaneKey>,
+}
+
+/// An inference key and the tenant it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub tenant: String,
+    pub digest: KeyDigest,
+}
+
+/// A control-plane key (`--control-plane-api-keys ID:NAME:ROLE:KEY`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneKey {
+    /// Stable identifier, written to the audit log.
+    pub id: String,
+    /// Who holds it (a person or a system), written to the audit log.
+    pub name: String,
+    pub role: AdminRole,
+    pub digest: KeyDigest,
+}
+
+/// What a control-plane key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRole {
+    /// Everything.
+    Admin,
+    /// Reads only (`GET`).
+    Viewer,
+}
+
+impl AdminRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            AdminRole::Admin => "admin",
+            AdminRole::Viewer => "viewer",
+        }
+    }
+}
+
+/// The BLAKE3 digest of a key: the configuration never holds a key itself,
+/// so a printed config leaks nothing, and keys are compared by digest in
+/// constant time.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyDigest(blake3::Hash);
+
+impl KeyDigest {
+    pub fn of(key: &str) -> Self {
+        Self(blake3::hash(key.as_bytes()))
+    }
+
+    /// Whether both digests are of the same key. `blake3::Hash` compares in
+    /// constant time, so the time taken says nothing of how much matched.
+    pub fn matches(&self, other: &KeyDigest) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyDigest(..)")
+    }
+}
+
+/// Bounds on what one client may hold or send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Largest request body, in bytes.
+    pub max_payload_bytes: usize,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+    /// Time a client has to send a request's head, counted from the
+    /// connection's accept or from the first byte of a later request.
+    pub header_read_timeout: Duration,
+    /// Time a connection with no request in flight stays open.
+    pub keep_alive_timeout: Duration,
+    /// Open connections per listener; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+/// Which browser origins may call the API (CORS).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CorsPolicy {
+    /// No CORS headers: browsers refuse cross-origin calls.
+    #[default]
+    Off,
+    /// `*`: any origin.
+    AnyOrigin,
+    /// These origins (`scheme://host[:port]`).
+    Origins(Vec<String>),
 }
 
 /// The workers the gateway starts with.

@@ -74,6 +74,16 @@ error_codes! {
     InvalidParameter => ("invalid_parameter", 400, Client, false, free),
     /// No such route.
     NotFound => ("not_found", 404, Client, false, free),
+    /// The route needs an API key and the request has none, or not one
+    /// the gateway knows.
+    InvalidApiKey => ("invalid_api_key", 401, Client, false, free),
+    /// The key is valid but may not do this (a viewer key changing the
+    /// fleet).
+    PermissionDenied => ("permission_denied", 403, Client, false, free),
+    /// The request body is larger than `--max-payload-size`.
+    PayloadTooLarge => ("payload_too_large", 413, Client, false, free),
+    /// The request line and headers are larger than `--max-header-size`.
+    HeadersTooLarge => ("headers_too_large", 431, Client, false, free),
     /// No served model has this name.
     ModelNotFound => ("model_not_found", 404, Client, false, free),
     /// The prompt (plus the requested output) does not fit the context.
@@ -134,6 +144,9 @@ error_codes! {
     /// Over the request rate (`--rate-limit-tokens-per-second`, per tenant
     /// when tenants exist); `Retry-After` says when the next token comes.
     RateLimited => ("rate_limited", 429, Client, false, free),
+    /// The listener holds `--max-connections` open connections; the new
+    /// one is answered (with `Retry-After`) and closed.
+    TooManyConnections => ("too_many_connections", 503, Gateway, true, free),
     /// Every data-plane core's job ring stayed full for the submit deadline
     /// (`--dataplane-submit-timeout-ms`): images arrive faster than the data
     /// plane preprocesses them.
@@ -397,6 +410,29 @@ mod tests {
                 "invalid_request_error",
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn front_door_codes_are_pinned() {
+        // Typed out by hand: these strings and statuses are API.
+        let expected = [
+            (ErrorCode::InvalidApiKey, "invalid_api_key", 401, false),
+            (ErrorCode::PermissionDenied, "permission_denied", 403, false),
+            (ErrorCode::PayloadTooLarge, "payload_too_large", 413, false),
+            (ErrorCode::HeadersTooLarge, "headers_too_large", 431, false),
+            (
+                ErrorCode::TooManyConnections,
+                "too_many_connections",
+                503,
+                true,
+            ),
+        ];
+        for (code, text, status, retryable) in expected {
+            assert_eq!(code.as_str(), text);
+            assert_eq!(code.http_status(), status, "{text}");
+            assert_eq!(code.retryable(), retryable, "{text}");
+            assert!(!code.charges_worker(), "{text}");
         }
     }
 

@@ -26,6 +26,10 @@ pub const ADMISSION_IN_FLIGHT: &str = "smg_admission_in_flight";
 pub const ADMISSION_QUEUE_DEPTH: &str = "smg_admission_queue_depth";
 pub const ADMISSION_WAIT: &str = "smg_admission_queue_wait_seconds";
 pub const ADMISSION_REFUSALS: &str = "smg_admission_refusals_total";
+pub const TENANT_REQUESTS: &str = "smg_http_tenant_requests_total";
+pub const HTTP_REFUSALS: &str = "smg_http_refusals_total";
+pub const HTTP_CONNECTIONS: &str = "smg_http_connections";
+pub const HTTP_CONNECTIONS_CLOSED: &str = "smg_http_connections_closed_total";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -137,4 +141,29 @@ pub fn record_admission_wait(waited: Duration, priority: &'static str) {
 /// `rate_limited`.
 pub fn record_admission_refusal(reason: &'static str, priority: &'static str) {
     metrics::counter!(ADMISSION_REFUSALS, "reason" => reason, "priority" => priority).increment(1);
+}
+
+/// An inference request answered for `tenant` (the key's tenant, or
+/// `anonymous` without keys), by its HTTP status.
+pub fn record_tenant_request(tenant: &str, status: u16) {
+    metrics::counter!(TENANT_REQUESTS, "tenant" => tenant.to_owned(), "status" => status.to_string())
+        .increment(1);
+}
+
+/// The front door refused a request or connection, by its error code
+/// (`invalid_api_key`, `payload_too_large`, `too_many_connections`, ...).
+pub fn record_refusal(code: &'static str) {
+    metrics::counter!(HTTP_REFUSALS, "code" => code).increment(1);
+}
+
+/// Connections open on a listener (`public` or `admin`).
+pub fn record_connections(listener: &'static str, open: usize) {
+    metrics::gauge!(HTTP_CONNECTIONS, "listener" => listener).set(open as f64);
+}
+
+/// A connection the gateway closed on a timer: `header_read` (its client
+/// was too slow to send a request head) or `keep_alive` (idle too long).
+pub fn record_connection_closed(listener: &'static str, reason: &'static str) {
+    metrics::counter!(HTTP_CONNECTIONS_CLOSED, "listener" => listener, "reason" => reason)
+        .increment(1);
 }

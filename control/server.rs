@@ -3,7 +3,8 @@
 //! tensor lanes, builds the workers and detects their runtime, discovers the
 //! model, assembles the router for the chosen mode (or the model table for
 //! an IGW fleet), starts health probes and the metrics listener, and serves
-//! the HTTP API until SIGTERM or Ctrl-C; then stops the data plane.
+//! the HTTP API (and, without control-plane keys, the admin routes on their
+//! own listener) until SIGTERM or Ctrl-C; then stops the data plane.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use smg_dataplane::runtime::{CorePlan, DataPlane, confine_current_thread};
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState, Fleet};
 use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
@@ -201,6 +203,7 @@ async fn serve_with(
     );
 
     let listen = &config.listen;
+    let front = &config.front;
     let http = TcpListener::bind((listen.host.as_str(), listen.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", listen.host, listen.port))?;
@@ -212,14 +215,80 @@ async fn serve_with(
                 listen.metrics_host, listen.metrics_port
             )
         })?;
+    // Without control-plane keys, admin routes get a listener of their own.
+    let admin = if api::admin_on_public(front) {
+        None
+    } else {
+        let listener = TcpListener::bind((listen.admin_host.as_str(), listen.admin_port))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen for admin routes on {}:{} (--admin-host/--admin-port; \
+                     or configure --control-plane-api-keys to serve them on --port)",
+                    listen.admin_host, listen.admin_port
+                )
+            })?;
+        Some(listener)
+    };
     let http_addr: SocketAddr = http.local_addr()?;
     let metrics_addr: SocketAddr = metrics_listener.local_addr()?;
+    let admin_addr: SocketAddr = match &admin {
+        Some(listener) => listener.local_addr()?,
+        None => http_addr,
+    };
+    warn_if_exposed(&config, http_addr, admin_addr);
 
+    let shutdown = CancellationToken::new();
+    let settings = |name| api::ListenerSettings {
+        name,
+        limits: front.limits,
+    };
+    let admin_served = admin.map(|listener| {
+        tokio::spawn(api::serve(
+            listener,
+            api::admin_app(Arc::clone(&state), front),
+            settings("admin"),
+            shutdown.clone(),
+        ))
+    });
     tokio::spawn(api::serve_metrics(metrics_listener, metrics));
-    println!("smg ready http={http_addr} metrics={metrics_addr} mode={label}");
-    tracing::info!(%http_addr, %metrics_addr, mode = label, "smg serving");
-    api::serve(http, state, shutdown_signal()).await?;
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
+    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
+    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, "smg serving");
+    api::serve(
+        http,
+        api::app(Arc::clone(&state), front),
+        settings("public"),
+        shutdown,
+    )
+    .await?;
+    if let Some(served) = admin_served {
+        served.await??;
+    }
     Ok(())
+}
+
+/// Warns when a route group is reachable beyond loopback without a key.
+fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) {
+    let auth = &config.front.auth;
+    if !http.ip().is_loopback() && auth.api_keys.is_empty() {
+        tracing::warn!(
+            %http,
+            "inference routes are open to anyone who reaches {http}: configure --api-key or --tenant-api-key"
+        );
+    }
+    if !admin.ip().is_loopback() && auth.control_plane_keys.is_empty() {
+        tracing::warn!(
+            %admin,
+            "admin routes (/workers) are open to anyone who reaches {admin}: configure --control-plane-api-keys"
+        );
+    }
 }
 
 async fn shutdown_signal() {

@@ -46,6 +46,8 @@ fn a_killed_demo_takes_its_fleet_with_it() {
         .arg(free_port().to_string())
         .arg("--prometheus-port")
         .arg(free_port().to_string())
+        .arg("--admin-port")
+        .arg(free_port().to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

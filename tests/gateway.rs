@@ -518,8 +518,13 @@ async fn deeply_nested_json_is_refused_on_every_json_route_and_the_gateway_lives
         ),
     ];
     for (path, fields) in routes {
+        let url = if path == "/workers" {
+            gateway.admin_url(path)
+        } else {
+            gateway.url(path)
+        };
         let response = http()
-            .post(gateway.url(path))
+            .post(url)
             .header("content-type", "application/json")
             .body(deeply_nested_body(fields))
             .send()

@@ -619,7 +619,7 @@ async fn admin(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut request = support::media::http().request(method, gateway.url(path));
+    let mut request = support::media::http().request(method, gateway.admin_url(path));
     if let Some(body) = body {
         request = request.json(&body);
     }

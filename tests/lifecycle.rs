@@ -34,6 +34,11 @@ async fn get(gateway: &Gateway, path: &str) -> (u16, Value) {
     call(reqwest::Method::GET, gateway.url(path), None).await
 }
 
+/// `GET` on an admin route (on the admin listener).
+async fn admin_get(gateway: &Gateway, path: &str) -> (u16, Value) {
+    call(reqwest::Method::GET, gateway.admin_url(path), None).await
+}
+
 async fn chat(gateway: &Gateway, extra: Value) -> (u16, Value) {
     let mut body = json!({
         "model": "model",
@@ -54,7 +59,7 @@ async fn chat(gateway: &Gateway, extra: Value) -> (u16, Value) {
 /// Polls `GET /workers/{id}` until `done` accepts the status.
 async fn wait_status(gateway: &Gateway, id: &str, what: &str, done: impl Fn(u16, &Value) -> bool) {
     poll_until(what, async || {
-        let (code, body) = get(gateway, &format!("/workers/{id}")).await;
+        let (code, body) = admin_get(gateway, &format!("/workers/{id}")).await;
         done(code, &body).then_some(())
     })
     .await;
@@ -62,7 +67,7 @@ async fn wait_status(gateway: &Gateway, id: &str, what: &str, done: impl Fn(u16,
 
 /// The id the gateway gives the worker at `url` (from `GET /workers`).
 async fn id_of(gateway: &Gateway, url: &str) -> String {
-    let (_, body) = get(gateway, "/workers").await;
+    let (_, body) = admin_get(gateway, "/workers").await;
     body["workers"]
         .as_array()
         .unwrap()
@@ -111,7 +116,7 @@ async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_r
         "--load-check-interval-secs",
         "1",
     ]);
-    let (code, listed) = get(&gateway, "/workers").await;
+    let (code, listed) = admin_get(&gateway, "/workers").await;
     assert_eq!(code, 200);
     let workers = listed["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 1, "{listed}");
@@ -120,7 +125,13 @@ async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_r
     assert_eq!(workers[0]["circuit"], "closed");
 
     let second = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
-    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let post = |body: Value| {
+        call(
+            reqwest::Method::POST,
+            gateway.admin_url("/workers"),
+            Some(body),
+        )
+    };
     let (code, accepted) = post(json!({"url": second.grpc_url()})).await;
     assert_eq!(code, 202, "{accepted}");
     assert!(
@@ -169,7 +180,7 @@ async fn workers_registered_at_run_time_take_traffic_and_bad_registrations_are_r
             "{body} → {answer}"
         );
     }
-    let (code, missing) = get(&gateway, "/workers/0123456789abcdef").await;
+    let (code, missing) = admin_get(&gateway, "/workers/0123456789abcdef").await;
     assert_eq!(
         (code, missing["error"]["code"].as_str()),
         (404, Some("worker_not_found"))
@@ -248,7 +259,7 @@ async fn a_deleted_worker_finishes_its_stream_and_takes_no_new_requests() {
 
     let (code, removed) = call(
         reqwest::Method::DELETE,
-        gateway.url(&format!("/workers/{id}")),
+        gateway.admin_url(&format!("/workers/{id}")),
         None,
     )
     .await;
@@ -276,7 +287,7 @@ async fn a_deleted_worker_finishes_its_stream_and_takes_no_new_requests() {
         code == 404
     })
     .await;
-    let (_, listed) = get(&gateway, "/workers").await;
+    let (_, listed) = admin_get(&gateway, "/workers").await;
     assert_eq!(listed["workers"], json!([]));
 }
 
@@ -358,7 +369,7 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
             "{body}"
         );
     }
-    let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+    let (_, status) = admin_get(&gateway, &format!("/workers/{id}")).await;
     assert_eq!(status["circuit"], "open", "{status}");
     // Open: the worker is skipped, so no worker is left.
     let (code, body) = chat(&gateway, json!({})).await;
@@ -390,7 +401,7 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
     // trial slot.
     let during_trial = async {
         poll_until("the trial is in flight", async || {
-            let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+            let (_, status) = admin_get(&gateway, &format!("/workers/{id}")).await;
             (status["circuit"] == "half_open" && status["in_flight"] == 1).then_some(())
         })
         .await;
@@ -410,7 +421,7 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
             .starts_with("digest="),
         "{body}"
     );
-    let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+    let (_, status) = admin_get(&gateway, &format!("/workers/{id}")).await;
     assert_eq!(status["circuit"], "closed", "{status}");
     let (code, body) = chat(&gateway, json!({})).await;
     assert_eq!(code, 200, "closed: requests flow again: {body}");
@@ -441,7 +452,13 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
         "--model-max-retries",
         "beta=1",
     ]);
-    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let post = |body: Value| {
+        call(
+            reqwest::Method::POST,
+            gateway.admin_url("/workers"),
+            Some(body),
+        )
+    };
     let ask = |model: &'static str| chat(&gateway, json!({"model": model}));
     let (code, _) = get(&gateway, "/readiness").await;
     assert_eq!(code, 503, "no workers yet");
@@ -509,13 +526,13 @@ async fn igw_serves_each_model_in_the_mode_its_workers_imply() {
         .collect();
     names.sort_unstable();
     assert_eq!(names, ["alpha", "beta"]);
-    let (_, listed) = get(&gateway, "/workers").await;
+    let (_, listed) = admin_get(&gateway, "/workers").await;
     assert_eq!(listed["workers"].as_array().unwrap().len(), 3, "{listed}");
-    let (_, beta) = get(&gateway, "/workers?model_id=beta").await;
+    let (_, beta) = admin_get(&gateway, "/workers?model_id=beta").await;
     assert_eq!(beta["workers"].as_array().unwrap().len(), 2, "{beta}");
-    let (_, decodes) = get(&gateway, "/workers?model_id=beta&role=decode").await;
+    let (_, decodes) = admin_get(&gateway, "/workers?model_id=beta&role=decode").await;
     assert_eq!(decodes["workers"][0]["id"], decode_id.as_str(), "{decodes}");
-    let (code, body) = get(&gateway, "/workers?colour=red").await;
+    let (code, body) = admin_get(&gateway, "/workers?colour=red").await;
     assert_eq!(
         (code, body["error"]["code"].as_str()),
         (400, Some("invalid_parameter"))
@@ -568,7 +585,7 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
         "round_robin",
         "--disable-health-check",
     ]);
-    let (_, listed) = get(&gateway, "/workers").await;
+    let (_, listed) = admin_get(&gateway, "/workers").await;
     let workers = listed["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 2, "one logical worker per rank: {listed}");
     assert_eq!(workers[0]["url"], workers[1]["url"]);
@@ -672,7 +689,13 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
     let mut args = vec!["--dp-size", "3"];
     args.extend(slow);
     let ranked = SimWorker::start("sglang", "regular", &args);
-    let post = |body: Value| call(reqwest::Method::POST, gateway.url("/workers"), Some(body));
+    let post = |body: Value| {
+        call(
+            reqwest::Method::POST,
+            gateway.admin_url("/workers"),
+            Some(body),
+        )
+    };
     let (code, accepted) = post(json!({"url": ranked.grpc_url()})).await;
     assert_eq!(code, 202, "{accepted}");
     let id = accepted["id"].as_str().unwrap().to_owned();
@@ -681,7 +704,7 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
         code == 200 && body["status"] == "ready" && body["dp_rank"] == 0
     })
     .await;
-    let (_, listed) = get(&gateway, "/workers").await;
+    let (_, listed) = admin_get(&gateway, "/workers").await;
     let mut ranks: Vec<(String, u64)> = listed["workers"]
         .as_array()
         .unwrap()
@@ -721,7 +744,7 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
     // Deleting the engine's id drains every rank; the streams finish.
     let (code, removed) = call(
         reqwest::Method::DELETE,
-        gateway.url(&format!("/workers/{id}")),
+        gateway.admin_url(&format!("/workers/{id}")),
         None,
     )
     .await;
@@ -729,7 +752,7 @@ async fn dp_aware_registration_at_run_time_adds_a_worker_per_rank() {
     assert_eq!(removed["status"], "draining");
     finish_rank_streams(streams).await;
     wait_status(&gateway, &id, "every rank is gone", |code, _| code == 404).await;
-    let (_, listed) = get(&gateway, "/workers").await;
+    let (_, listed) = admin_get(&gateway, "/workers").await;
     let left: Vec<&Value> = listed["workers"].as_array().unwrap().iter().collect();
     assert_eq!(left.len(), 1, "{listed}");
     assert_eq!(left[0]["url"], first.grpc_url());

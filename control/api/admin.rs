@@ -1,4 +1,5 @@
-//! The admin API: the fleet changed while it serves.
+//! The admin API: the fleet changed while it serves. Who may call it, and
+//! the audit line of each change, are `auth`'s business.
 //!
 //! | route | answer |
 //! |---|---|
@@ -20,7 +21,8 @@ use super::types::parse::parse_json;
 use crate::error::Error;
 use crate::workers::WorkerSpec;
 
-/// The admin routes, merged into the public API's router.
+/// The admin routes: on the admin listener, or on the public one behind
+/// control-plane keys (see `http::admin_on_public`).
 pub fn routes() -> axum::Router<SharedState> {
     axum::Router::new()
         .route("/workers", get(list).post(register))

@@ -15,8 +15,9 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 
+use super::auth::Tenant;
 use super::http::SharedState;
-use crate::admission::{Permit, Tenant};
+use crate::admission::Permit;
 
 /// Admits the request, runs it, and ties the permit to its response body.
 pub(super) async fn admit(

@@ -1,67 +1,155 @@
-//! The HTTP server: routes, shared state, error responses, SSE framing, and
-//! the listener (TCP_NODELAY on every accepted socket, so the first token is
-//! never held back by Nagle).
+//! The HTTP server's routes and their front door, shared state, error
+//! responses and SSE framing. (Connections are served by `listener`.)
+//!
+//! Every router built here passes requests through the same front door,
+//! outermost first: a request id and log span (`request_id`), the head
+//! size limit (`limits`), CORS when configured, then per route the key
+//! gate (`auth`) and the body limit (`limits`) before the handler. The
+//! body limit sits behind the gate so a caller without a key cannot make
+//! the gateway buffer a body.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router as HttpRouter;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use futures::{Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 pub use super::state::AppState;
 
+use super::auth::{self, AdminAccess, AdminGate, InferenceGate};
 use super::endpoints;
+use super::limits::{self, BodyLimit, HeadLimit};
+use super::request_id::{self, RequestIds, X_REQUEST_ID};
+use crate::config::{CorsPolicy, FrontDoorConfig};
 use crate::error::Error;
 
 pub type SharedState = Arc<AppState>;
 
-/// The routing table of the public API.
-pub fn app(state: SharedState) -> HttpRouter {
+/// The public API: inference routes behind the inference key gate, health
+/// routes open, and the admin routes behind control-plane keys when keys
+/// are configured (see [`admin_on_public`]).
+pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
+    let body = from_fn_with_state(
+        BodyLimit(front.limits.max_payload_bytes),
+        limits::limit_body,
+    );
+    // Inner to the key gate (whose tenant it reads), outer to the handler:
+    // a request waits for its slot before its body is read.
+    let admission = from_fn_with_state(Arc::clone(&state), super::admit::admit);
+    let gate = |x_api_key| {
+        from_fn_with_state(
+            Arc::new(InferenceGate::new(&front.auth, x_api_key)),
+            auth::inference,
+        )
+    };
     let inference = HttpRouter::new()
         .route("/v1/chat/completions", post(endpoints::chat_completions))
         .route("/v1/completions", post(endpoints::completions))
         .route("/generate", post(endpoints::generate))
-        .route("/v1/messages", post(endpoints::messages))
         .route("/v1/embeddings", post(endpoints::embeddings))
         .route("/v1/classify", post(endpoints::classify))
-        .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            super::admit::admit,
-        ));
-    HttpRouter::new()
-        .merge(inference)
+        .route_layer(admission.clone())
         .route("/v1/models", get(endpoints::models))
+        .route_layer(body.clone())
+        .route_layer(gate(false));
+    // Anthropic clients send their key in `x-api-key`.
+    let messages = HttpRouter::new()
+        .route("/v1/messages", post(endpoints::messages))
+        .route_layer(admission)
+        .route_layer(body)
+        .route_layer(gate(true));
+    let open = HttpRouter::new()
         .route("/health", get(health))
         .route("/liveness", get(liveness))
-        .route("/readiness", get(readiness))
-        .merge(super::admin::routes())
-        .fallback(not_found)
-        .with_state(state)
+        .route("/readiness", get(readiness));
+    let mut router = inference.merge(messages).merge(open);
+    if admin_on_public(front) {
+        router = router.merge(admin_routes(front, AdminAccess::Keys));
+    }
+    front_door(router.fallback(not_found), front).with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    state: SharedState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = listener.tap_io(|socket| {
-        if let Err(err) = socket.set_nodelay(true) {
-            tracing::debug!(%err, "cannot set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+/// The admin listener's API: the admin routes, to whoever reaches it.
+pub fn admin_app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
+    front_door(
+        admin_routes(front, AdminAccess::Listener).fallback(not_found),
+        front,
+    )
+    .with_state(state)
+}
+
+/// Whether the admin routes are on the public listener (control-plane
+/// keys guard them) rather than on an admin listener of their own.
+pub fn admin_on_public(front: &FrontDoorConfig) -> bool {
+    !front.auth.control_plane_keys.is_empty()
+}
+
+fn admin_routes(front: &FrontDoorConfig, access: AdminAccess) -> HttpRouter<SharedState> {
+    super::admin::routes()
+        .route_layer(from_fn_with_state(
+            BodyLimit(front.limits.max_payload_bytes),
+            limits::limit_body,
+        ))
+        .route_layer(from_fn_with_state(
+            Arc::new(AdminGate::new(&front.auth, access)),
+            auth::admin,
+        ))
+}
+
+/// The layers every route and the fallback go through.
+fn front_door(router: HttpRouter<SharedState>, front: &FrontDoorConfig) -> HttpRouter<SharedState> {
+    // Bodies are bounded by `limits::limit_body`, not the extractors' 2 MB.
+    let mut router = router.layer(DefaultBodyLimit::disable());
+    if let Some(cors) = cors(&front.cors) {
+        router = router.layer(cors);
+    }
+    router
+        .layer(from_fn_with_state(
+            HeadLimit(front.limits.max_header_bytes),
+            limits::limit_head,
+        ))
+        .layer(from_fn_with_state(
+            RequestIds::new(&front.request_id_headers),
+            request_id::assign,
+        ))
+}
+
+/// The CORS layer of `policy`: preflights are answered before any key is
+/// asked for, and browsers may read the request id and `Retry-After`.
+fn cors(policy: &CorsPolicy) -> Option<CorsLayer> {
+    let origins = match policy {
+        CorsPolicy::Off => return None,
+        CorsPolicy::AnyOrigin => AllowOrigin::any(),
+        CorsPolicy::Origins(origins) => AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|origin| HeaderValue::from_str(origin).ok()),
+        ),
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(origins)
+            .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers([X_REQUEST_ID, header::RETRY_AFTER])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
+/// A front-door refusal: its JSON error, counted by code.
+pub fn refusal(err: &Error) -> Response {
+    crate::metrics::record_refusal(err.code.as_str());
+    error_response(err)
 }
 
 /// Serves Prometheus `/metrics` on its own listener.

@@ -1,14 +1,23 @@
 //! smg's public HTTP API: the wire types clients send and receive (`types`),
-//! the handlers that run them through the router (`endpoints`), and the
-//! server plumbing (`http`: routes, SSE framing, errors, listeners).
+//! the handlers that run them through the router (`endpoints`, `admin`),
+//! the front door every request passes first (`auth`, `limits`,
+//! `request_id`), and the server plumbing (`http`: routes, SSE framing,
+//! errors; `listener`: connections, their limits and timers).
 
 mod admin;
 mod admit;
+mod auth;
 mod endpoints;
 mod http;
+mod limits;
+mod listener;
 mod logprobs;
+mod request_id;
 mod state;
 pub mod types;
 
-pub use http::{AppState, SharedState, app, serve, serve_metrics};
+pub use auth::{ANONYMOUS, AUDIT_TARGET, Operator, Tenant};
+pub use http::{AppState, SharedState, admin_app, admin_on_public, app, serve_metrics};
+pub use listener::{ListenerSettings, serve};
+pub use request_id::{MAX_REQUEST_ID_LEN, RequestId};
 pub use state::Fleet;

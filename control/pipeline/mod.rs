@@ -11,6 +11,7 @@ pub mod attempt;
 pub mod execution;
 pub mod media;
 pub mod prepare;
+pub mod request_context;
 pub mod respond;
 pub mod spec;
 pub mod stages;

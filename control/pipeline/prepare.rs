@@ -27,8 +27,11 @@ pub struct ServedModel {
 pub struct PreparedRequest {
     pub endpoint: Endpoint,
     pub model: String,
-    /// The id clients see; engine calls get `<id>-<attempt>`.
+    /// The id clients see; engine calls get `<id>-<attempt>`, after the
+    /// client's own id when it sent one (see [`super::request_context`]).
     pub request_id: String,
+    /// The client's request id (`x-request-id`), the engine ids' prefix.
+    pub client_request_id: Option<std::sync::Arc<str>>,
     pub input_ids: Vec<u32>,
     pub prompt_text: String,
     pub media: Vec<MediaItem>,
@@ -159,6 +162,7 @@ pub async fn prepare(
         endpoint,
         model: model.name.clone(),
         request_id: spec.request_id.unwrap_or_else(|| mint_request_id(endpoint)),
+        client_request_id: super::request_context::client_request_id(),
         input_ids,
         prompt_text,
         media: media_items,

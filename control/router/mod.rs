@@ -21,6 +21,7 @@ use crate::pipeline::attempt::{self, AttemptContext, AttemptOutcome};
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
+use crate::pipeline::request_context::{client_request_id, engine_request_id};
 use crate::pipeline::respond::OutputStream;
 use crate::pipeline::spec::{GenerationSpec, InputItem};
 use crate::pipeline::stages::{RolePolicies, pick};
@@ -282,6 +283,7 @@ impl Router {
             .with_param("model"));
         }
         let request_id = mint_request_id(endpoint);
+        let client_request_id = client_request_id();
         let mut prompts = Vec::with_capacity(inputs.len());
         for input in inputs {
             let ids = match input {
@@ -302,7 +304,11 @@ impl Router {
             prompts.push(ids);
         }
         let calls = prompts.iter().enumerate().map(|(index, ids)| {
-            let engine_id = format!("{request_id}-{index}");
+            let engine_id = engine_request_id(
+                client_request_id.as_deref(),
+                &request_id,
+                u32::try_from(index).unwrap_or(u32::MAX),
+            );
             async move { self.embed_one(&engine_id, ids).await }
         });
         let embeddings = futures::future::try_join_all(calls).await?;
@@ -354,7 +360,11 @@ impl Router {
             workers: &self.parts.workers,
             policies: &self.parts.policies,
             tokenizer: &self.parts.tokenizer,
-            engine_request_id: format!("{}-{attempt}", request.request_id),
+            engine_request_id: engine_request_id(
+                request.client_request_id.as_deref(),
+                &request.request_id,
+                attempt,
+            ),
             deadline,
         };
         let AttemptOutcome {

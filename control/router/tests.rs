@@ -366,6 +366,7 @@ mod in_process {
             endpoint: Endpoint::ChatCompletions,
             model: "fixture".into(),
             request_id: "chatcmpl-test".into(),
+            client_request_id: None,
             input_ids: vec![10, 11, 12, 13],
             prompt_text: String::new(),
             leases: vec![None; media.len()],

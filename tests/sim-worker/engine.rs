@@ -99,6 +99,9 @@ pub struct EngineConfig {
     pub default_max_new_tokens: u32,
     pub max_running_requests: u32,
     pub max_total_tokens: u32,
+    /// Each Generate call's request id is appended here, one per line
+    /// (tests check the ids the gateway sends).
+    pub request_log: Option<std::path::PathBuf>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -329,6 +332,20 @@ fn unix_seconds() -> u64 {
         .unwrap_or_default()
 }
 
+/// Appends `request_id` as a line of `path` (one `write` call, so lines
+/// of concurrent calls do not interleave).
+fn log_request_id(path: &std::path::Path, request_id: &str) {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(format!("{request_id}\n").as_bytes()));
+    if let Err(err) = written {
+        tracing::warn!(path = %path.display(), %err, "cannot log the request id");
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -384,6 +401,9 @@ impl Engine {
     /// returned stream. Requests a role cannot serve fail here, before any
     /// event.
     pub fn generate(self: &Arc<Self>, job: GenerateJob) -> Result<EventStream, Status> {
+        if let Some(path) = &self.config.request_log {
+            log_request_id(path, &job.request_id);
+        }
         match (self.config.role, &job.kv) {
             (Role::Encode, _) => {
                 return Err(Status::failed_precondition(

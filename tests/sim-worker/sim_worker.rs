@@ -163,6 +163,9 @@ struct Args {
     /// Write every received tensor here (raw bytes + JSON sidecar).
     #[arg(long)]
     record_dir: Option<PathBuf>,
+    /// Append each Generate call's request id to this file, one per line.
+    #[arg(long, value_name = "FILE")]
+    request_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -204,6 +207,7 @@ impl Args {
             default_max_new_tokens: self.default_max_new_tokens,
             max_running_requests: self.max_running_requests,
             max_total_tokens: self.max_total_tokens,
+            request_log: self.request_log.clone(),
         }
     }
 }

@@ -201,42 +201,71 @@ pub struct Gateway {
     child: Child,
     pub http: SocketAddr,
     pub metrics: SocketAddr,
+    /// Where the admin routes are served: the admin listener, or `http`
+    /// when control-plane keys put them on the public listener.
+    pub admin: SocketAddr,
+}
+
+/// The flags every test gateway starts with: loopback, ephemeral ports,
+/// the fixture model.
+fn launch_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
+    command
+        .args([
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--prometheus-port",
+            "0",
+            "--admin-port",
+            "0",
+        ])
+        .arg("--model-path")
+        .arg(model_dir());
+    command
 }
 
 impl Gateway {
     /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
-    /// --model-path <fixture>` plus `args`.
+    /// --admin-port 0 --model-path <fixture>` plus `args`.
     pub fn start(args: &[&str]) -> Gateway {
-        let child = Command::new(env!("CARGO_BIN_EXE_smg"))
-            .args([
-                "launch",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--prometheus-port",
-                "0",
-            ])
-            .arg("--model-path")
-            .arg(model_dir())
-            .args(["--log-level", "warn"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn smg");
+        let mut command = launch_command();
+        command.args(["--log-level", "warn"]).args(args);
+        command.stderr(Stdio::inherit());
+        Self::spawn(command)
+    }
+
+    /// As [`Gateway::start`], with its log (filtered by `rust_log`) written
+    /// to `log` instead of the test's stderr.
+    pub fn start_logged(args: &[&str], rust_log: &str, log: &std::path::Path) -> Gateway {
+        let mut command = launch_command();
+        command.args(args).env("RUST_LOG", rust_log);
+        command.stderr(std::fs::File::create(log).expect("log file"));
+        Self::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Gateway {
+        let child = command.stdout(Stdio::piped()).spawn().expect("spawn smg");
         let (child, line) = wait_ready(child, "smg");
         let field =
             |key: &str| -> SocketAddr { ready_field(&line, key).parse().expect("an address") };
         Gateway {
             http: field("http="),
             metrics: field("metrics="),
+            admin: field("admin="),
             child,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http)
+    }
+
+    /// The URL of an admin route (`/workers...`).
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
     }
 
     pub fn pid(&self) -> u32 {
@@ -246,21 +275,7 @@ impl Gateway {
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
-        let output = Command::new(env!("CARGO_BIN_EXE_smg"))
-            .args([
-                "launch",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--prometheus-port",
-                "0",
-            ])
-            .arg("--model-path")
-            .arg(model_dir())
-            .args(args)
-            .output()
-            .expect("run smg");
+        let output = launch_command().args(args).output().expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),

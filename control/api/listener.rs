@@ -1,0 +1,643 @@
+//! The HTTP listener: accepts connections up to a cap, serves HTTP/1.1 and
+//! HTTP/2 on each with hyper, and closes the ones that stall.
+//!
+//! Why it exists: `axum::serve` has no bound on open connections and no
+//! clock on a connection, so one client holding thousands of sockets, or
+//! trickling a request head one byte a second (slowloris), pins the
+//! gateway's descriptors and memory for ever. Here:
+//!
+//! - At most `max_connections` are served at once. One more is answered
+//!   `503 too_many_connections` with `Retry-After: 1`, written straight to
+//!   the socket as HTTP/1.1 (before any request is read; an HTTP/2 client
+//!   sees a protocol error), and closed. Answering beats leaving it in the
+//!   kernel's backlog: the client learns at once that it should back off.
+//! - Each connection runs a [`ConnClock`] with two timers. The head timer
+//!   runs from the accept, and from the first byte of each later request,
+//!   until the request's head is complete; on expiry the socket is closed
+//!   with no answer (nothing was parsed to answer). The keep-alive timer
+//!   runs while no request is in flight; on expiry the connection is shut
+//!   down gracefully. HTTP/2 connections, told apart by their preface, get
+//!   only the keep-alive timer once the preface is in: their frames
+//!   interleave, so no byte marks a new request's start.
+//! - Request heads are bounded twice: `api::limits` answers heads over
+//!   `--max-header-size` with a JSON 431; hyper's read buffer, at twice that
+//!   size, refuses anything larger with a bodiless 431 before it is parsed.
+//! - Sockets get TCP_NODELAY, so the first token is never held back by
+//!   Nagle; on shutdown the listener stops accepting and every connection
+//!   finishes its requests (streams included) before `serve` returns.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::ConnectInfo;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::config::HttpLimits;
+use crate::error::{Error, ErrorCode};
+use crate::metrics;
+
+/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Refused connections answered at once; more are closed unanswered.
+const MAX_REFUSALS_IN_FLIGHT: usize = 256;
+
+/// How long a refused connection is read (and discarded) after its answer,
+/// so closing it does not reset the answer away before the client reads it.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// The two timeouts a connection runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnTimeouts {
+    pub header_read: Duration,
+    pub keep_alive: Duration,
+}
+
+/// Why a connection's timer fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// A request head took too long: close the socket.
+    HeaderRead,
+    /// No request for too long: shut down gracefully.
+    KeepAlive,
+}
+
+/// Which protocol a connection speaks, as far as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// This many bytes of the HTTP/2 preface have arrived, nothing else.
+    Undecided(usize),
+    Http1,
+    Http2,
+}
+
+/// Where a connection is between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// A request head is on its way since then.
+    Head(Instant),
+    /// Requests are in flight: no timer (a generation may take minutes).
+    Busy,
+    /// Nothing in flight since then.
+    Idle(Instant),
+}
+
+/// A connection's timers as a state machine: events in, a deadline out.
+/// Time is passed in, so the rules are tested without a clock.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnClock {
+    timeouts: ConnTimeouts,
+    protocol: Protocol,
+    phase: Phase,
+    in_flight: usize,
+}
+
+impl ConnClock {
+    /// A connection accepted at `now`: its first head is on its way.
+    pub fn new(timeouts: ConnTimeouts, now: Instant) -> Self {
+        Self {
+            timeouts,
+            protocol: Protocol::Undecided(0),
+            phase: Phase::Head(now),
+            in_flight: 0,
+        }
+    }
+
+    /// Whether [`ConnClock::on_bytes`] can change anything now (the I/O
+    /// path skips it otherwise).
+    pub fn wants_bytes(&self) -> bool {
+        match self.protocol {
+            Protocol::Undecided(_) => true,
+            Protocol::Http1 => matches!(self.phase, Phase::Idle(_)),
+            Protocol::Http2 => false,
+        }
+    }
+
+    /// Bytes arrived at `now`. Returns whether the deadline moved.
+    pub fn on_bytes(&mut self, bytes: &[u8], now: Instant) -> bool {
+        if bytes.is_empty() {
+            return false;
+        }
+        if let Protocol::Undecided(matched) = self.protocol {
+            let expected = &H2_PREFACE[matched..];
+            let n = expected.len().min(bytes.len());
+            self.protocol = if bytes[..n] != expected[..n] {
+                Protocol::Http1
+            } else if matched + n == H2_PREFACE.len() {
+                Protocol::Http2
+            } else {
+                Protocol::Undecided(matched + n)
+            };
+            if self.protocol == Protocol::Http2 && matches!(self.phase, Phase::Head(_)) {
+                // The preface is the whole "head" HTTP/2 has; from here on
+                // the connection is idle until a stream opens.
+                self.phase = Phase::Idle(now);
+                return true;
+            }
+        }
+        if self.protocol == Protocol::Http1 && matches!(self.phase, Phase::Idle(_)) {
+            self.phase = Phase::Head(now);
+            return true;
+        }
+        false
+    }
+
+    /// A request's head is complete and its handler runs.
+    pub fn on_request(&mut self) {
+        if let Protocol::Undecided(_) = self.protocol {
+            self.protocol = Protocol::Http1;
+        }
+        self.in_flight += 1;
+        self.phase = Phase::Busy;
+    }
+
+    /// A response ended (sent or abandoned) at `now`. Returns whether the
+    /// deadline moved.
+    pub fn on_response_end(&mut self, now: Instant) -> bool {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if self.in_flight == 0 {
+            self.phase = Phase::Idle(now);
+            return true;
+        }
+        false
+    }
+
+    /// When the connection's timer fires, and why.
+    pub fn deadline(&self) -> Option<(Instant, Expiry)> {
+        match self.phase {
+            Phase::Head(since) => Some((since + self.timeouts.header_read, Expiry::HeaderRead)),
+            Phase::Idle(since) => Some((since + self.timeouts.keep_alive, Expiry::KeepAlive)),
+            Phase::Busy => None,
+        }
+    }
+
+    /// The timer that has fired by `now`, if any.
+    pub fn expired(&self, now: Instant) -> Option<Expiry> {
+        self.deadline()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, why)| why)
+    }
+}
+
+/// A connection's clock, shared by its socket (bytes), its service
+/// (requests and responses) and its task (the timer).
+#[derive(Debug)]
+struct ConnState {
+    clock: Mutex<ConnClock>,
+    /// `clock.wants_bytes()`, readable without the lock on every read.
+    wants_bytes: AtomicBool,
+    /// Signalled when the deadline moves.
+    moved: Notify,
+}
+
+impl ConnState {
+    fn new(timeouts: ConnTimeouts) -> Arc<Self> {
+        Arc::new(Self {
+            clock: Mutex::new(ConnClock::new(timeouts, Instant::now())),
+            wants_bytes: AtomicBool::new(true),
+            moved: Notify::new(),
+        })
+    }
+
+    fn update(&self, change: impl FnOnce(&mut ConnClock) -> bool) {
+        let mut clock = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let moved = change(&mut clock);
+        self.wants_bytes
+            .store(clock.wants_bytes(), Ordering::Relaxed);
+        drop(clock);
+        if moved {
+            self.moved.notify_one();
+        }
+    }
+
+    fn deadline(&self) -> Option<(Instant, Expiry)> {
+        self.clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .deadline()
+    }
+
+    fn expired(&self, now: Instant) -> Option<Expiry> {
+        self.clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .expired(now)
+    }
+
+    /// A request entered; the returned guard ends it when dropped.
+    fn request_started(self: &Arc<Self>) -> InFlight {
+        self.update(|clock| {
+            clock.on_request();
+            true
+        });
+        InFlight(Arc::clone(self))
+    }
+}
+
+/// One request in flight on a connection, until its response body is done
+/// or dropped.
+#[derive(Debug)]
+struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        self.0.update(|clock| clock.on_response_end(now));
+    }
+}
+
+/// A response body that holds its request's [`InFlight`] until it ends.
+struct TrackedBody {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A socket that tells its connection's clock when bytes arrive.
+struct WatchedStream {
+    stream: TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl AsyncRead for WatchedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && self.state.wants_bytes.load(Ordering::Relaxed) {
+            let arrived = &buf.filled()[before..];
+            if !arrived.is_empty() {
+                let now = Instant::now();
+                self.state.update(|clock| clock.on_bytes(arrived, now));
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for WatchedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// How a listener serves its connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenerSettings {
+    /// `public` or `admin`: the metrics label.
+    pub name: &'static str,
+    pub limits: HttpLimits,
+}
+
+/// Serves `app` on `listener` until `shutdown` is cancelled, then waits for
+/// every connection to finish its requests.
+pub async fn serve(
+    listener: TcpListener,
+    app: axum::Router,
+    settings: ListenerSettings,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let limits = settings.limits;
+    let max = limits.max_connections.clamp(1, u32::MAX as usize);
+    let connections = Arc::new(Semaphore::new(max));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
+    let timeouts = ConnTimeouts {
+        header_read: limits.header_read_timeout,
+        keep_alive: limits.keep_alive_timeout,
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .keep_alive(true)
+        .header_read_timeout(None)
+        .max_buf_size(hyper_buffer(limits.max_header_bytes));
+    builder.http2().max_header_list_size(
+        u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX),
+    );
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    accept_failed(err).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            metrics::record_refusal(ErrorCode::TooManyConnections.as_str());
+            if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream).await;
+                    drop(permit);
+                });
+            }
+            continue;
+        };
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(%err, "cannot set TCP_NODELAY");
+        }
+        metrics::record_connections(settings.name, max - connections.available_permits());
+        let builder = builder.clone();
+        let app = app.clone();
+        let shutdown = shutdown.clone();
+        let connections = Arc::clone(&connections);
+        tokio::spawn(async move {
+            serve_connection(
+                stream,
+                peer,
+                app,
+                builder,
+                timeouts,
+                settings.name,
+                shutdown,
+            )
+            .await;
+            drop(permit);
+            metrics::record_connections(settings.name, max - connections.available_permits());
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit until it ends.
+    let _all = connections
+        .acquire_many(u32::try_from(max).unwrap_or(u32::MAX))
+        .await;
+    Ok(())
+}
+
+/// hyper's read buffer: twice the head limit, so heads between the two get
+/// the JSON answer of `api::limits`; at least hyper's minimum.
+fn hyper_buffer(max_header_bytes: usize) -> usize {
+    max_header_bytes.saturating_mul(2).max(8192)
+}
+
+/// An accept that failed: a connection that died in the backlog is nobody's
+/// problem; anything else (out of descriptors) gets a pause, so the loop
+/// does not spin while the condition lasts.
+async fn accept_failed(err: std::io::Error) {
+    use std::io::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    ) {
+        return;
+    }
+    tracing::warn!(%err, "accept failed; pausing the listener");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Answers a connection over the cap, then reads what the client sends
+/// until it closes (or [`REFUSAL_LINGER`]), so the answer is not lost to a
+/// reset.
+async fn refuse(mut stream: TcpStream) {
+    let err = Error::new(
+        ErrorCode::TooManyConnections,
+        "the gateway holds as many connections as it takes; retry shortly",
+    );
+    let body = err.to_openai_json().to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(answer.as_bytes()).await.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
+}
+
+/// Serves one connection under its clock.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    app: axum::Router,
+    builder: auto::Builder<TokioExecutor>,
+    timeouts: ConnTimeouts,
+    listener: &'static str,
+    shutdown: CancellationToken,
+) {
+    let state = ConnState::new(timeouts);
+    let io = TokioIo::new(WatchedStream {
+        stream,
+        state: Arc::clone(&state),
+    });
+    let service_state = Arc::clone(&state);
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        let in_flight = service_state.request_started();
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request.map(Body::new)).await?;
+            Ok::<_, Infallible>(response.map(|body| TrackedBody {
+                body,
+                _in_flight: in_flight,
+            }))
+        }
+    });
+    let connection = builder.serve_connection(io, service).into_owned();
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        // Once closing, only a stalled head still needs the timer.
+        let deadline = state
+            .deadline()
+            .filter(|(_, why)| !closing || *why == Expiry::HeaderRead);
+        let timer = async {
+            match deadline {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(err) = served {
+                    tracing::debug!(%peer, %err, "connection ended with an error");
+                }
+                return;
+            }
+            () = state.moved.notified() => {}
+            () = timer => match state.expired(Instant::now()) {
+                Some(Expiry::HeaderRead) => {
+                    tracing::debug!(%peer, "request head too slow; closing the connection");
+                    metrics::record_connection_closed(listener, "header_read");
+                    return;
+                }
+                Some(Expiry::KeepAlive) if !closing => {
+                    metrics::record_connection_closed(listener, "keep_alive");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                Some(Expiry::KeepAlive) | None => {}
+            },
+            () = shutdown.cancelled(), if !closing => {
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUTS: ConnTimeouts = ConnTimeouts {
+        header_read: Duration::from_secs(10),
+        keep_alive: Duration::from_secs(75),
+    };
+
+    fn at(start: Instant, secs: u64) -> Instant {
+        start + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn a_fresh_connection_has_the_head_timeout_from_its_accept() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, start);
+        assert_eq!(clock.deadline(), Some((at(start, 10), Expiry::HeaderRead)));
+        // Bytes trickling in do not push the deadline back (slowloris).
+        for second in 1..10 {
+            assert!(!clock.on_bytes(b"G", at(start, second)));
+        }
+        assert_eq!(clock.expired(at(start, 9)), None);
+        assert_eq!(clock.expired(at(start, 10)), Some(Expiry::HeaderRead));
+    }
+
+    #[test]
+    fn a_request_in_flight_has_no_timer_and_idleness_starts_when_it_ends() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, start);
+        clock.on_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n", start);
+        clock.on_request();
+        assert_eq!(clock.deadline(), None, "a generation may take minutes");
+        assert!(!clock.wants_bytes(), "body bytes are not a new head");
+        assert!(clock.on_response_end(at(start, 300)));
+        assert_eq!(clock.deadline(), Some((at(start, 375), Expiry::KeepAlive)));
+    }
+
+    #[test]
+    fn the_next_head_on_a_kept_alive_connection_is_timed_from_its_first_byte() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, start);
+        clock.on_bytes(b"GET /health HTTP/1.1\r\n\r\n", start);
+        clock.on_request();
+        clock.on_response_end(at(start, 1));
+        assert!(clock.wants_bytes());
+        // 60 s idle, then a request starts: the head timer, not the idle one.
+        assert!(clock.on_bytes(b"GE", at(start, 61)));
+        assert_eq!(clock.deadline(), Some((at(start, 71), Expiry::HeaderRead)));
+        assert!(!clock.on_bytes(b"T /", at(start, 62)));
+        assert_eq!(clock.deadline(), Some((at(start, 71), Expiry::HeaderRead)));
+    }
+
+    #[test]
+    fn http2_is_idle_after_its_preface_and_its_frames_start_no_head() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, start);
+        // The preface may arrive in pieces.
+        let (first, rest) = H2_PREFACE.split_at(5);
+        assert!(!clock.on_bytes(first, start));
+        assert!(clock.wants_bytes());
+        assert!(clock.on_bytes(rest, at(start, 1)));
+        assert_eq!(clock.deadline(), Some((at(start, 76), Expiry::KeepAlive)));
+        assert!(!clock.wants_bytes());
+        assert!(
+            !clock.on_bytes(b"\x00\x00\x08\x06", at(start, 30)),
+            "a PING"
+        );
+        // Two streams: idle only once both have ended.
+        clock.on_request();
+        clock.on_request();
+        assert!(!clock.on_response_end(at(start, 40)));
+        assert_eq!(clock.deadline(), None);
+        assert!(clock.on_response_end(at(start, 41)));
+        assert_eq!(clock.deadline(), Some((at(start, 116), Expiry::KeepAlive)));
+    }
+
+    #[test]
+    fn a_head_that_starts_like_the_preface_but_differs_is_http1() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, start);
+        clock.on_bytes(b"PRI", start);
+        clock.on_bytes(b"ZE /x HTTP/1.1\r\n", start);
+        assert_eq!(clock.protocol, Protocol::Http1);
+        assert_eq!(clock.deadline(), Some((at(start, 10), Expiry::HeaderRead)));
+    }
+
+    #[test]
+    fn hyper_reads_at_least_its_minimum_and_twice_our_head_limit() {
+        assert_eq!(hyper_buffer(1024), 8192);
+        assert_eq!(hyper_buffer(64 * 1024), 128 * 1024);
+    }
+}

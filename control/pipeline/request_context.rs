@@ -1,0 +1,69 @@
+//! The client's request id (`x-request-id`), carried from the HTTP front
+//! door to the engine request ids.
+//!
+//! Why it exists: an operator following one request from the client's logs
+//! to an engine's needs one id in both. The front door (`api::request_id`)
+//! accepts or mints the id and runs the handler inside
+//! [`with_client_request_id`]; the router reads it once, when a request
+//! enters ([`client_request_id`]), and keeps it with the request, so
+//! retries and streams that outlive the handler's future still use it.
+//! It is ambient, like a tracing span, because it belongs to the request's
+//! context rather than to any endpoint's parameters; a request served
+//! outside the front door (a test, a benchmark) simply has none.
+
+use std::future::Future;
+use std::sync::Arc;
+
+tokio::task_local! {
+    static CLIENT_REQUEST_ID: Arc<str>;
+}
+
+/// Runs `work` with `id` as the client's request id.
+pub async fn with_client_request_id<F: Future>(id: Arc<str>, work: F) -> F::Output {
+    CLIENT_REQUEST_ID.scope(id, work).await
+}
+
+/// The client's request id of the request being served, if the front door
+/// gave it one.
+pub fn client_request_id() -> Option<Arc<str>> {
+    CLIENT_REQUEST_ID.try_with(Arc::clone).ok()
+}
+
+/// The id an engine call carries: `<client id>-<request id>-<suffix>`, or
+/// `<request id>-<suffix>` without a client id. The request id keeps engine
+/// ids unique even when a client reuses its own id.
+pub fn engine_request_id(client: Option<&str>, request_id: &str, suffix: u32) -> String {
+    match client {
+        Some(client) => format!("{client}-{request_id}-{suffix}"),
+        None => format!("{request_id}-{suffix}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_id_is_seen_inside_its_scope_only() {
+        assert_eq!(client_request_id(), None);
+        let seen = with_client_request_id(Arc::from("abc-1"), async {
+            tokio::task::yield_now().await;
+            client_request_id()
+        })
+        .await;
+        assert_eq!(seen.as_deref(), Some("abc-1"));
+        assert_eq!(client_request_id(), None);
+    }
+
+    #[test]
+    fn engine_ids_put_the_client_id_first() {
+        assert_eq!(
+            engine_request_id(Some("trace-7"), "chatcmpl-00ff", 2),
+            "trace-7-chatcmpl-00ff-2"
+        );
+        assert_eq!(
+            engine_request_id(None, "chatcmpl-00ff", 1),
+            "chatcmpl-00ff-1"
+        );
+    }
+}
