@@ -14,6 +14,7 @@ mod engine;
 mod model;
 mod remote;
 mod rendezvous;
+mod serve;
 mod service;
 mod sglang;
 mod tensor;
@@ -34,11 +35,11 @@ use smg::proto::tokenspeed_encoder::token_speed_encoder_server::TokenSpeedEncode
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_server::TokenSpeedSchedulerServer;
 use smg_shared::shm::ShmNamespace;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
 
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
 use crate::model::ModelFacts;
+use crate::serve::ConnectionFaults;
 use crate::service::Worker;
 use crate::tensor::{Intake, Recorder};
 
@@ -148,6 +149,26 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck.
     #[arg(long)]
     unhealthy: bool,
+    /// Fault: end each HTTP/2 connection once it has taken N streams
+    /// (a graceful GOAWAY unless --abrupt-goaway).
+    #[arg(long, value_name = "N")]
+    goaway_after_streams: Option<u32>,
+    /// Fault: end each HTTP/2 connection this many milliseconds after it
+    /// was accepted (a graceful GOAWAY unless --abrupt-goaway).
+    #[arg(long, value_name = "MS")]
+    goaway_every_ms: Option<u64>,
+    /// Fault: end connections by closing the socket under their streams
+    /// instead of a graceful GOAWAY.
+    #[arg(long)]
+    abrupt_goaway: bool,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS to advertise, as real engines set
+    /// it; unlimited by default.
+    #[arg(long, value_name = "N")]
+    max_concurrent_streams: Option<u32>,
+    /// Fault: wait this many milliseconds after accepting a connection
+    /// before speaking on it.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    accept_delay_ms: u64,
     /// Data-parallel ranks (SGLang): GetLoads reports each, Generate takes
     /// `data_parallel_rank` below it.
     #[arg(long, default_value_t = 1)]
@@ -172,6 +193,16 @@ struct Args {
 }
 
 impl Args {
+    fn connection_faults(&self) -> ConnectionFaults {
+        ConnectionFaults {
+            goaway_after_streams: self.goaway_after_streams,
+            goaway_every: self.goaway_every_ms.map(Duration::from_millis),
+            abrupt: self.abrupt_goaway,
+            max_concurrent_streams: self.max_concurrent_streams,
+            accept_delay: Duration::from_millis(self.accept_delay_ms),
+        }
+    }
+
     fn engine_config(&self) -> EngineConfig {
         let timing = if self.zero_delay {
             Timing::ZERO
@@ -289,25 +320,21 @@ async fn main() -> Result<()> {
     };
 
     let limit = proto::MAX_MESSAGE_BYTES;
-    let mut server = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)));
-    let router = match args.protocol {
+    let routes = match args.protocol {
         Protocol::Tokenspeed => {
             let service = tokenspeed::TokenSpeed(worker);
-            server
-                .add_service(
-                    TokenSpeedSchedulerServer::new(service.clone())
-                        .max_decoding_message_size(limit)
-                        .max_encoding_message_size(limit),
-                )
-                .add_service(
-                    TokenSpeedEncoderServer::new(service)
-                        .max_decoding_message_size(limit)
-                        .max_encoding_message_size(limit),
-                )
+            Routes::new(
+                TokenSpeedSchedulerServer::new(service.clone())
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit),
+            )
+            .add_service(
+                TokenSpeedEncoderServer::new(service)
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit),
+            )
         }
-        Protocol::Sglang => server.add_service(
+        Protocol::Sglang => Routes::new(
             SglangSchedulerServer::new(sglang::Sglang(worker))
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
@@ -330,18 +357,7 @@ async fn main() -> Result<()> {
         "simulated worker serving"
     );
 
-    // Our own listener: tonic's `tcp_nodelay` covers only sockets it accepts
-    // itself, so set it here (without it, small streamed messages wait out
-    // delayed ACKs).
-    let incoming = TcpListenerStream::new(grpc).map(|accepted| {
-        accepted.and_then(|socket| {
-            socket.set_nodelay(true)?;
-            Ok(socket)
-        })
-    });
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown_signal())
-        .await?;
+    serve::serve(grpc, routes, args.connection_faults(), shutdown_signal()).await?;
     Ok(())
 }
 

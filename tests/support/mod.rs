@@ -14,6 +14,7 @@ use std::time::Duration;
 #[path = "../sim-worker/digest.rs"]
 pub mod digest;
 pub mod media;
+pub mod proxy;
 
 /// How long a worker may take to print its ready line.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
