@@ -26,7 +26,7 @@ use crate::config::{
     PolicyChoice, RoutingConfig, WorkerAddress,
 };
 use crate::demo::{DemoMode, DemoPlan};
-use crate::engine::Runtime;
+use crate::engine::{ConnectionConfig, Runtime};
 use crate::lanes::LaneSettings;
 use crate::media::MediaConfig;
 use crate::mode::Mode;
@@ -537,6 +537,15 @@ pub struct LaunchArgs {
     pub cb_window_duration_secs: u64,
     #[arg(long)]
     pub disable_circuit_breaker: bool,
+
+    /// Most HTTP/2 connections to one worker; the pool grows toward it as
+    /// streams fill the open connections.
+    #[arg(long, default_value_t = 4)]
+    pub worker_connections: usize,
+    /// Streams one worker connection takes before another opens (lower if
+    /// the worker advertises a lower SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = 100)]
+    pub worker_streams_per_connection: u32,
 
     /// How often workers' GetLoads is polled (only for load-aware policies).
     #[arg(long, default_value_t = 1)]
@@ -1155,6 +1164,15 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             },
             probe_timeout,
             dp_aware: args.dp_aware,
+            connections: ConnectionConfig {
+                max_connections: at_least("worker-connections", args.worker_connections, 1)?,
+                streams_per_connection: at_least(
+                    "worker-streams-per-connection",
+                    args.worker_streams_per_connection,
+                    1,
+                )?,
+                ..ConnectionConfig::default()
+            },
         };
         let overrides = args
             .worker_tensor_transport
@@ -1433,6 +1451,7 @@ mod tests {
         assert_eq!(routing.request_timeout, Duration::from_secs(9));
         assert!(config.lifecycle.health.is_none());
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
+        assert_eq!(config.lifecycle.connections, ConnectionConfig::default());
         assert_eq!(config.lanes.mode, LaneMode::Shm);
         assert_eq!(
             config.lanes.overrides,

@@ -179,6 +179,25 @@ impl fmt::Display for ErrorCode {
     }
 }
 
+/// How far a failed engine call got, which decides whether it counts
+/// against the worker's circuit breaker (see [`Error::charges`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reach {
+    /// The worker saw the request, or the failure is not one call's: the
+    /// code decides.
+    #[default]
+    Worker,
+    /// The call's connection broke (reset, closed, unreachable). `first`
+    /// is false when a failure reported since the call began already told
+    /// of this connection's death: one death counts once, however many
+    /// streams it took down.
+    Connection { first: bool },
+    /// The worker never saw the request: its connection was closing
+    /// (HTTP/2 GOAWAY, the stream above its last stream id) or refused the
+    /// stream (REFUSED_STREAM). Never counts; always safe to send again.
+    Unsent,
+}
+
 /// A failure with its code, a human message, optionally the request
 /// parameter at fault, and the worker it blames.
 ///
@@ -195,6 +214,8 @@ pub struct Error {
     pub worker: Option<Arc<str>>,
     /// When trying again may succeed (the `Retry-After` header).
     pub retry_after: Option<Duration>,
+    /// How far the failed call got (engine calls only).
+    pub reach: Reach,
 }
 
 impl Error {
@@ -205,7 +226,14 @@ impl Error {
             param: None,
             worker: None,
             retry_after: None,
+            reach: Reach::Worker,
         }
+    }
+
+    /// Says how far the failed call got.
+    pub fn with_reach(mut self, reach: Reach) -> Self {
+        self.reach = reach;
+        self
     }
 
     /// Tells the client when trying again may succeed.
@@ -220,9 +248,16 @@ impl Error {
         self
     }
 
-    /// Whether this failure counts against the worker at `url`.
+    /// Whether this failure counts against the worker at `url`: its code
+    /// charges workers, it blames that one, and the worker saw the request
+    /// or this is the first report of its connection's death.
     pub fn charges(&self, url: &str) -> bool {
-        self.code.charges_worker() && self.worker.as_deref() == Some(url)
+        let counts = match self.reach {
+            Reach::Worker => true,
+            Reach::Connection { first } => first,
+            Reach::Unsent => false,
+        };
+        counts && self.code.charges_worker() && self.worker.as_deref() == Some(url)
     }
 
     /// Names the request parameter at fault.

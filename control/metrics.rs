@@ -30,6 +30,11 @@ pub const TENANT_REQUESTS: &str = "smg_http_tenant_requests_total";
 pub const HTTP_REFUSALS: &str = "smg_http_refusals_total";
 pub const HTTP_CONNECTIONS: &str = "smg_http_connections";
 pub const HTTP_CONNECTIONS_CLOSED: &str = "smg_http_connections_closed_total";
+pub const WORKER_CONNECTIONS: &str = "smg_worker_connections";
+pub const WORKER_CONNECTS: &str = "smg_worker_connects_total";
+pub const WORKER_RESENDS: &str = "smg_worker_resends_total";
+pub const PANIC_ROUTING: &str = "smg_worker_panic_routing_total";
+pub const CIRCUIT_PROBES: &str = "smg_worker_cb_probes_total";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -110,6 +115,36 @@ pub fn record_breaker(worker: &str, role: &'static str, state: &'static str) {
     };
     metrics::gauge!(BREAKER_STATE, "worker" => worker.to_owned(), "role" => role).set(code);
     metrics::counter!(BREAKER_TRANSITIONS, "worker" => worker.to_owned(), "role" => role, "to" => state)
+        .increment(1);
+}
+
+/// The HTTP/2 connections (pool slots) the gateway keeps to a worker.
+pub fn record_worker_connections(worker: &str, connections: usize) {
+    metrics::gauge!(WORKER_CONNECTIONS, "worker" => worker.to_owned()).set(connections as f64);
+}
+
+/// A connect to a worker: `connected`, `failed`, or `backoff` (refused
+/// without dialling: the last connect failed recently).
+pub fn record_worker_connect(worker: &str, outcome: &'static str) {
+    metrics::counter!(WORKER_CONNECTS, "worker" => worker.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A call the worker never saw (GOAWAY, REFUSED_STREAM) was sent again.
+pub fn record_resend(worker: &str) {
+    metrics::counter!(WORKER_RESENDS, "worker" => worker.to_owned()).increment(1);
+}
+
+/// A request of `role` was routed in panic mode: too few of the role's
+/// workers were available, so all of them were candidates.
+pub fn record_panic_routing(role: &'static str) {
+    metrics::counter!(PANIC_ROUTING, "role" => role).increment(1);
+}
+
+/// An open circuit's health probe: `healthy` (the circuit turns half-open)
+/// or `failed`.
+pub fn record_circuit_probe(worker: &str, outcome: &'static str) {
+    metrics::counter!(CIRCUIT_PROBES, "worker" => worker.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 

@@ -55,7 +55,7 @@ async fn build_router(
         None => discover(
             "runtime detection",
             first_url,
-            EngineClient::detect(first_url),
+            EngineClient::detect(first_url, config.lifecycle.connections),
         )
         .await?
         .runtime(),
@@ -71,8 +71,8 @@ async fn build_router(
     let workers = WorkerSet::default();
     for address in fleet {
         let (url, role) = (&address.url, address.role);
-        let client =
-            EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
+        let client = EngineClient::with_connections(url, runtime, config.lifecycle.connections)
+            .with_context(|| format!("bad worker URL {url}"))?;
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (address.bootstrap_port, needs_bootstrap) {
             (Some(port), _) => Some(port),

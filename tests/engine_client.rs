@@ -208,7 +208,7 @@ async fn detect_tells_tokenspeed_from_sglang_for_every_url_form() {
             format!("http://{}", worker.grpc),
             worker.grpc.to_string(),
         ] {
-            let client = bounded("detect", EngineClient::detect(&url))
+            let client = bounded("detect", EngineClient::detect(&url, Default::default()))
                 .await
                 .expect("detected");
             assert_eq!(client.runtime(), runtime, "{url}");
@@ -253,9 +253,12 @@ mod not_an_engine {
 #[tokio::test]
 async fn detect_refuses_a_server_that_speaks_neither_protocol() {
     let addr = not_an_engine::serve().await;
-    let err = bounded("detect", EngineClient::detect(&addr.to_string()))
-        .await
-        .expect_err("neither protocol");
+    let err = bounded(
+        "detect",
+        EngineClient::detect(&addr.to_string(), Default::default()),
+    )
+    .await
+    .expect_err("neither protocol");
     assert_eq!(err.code, ErrorCode::WorkerError);
     assert!(err.message.contains("neither"), "{err}");
     assert!(err.message.contains(&addr.to_string()), "{err}");
@@ -549,7 +552,7 @@ async fn an_unreachable_worker_is_worker_unavailable() {
             .expect_err("unreachable");
         assert_eq!(err.code, ErrorCode::WorkerUnavailable);
     }
-    let err = bounded("detect", EngineClient::detect(&url))
+    let err = bounded("detect", EngineClient::detect(&url, Default::default()))
         .await
         .expect_err("unreachable");
     assert_eq!(err.code, ErrorCode::WorkerUnavailable);

@@ -56,6 +56,7 @@ impl AppState {
                 breaker: BreakerConfig::default(),
                 probe_timeout: Duration::from_secs(5),
                 dp_aware: false,
+                connections: crate::engine::ConnectionConfig::default(),
             },
             crate::lanes::TensorLanes::inline() as _,
         );

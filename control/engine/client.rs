@@ -3,38 +3,45 @@
 //! Pipeline stages hold one `EngineClient` per worker and never learn which
 //! protocol it speaks: this module picks the generated stub, converts
 //! requests and replies with `convert`, and turns every gRPC status and
-//! transport failure into the control plane's [`Error`], naming the worker.
-//! Channels connect lazily and reconnect by themselves, so creating a client
-//! does no I/O and a restarted worker needs no new client.
+//! transport failure into the control plane's [`Error`], naming the worker
+//! and saying how far the call got ([`Reach`]).
+//!
+//! Calls go over the worker's connection pool (`pool`): connections open
+//! lazily and reconnect with backoff, so creating a client does no I/O and
+//! a restarted worker needs no new client. A call the worker never saw
+//! (HTTP/2 GOAWAY above its last stream id, REFUSED_STREAM, or a
+//! connection hyper closed before sending) is sent again at once on a fresh
+//! connection: the worker cannot have started it, so this is safe even
+//! while the request's other legs run.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::Stream;
 use futures::future::BoxFuture;
 use sha2::{Digest as _, Sha256};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 use super::convert::{sglang, tokenspeed};
+use super::pool::{ConnectionConfig, Lease, Pool};
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
 };
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Reach, Result};
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use crate::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use crate::proto::{self, common, sglang_scheduler as sg, tokenspeed_scheduler as ts};
 
-/// How long establishing a connection to a worker may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// HTTP/2 ping interval, also while idle: engines tolerate it (wire.md) and
-/// it finds dead connections before a request does.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How many times a call the worker never saw is sent again, each time on
+/// a fresh connection, before it fails (as `worker_unavailable`, charging
+/// nobody).
+const MAX_RESENDS: u32 = 3;
 
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
@@ -42,52 +49,144 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<GenerateEvent>> + Send + 'static>>;
 
 /// A gRPC client of one engine worker. Cloning is cheap: clones share the
-/// connection.
+/// connections.
 #[derive(Debug, Clone)]
 pub struct EngineClient {
     url: Arc<str>,
-    stubs: Stubs,
+    runtime: Runtime,
+    pool: Arc<Pool>,
 }
 
-/// The generated stubs of the worker's protocol, all on one channel.
-#[derive(Debug, Clone)]
-enum Stubs {
-    TokenSpeed {
-        scheduler: TokenSpeedSchedulerClient<Channel>,
-        encoder: TokenSpeedEncoderClient<Channel>,
-    },
-    Sglang {
-        scheduler: SglangSchedulerClient<Channel>,
-    },
+/// The stubs, on one pooled channel.
+fn ts_scheduler(channel: Channel) -> TokenSpeedSchedulerClient<Channel> {
+    let limit = proto::MAX_MESSAGE_BYTES;
+    TokenSpeedSchedulerClient::new(channel)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit)
+}
+
+fn ts_encoder(channel: Channel) -> TokenSpeedEncoderClient<Channel> {
+    let limit = proto::MAX_MESSAGE_BYTES;
+    TokenSpeedEncoderClient::new(channel)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit)
+}
+
+fn sg_scheduler(channel: Channel) -> SglangSchedulerClient<Channel> {
+    let limit = proto::MAX_MESSAGE_BYTES;
+    SglangSchedulerClient::new(channel)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit)
+}
+
+/// How far a failed call got, as the transport errors under a status tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The worker answered with this status, or reset this one stream.
+    Answered,
+    /// The connection broke under the call (or could not be made).
+    Connection,
+    /// The worker never saw the call.
+    Unsent,
+}
+
+/// Reads a status's source chain: a status the worker sent has none; one
+/// tonic made from a transport failure carries the hyper and h2 errors.
+fn classify(status: &Status) -> Failure {
+    let mut source = std::error::Error::source(status);
+    if source.is_none() {
+        return Failure::Answered;
+    }
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            // RFC 9113 §6.8: streams above a GOAWAY's last stream id were
+            // not processed; §8.7: neither was a REFUSED_STREAM one. h2
+            // marks exactly those streams with the peer's GOAWAY.
+            if h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.is_remote())
+            {
+                return Failure::Unsent;
+            }
+            if h2.is_reset() {
+                return Failure::Answered;
+            }
+            return Failure::Connection;
+        }
+        // hyper gave the request back without writing it: the connection
+        // closed before it could be sent.
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return Failure::Unsent;
+        }
+        source = err.source();
+    }
+    Failure::Connection
 }
 
 impl EngineClient {
     /// A client of the worker at `url` (`grpc://host:port`, `http://host:port`
-    /// or `host:port`) speaking `runtime`. Does no I/O: the channel connects
-    /// on first use. Must be called inside a tokio runtime.
+    /// or `host:port`) speaking `runtime`, with default connection settings.
+    /// Does no I/O: connections open on first use. Must be called inside a
+    /// tokio runtime.
     pub fn new(url: &str, runtime: Runtime) -> Result<Self> {
-        Ok(Self::on_channel(url, runtime, lazy_channel(url)?))
+        Self::with_connections(url, runtime, ConnectionConfig::default())
+    }
+
+    /// As [`EngineClient::new`], connecting as `connections` says.
+    pub fn with_connections(
+        url: &str,
+        runtime: Runtime,
+        connections: ConnectionConfig,
+    ) -> Result<Self> {
+        let uri = dial_uri(url)?;
+        // The channels spawn their connection tasks on the current runtime.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::internal(
+                "an EngineClient must be created inside a tokio runtime",
+            ));
+        }
+        let pool = Pool::new(url, &uri, connections)
+            .map_err(|why| Error::invalid_parameter("url", format!("worker URL {url:?}: {why}")))?;
+        Ok(Self {
+            url: Arc::from(url),
+            runtime,
+            pool: Arc::new(pool),
+        })
     }
 
     /// Connects to the worker at `url` and finds out which protocol it
     /// speaks: TokenSpeed's `GetModelInfo` first, SGLang's when the worker
     /// answers UNIMPLEMENTED.
-    pub async fn detect(url: &str) -> Result<Self> {
-        let channel = lazy_channel(url)?;
-        let probe = TokenSpeedSchedulerClient::new(channel.clone())
-            .get_model_info(ts::GetModelInfoRequest {})
+    pub async fn detect(url: &str, connections: ConnectionConfig) -> Result<Self> {
+        let client = Self::with_connections(url, Runtime::TokenSpeed, connections)?;
+        let probe = client
+            .call_with_status(|channel| async move {
+                ts_scheduler(channel)
+                    .get_model_info(ts::GetModelInfoRequest {})
+                    .await
+            })
             .await;
         match probe {
-            Ok(_) => return Ok(Self::on_channel(url, Runtime::TokenSpeed, channel)),
-            Err(status) if status.code() == Code::Unimplemented => {}
-            Err(status) => return Err(Error::from_worker_status(&status, url)),
+            Ok(_) => return Ok(client),
+            Err((status, _)) if status.code() == Code::Unimplemented => {}
+            Err((_, err)) => return Err(err),
         }
-        let probe = SglangSchedulerClient::new(channel.clone())
-            .get_model_info(sg::GetModelInfoRequest {})
+        let client = Self {
+            runtime: Runtime::Sglang,
+            ..client
+        };
+        let probe = client
+            .call_with_status(|channel| async move {
+                sg_scheduler(channel)
+                    .get_model_info(sg::GetModelInfoRequest {})
+                    .await
+            })
             .await;
         match probe {
-            Ok(_) => Ok(Self::on_channel(url, Runtime::Sglang, channel)),
-            Err(status) if status.code() == Code::Unimplemented => Err(Error::new(
+            Ok(_) => Ok(client),
+            Err((status, _)) if status.code() == Code::Unimplemented => Err(Error::new(
                 ErrorCode::WorkerError,
                 format!(
                     "worker {url} speaks neither TokenSpeed nor SGLang: both GetModelInfo \
@@ -95,38 +194,12 @@ impl EngineClient {
                 ),
             )
             .with_worker(url)),
-            Err(status) => Err(Error::from_worker_status(&status, url)),
-        }
-    }
-
-    fn on_channel(url: &str, runtime: Runtime, channel: Channel) -> Self {
-        let limit = proto::MAX_MESSAGE_BYTES;
-        let stubs = match runtime {
-            Runtime::TokenSpeed => Stubs::TokenSpeed {
-                scheduler: TokenSpeedSchedulerClient::new(channel.clone())
-                    .max_decoding_message_size(limit)
-                    .max_encoding_message_size(limit),
-                encoder: TokenSpeedEncoderClient::new(channel)
-                    .max_decoding_message_size(limit)
-                    .max_encoding_message_size(limit),
-            },
-            Runtime::Sglang => Stubs::Sglang {
-                scheduler: SglangSchedulerClient::new(channel)
-                    .max_decoding_message_size(limit)
-                    .max_encoding_message_size(limit),
-            },
-        };
-        Self {
-            url: Arc::from(url),
-            stubs,
+            Err((_, err)) => Err(err),
         }
     }
 
     pub fn runtime(&self) -> Runtime {
-        match self.stubs {
-            Stubs::TokenSpeed { .. } => Runtime::TokenSpeed,
-            Stubs::Sglang { .. } => Runtime::Sglang,
-        }
+        self.runtime
     }
 
     /// The worker's URL as given to [`EngineClient::new`] or
@@ -135,36 +208,99 @@ impl EngineClient {
         &self.url
     }
 
+    /// Makes one call on a pooled connection, sending it again on a fresh
+    /// connection when the worker never saw it. Returns the answer and the
+    /// lease, which counts the call's stream until dropped.
+    async fn call_leased<T, F, Fut>(&self, rpc: F) -> Result<(T, Lease)>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_with_status(rpc).await.map_err(|(_, err)| err)
+    }
+
+    /// [`EngineClient::call_leased`], keeping the worker's status of a
+    /// failed call beside its error.
+    async fn call_with_status<T, F, Fut>(
+        &self,
+        rpc: F,
+    ) -> std::result::Result<(T, Lease), (Status, Error)>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let mut resent = 0;
+        loop {
+            let lease = self.pool.lease();
+            let status = match rpc(lease.channel()).await {
+                Ok(response) => return Ok((response.into_inner(), lease)),
+                Err(status) => status,
+            };
+            let failure = classify(&status);
+            if failure == Failure::Unsent {
+                self.pool.retire(&lease);
+                if resent < MAX_RESENDS {
+                    resent += 1;
+                    crate::metrics::record_resend(&self.url);
+                    tracing::debug!(worker = %self.url, %status, resent, "resending a call the worker never saw");
+                    continue;
+                }
+            }
+            let err = self.failure(&status, failure, &lease);
+            return Err((status, err));
+        }
+    }
+
+    /// [`EngineClient::call_leased`] for a call that ends with its answer.
+    async fn call<T, F, Fut>(&self, rpc: F) -> Result<T>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.call_leased(rpc).await.map(|(answer, _)| answer)
+    }
+
+    /// The error for a failed call made under `lease`.
+    fn failure(&self, status: &Status, failure: Failure, lease: &Lease) -> Error {
+        let reach = match failure {
+            Failure::Answered => Reach::Worker,
+            Failure::Unsent => Reach::Unsent,
+            Failure::Connection => Reach::Connection {
+                first: self.pool.first_failure_since(lease),
+            },
+        };
+        Error::from_worker_status(status, &self.url).with_reach(reach)
+    }
+
     /// Starts a Generate call. Fails here if the request cannot be expressed
     /// in the worker's protocol or the worker cannot be reached or refuses
     /// the call; later failures arrive in the stream.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
-        match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => {
+        match self.runtime {
+            Runtime::TokenSpeed => {
                 let request = tokenspeed::generate_request(request)?;
-                let responses = scheduler
-                    .clone()
-                    .generate(request)
-                    .await
-                    .map_err(|status| self.status_error(&status))?;
+                let (responses, lease) = self
+                    .call_leased(|channel| {
+                        let request = request.clone();
+                        async move { ts_scheduler(channel).generate(request).await }
+                    })
+                    .await?;
                 Ok(event_stream(
-                    responses.into_inner(),
-                    self.url.clone(),
+                    responses,
+                    self.clone(),
+                    lease,
                     tokenspeed::event,
                 ))
             }
-            Stubs::Sglang { scheduler } => {
+            Runtime::Sglang => {
                 let request = sglang::generate_request(request)?;
-                let responses = scheduler
-                    .clone()
-                    .generate(request)
-                    .await
-                    .map_err(|status| self.status_error(&status))?;
-                Ok(event_stream(
-                    responses.into_inner(),
-                    self.url.clone(),
-                    sglang::event,
-                ))
+                let (responses, lease) = self
+                    .call_leased(|channel| {
+                        let request = request.clone();
+                        async move { sg_scheduler(channel).generate(request).await }
+                    })
+                    .await?;
+                Ok(event_stream(responses, self.clone(), lease, sglang::event))
             }
         }
     }
@@ -174,124 +310,168 @@ impl EngineClient {
     /// item. The worker has read the tensor when this returns, so a shm
     /// segment may be released then.
     pub async fn encode(&self, request_id: &str, item: &MediaItem, room: i64) -> Result<bool> {
-        let Stubs::TokenSpeed { encoder, .. } = &self.stubs else {
+        if self.runtime != Runtime::TokenSpeed {
             return Err(self.unsupported("Encode (EPD encode workers)"));
-        };
+        }
         let request = tokenspeed::encode_request(request_id, item, room)?;
-        let response = encoder
-            .clone()
-            .encode(request)
-            .await
-            .map_err(|status| self.status_error(&status))?;
-        Ok(response.into_inner().accepted)
+        let response = self
+            .call(|channel| {
+                let request = request.clone();
+                async move { ts_encoder(channel).encode(request).await }
+            })
+            .await?;
+        Ok(response.accepted)
     }
 
     /// Asks the worker to stop `request_id`; `Ok(false)` if it did not know
     /// the request (already finished, or never there).
     pub async fn abort(&self, request_id: &str, reason: &str) -> Result<bool> {
         let (request_id, reason) = (request_id.to_owned(), reason.to_owned());
-        let answer = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler
-                .clone()
-                .abort(ts::AbortRequest { request_id, reason })
+        match self.runtime {
+            Runtime::TokenSpeed => self
+                .call(|channel| {
+                    let request = ts::AbortRequest {
+                        request_id: request_id.clone(),
+                        reason: reason.clone(),
+                    };
+                    async move { ts_scheduler(channel).abort(request).await }
+                })
                 .await
-                .map(|response| response.into_inner().success),
-            Stubs::Sglang { scheduler } => scheduler
-                .clone()
-                .abort(sg::AbortRequest { request_id, reason })
+                .map(|response| response.success),
+            Runtime::Sglang => self
+                .call(|channel| {
+                    let request = sg::AbortRequest {
+                        request_id: request_id.clone(),
+                        reason: reason.clone(),
+                    };
+                    async move { sg_scheduler(channel).abort(request).await }
+                })
                 .await
-                .map(|response| response.into_inner().success),
-        };
-        answer.map_err(|status| self.status_error(&status))
+                .map(|response| response.success),
+        }
     }
 
     /// Whether the worker reports itself healthy.
     pub async fn health_check(&self) -> Result<bool> {
-        let answer = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler
-                .clone()
-                .health_check(ts::HealthCheckRequest {})
+        match self.runtime {
+            Runtime::TokenSpeed => self
+                .call(|channel| async move {
+                    ts_scheduler(channel)
+                        .health_check(ts::HealthCheckRequest {})
+                        .await
+                })
                 .await
-                .map(|response| response.into_inner().healthy),
-            Stubs::Sglang { scheduler } => scheduler
-                .clone()
-                .health_check(sg::HealthCheckRequest {})
+                .map(|response| response.healthy),
+            Runtime::Sglang => self
+                .call(|channel| async move {
+                    sg_scheduler(channel)
+                        .health_check(sg::HealthCheckRequest {})
+                        .await
+                })
                 .await
-                .map(|response| response.into_inner().healthy),
-        };
-        answer.map_err(|status| self.status_error(&status))
+                .map(|response| response.healthy),
+        }
     }
 
     pub async fn model_info(&self) -> Result<ModelInfo> {
-        let answer = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler
-                .clone()
-                .get_model_info(ts::GetModelInfoRequest {})
+        match self.runtime {
+            Runtime::TokenSpeed => self
+                .call(|channel| async move {
+                    ts_scheduler(channel)
+                        .get_model_info(ts::GetModelInfoRequest {})
+                        .await
+                })
                 .await
-                .map(|response| tokenspeed::model_info(response.into_inner())),
-            Stubs::Sglang { scheduler } => scheduler
-                .clone()
-                .get_model_info(sg::GetModelInfoRequest {})
+                .map(tokenspeed::model_info),
+            Runtime::Sglang => self
+                .call(|channel| async move {
+                    sg_scheduler(channel)
+                        .get_model_info(sg::GetModelInfoRequest {})
+                        .await
+                })
                 .await
-                .map(|response| sglang::model_info(response.into_inner())),
-        };
-        answer.map_err(|status| self.status_error(&status))
+                .map(sglang::model_info),
+        }
     }
 
     /// The worker's self-description, with its `/dev/shm` identity when it
     /// advertises one.
     pub async fn server_info(&self) -> Result<ServerInfo> {
-        let answer = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler
-                .clone()
-                .get_server_info(ts::GetServerInfoRequest {})
+        match self.runtime {
+            Runtime::TokenSpeed => self
+                .call(|channel| async move {
+                    ts_scheduler(channel)
+                        .get_server_info(ts::GetServerInfoRequest {})
+                        .await
+                })
                 .await
-                .map(|response| tokenspeed::server_info(response.into_inner())),
-            Stubs::Sglang { scheduler } => scheduler
-                .clone()
-                .get_server_info(sg::GetServerInfoRequest {})
+                .map(tokenspeed::server_info),
+            Runtime::Sglang => self
+                .call(|channel| async move {
+                    sg_scheduler(channel)
+                        .get_server_info(sg::GetServerInfoRequest {})
+                        .await
+                })
                 .await
-                .map(|response| sglang::server_info(response.into_inner())),
-        };
-        answer.map_err(|status| self.status_error(&status))
+                .map(sglang::server_info),
+        }
     }
 
     /// The worker's load, summed over its DP ranks.
     pub async fn loads(&self) -> Result<Load> {
-        let answer = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler
-                .clone()
-                .get_loads(tokenspeed::loads_request())
+        match self.runtime {
+            Runtime::TokenSpeed => self
+                .call(|channel| async move {
+                    ts_scheduler(channel)
+                        .get_loads(tokenspeed::loads_request())
+                        .await
+                })
                 .await
-                .map(|response| tokenspeed::load(response.into_inner())),
-            Stubs::Sglang { scheduler } => scheduler
-                .clone()
-                .get_loads(sglang::loads_request())
+                .map(tokenspeed::load),
+            Runtime::Sglang => self
+                .call(|channel| async move {
+                    sg_scheduler(channel)
+                        .get_loads(sglang::loads_request())
+                        .await
+                })
                 .await
-                .map(|response| sglang::load(response.into_inner())),
-        };
-        answer.map_err(|status| self.status_error(&status))
+                .map(sglang::load),
+        }
     }
 
     /// The worker's tokenizer files as one zip archive, checked against the
     /// sha256 the worker sends on the last chunk.
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
-        let request = common::GetTokenizerRequest {};
-        let chunks = match &self.stubs {
-            Stubs::TokenSpeed { scheduler, .. } => scheduler.clone().get_tokenizer(request).await,
-            Stubs::Sglang { scheduler } => scheduler.clone().get_tokenizer(request).await,
+        let (mut chunks, lease) = match self.runtime {
+            Runtime::TokenSpeed => {
+                self.call_leased(|channel| async move {
+                    ts_scheduler(channel)
+                        .get_tokenizer(common::GetTokenizerRequest {})
+                        .await
+                })
+                .await?
+            }
+            Runtime::Sglang => {
+                self.call_leased(|channel| async move {
+                    sg_scheduler(channel)
+                        .get_tokenizer(common::GetTokenizerRequest {})
+                        .await
+                })
+                .await?
+            }
         };
-        let mut chunks = chunks
-            .map_err(|status| self.status_error(&status))?
-            .into_inner();
         let (mut archive, mut checksum) = (Vec::new(), String::new());
-        while let Some(chunk) = chunks
-            .message()
-            .await
-            .map_err(|status| self.status_error(&status))?
-        {
-            archive.extend_from_slice(&chunk.data);
-            checksum = chunk.sha256;
+        loop {
+            match chunks.message().await {
+                Ok(Some(chunk)) => {
+                    archive.extend_from_slice(&chunk.data);
+                    checksum = chunk.sha256;
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    return Err(self.failure(&status, stream_failure(&status), &lease));
+                }
+            }
         }
         verify_sha256(&archive, &checksum).map_err(|why| self.worker_error(why))?;
         Ok(archive)
@@ -299,19 +479,16 @@ impl EngineClient {
 
     /// Embeds `input_ids` (SGLang's `Embed`; TokenSpeed has no such RPC).
     pub async fn embed(&self, request_id: &str, input_ids: Vec<u32>) -> Result<Embedding> {
-        let Stubs::Sglang { scheduler } = &self.stubs else {
+        if self.runtime != Runtime::Sglang {
             return Err(self.unsupported("Embed"));
-        };
-        let response = scheduler
-            .clone()
-            .embed(sglang::embed_request(request_id, input_ids))
-            .await
-            .map_err(|status| self.status_error(&status))?;
-        sglang::embedding(response.into_inner()).map_err(|why| self.worker_error(why))
-    }
-
-    fn status_error(&self, status: &Status) -> Error {
-        Error::from_worker_status(status, &self.url)
+        }
+        let response = self
+            .call(|channel| {
+                let request = sglang::embed_request(request_id, input_ids.clone());
+                async move { sg_scheduler(channel).embed(request).await }
+            })
+            .await?;
+        sglang::embedding(response).map_err(|why| self.worker_error(why))
     }
 
     fn worker_error(&self, why: String) -> Error {
@@ -331,6 +508,16 @@ impl EngineClient {
                 self.runtime().name()
             ),
         )
+    }
+}
+
+/// How far a call got that failed after the worker answered its headers:
+/// it saw the call, so a transport failure now is the connection's, never
+/// "unsent".
+fn stream_failure(status: &Status) -> Failure {
+    match classify(status) {
+        Failure::Unsent => Failure::Connection,
+        other => other,
     }
 }
 
@@ -387,25 +574,6 @@ impl Engine for EngineClient {
     fn tokenizer_archive(&self) -> BoxFuture<'_, Result<Vec<u8>>> {
         Box::pin(EngineClient::tokenizer_archive(self))
     }
-}
-
-/// A channel to `url` that connects on first use, with the gateway's
-/// transport settings.
-fn lazy_channel(url: &str) -> Result<Channel> {
-    let uri = dial_uri(url)?;
-    // The channel spawns its connection task on the current runtime.
-    if tokio::runtime::Handle::try_current().is_err() {
-        return Err(Error::internal(
-            "an EngineClient must be created inside a tokio runtime",
-        ));
-    }
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|err| Error::invalid_parameter("url", format!("worker URL {url:?}: {err}")))?
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_while_idle(true)
-        .connect_timeout(CONNECT_TIMEOUT);
-    Ok(endpoint.connect_lazy())
 }
 
 /// The plaintext `http://host:port` URI tonic dials for a worker URL given
@@ -499,7 +667,9 @@ impl Progress {
 /// The state of a Generate stream being read.
 struct Reading<M> {
     responses: Streaming<M>,
-    worker: Arc<str>,
+    client: EngineClient,
+    /// Counts the stream on its connection until the stream is dropped.
+    lease: Lease,
     to_event: fn(M) -> Option<GenerateEvent>,
     progress: Progress,
 }
@@ -508,12 +678,14 @@ struct Reading<M> {
 /// is the last item.
 fn event_stream<M: Send + 'static>(
     responses: Streaming<M>,
-    worker: Arc<str>,
+    client: EngineClient,
+    lease: Lease,
     to_event: fn(M) -> Option<GenerateEvent>,
 ) -> EventStream {
     let reading = Reading {
         responses,
-        worker,
+        client,
+        lease,
         to_event,
         progress: Progress::default(),
     };
@@ -527,18 +699,16 @@ fn event_stream<M: Send + 'static>(
                         reading.progress.record(&event);
                         return Some((Ok(event), Some(reading)));
                     }
-                    None => Error::new(
-                        ErrorCode::WorkerError,
-                        format!(
-                            "worker {}: a Generate message carried neither a chunk nor a \
-                             completion",
-                            reading.worker
-                        ),
-                    )
-                    .with_worker(Arc::clone(&reading.worker)),
+                    None => reading.client.worker_error(
+                        "a Generate message carried neither a chunk nor a completion".to_owned(),
+                    ),
                 },
-                Ok(None) => reading.progress.interruption(&reading.worker)?,
-                Err(status) => Error::from_worker_status(&status, &reading.worker),
+                Ok(None) => reading.progress.interruption(&reading.client.url)?,
+                Err(status) => {
+                    reading
+                        .client
+                        .failure(&status, stream_failure(&status), &reading.lease)
+                }
             };
             Some((Err(failure), None))
         },
@@ -589,6 +759,25 @@ mod tests {
         assert_eq!(client.runtime(), Runtime::Sglang);
         let clone = client.clone();
         assert_eq!(clone.runtime(), Runtime::Sglang);
+    }
+
+    #[test]
+    fn statuses_are_classified_by_the_transport_errors_under_them() {
+        // A status the worker sent carries no source: it saw the call.
+        assert_eq!(classify(&Status::internal("scripted")), Failure::Answered);
+        // A refused stream was never processed (RFC 9113 §8.7).
+        let refused = Status::from_error(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
+        assert_eq!(classify(&refused), Failure::Unsent);
+        // Any other transport failure broke the connection under the call.
+        let reset = Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset by peer",
+        )));
+        assert_eq!(classify(&reset), Failure::Connection);
+        let internal = Status::from_error(Box::new(h2::Error::from(h2::Reason::INTERNAL_ERROR)));
+        assert_eq!(classify(&internal), Failure::Connection);
+        // Once the worker answered, nothing is "unsent" any more.
+        assert_eq!(stream_failure(&refused), Failure::Connection);
     }
 
     #[test]

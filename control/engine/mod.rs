@@ -7,8 +7,10 @@
 
 mod client;
 mod convert;
+mod pool;
 
 pub use client::{EngineClient, EventStream};
+pub use pool::ConnectionConfig;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;

@@ -111,7 +111,8 @@ fn encode_call(call: EncodeCall) -> SideCall {
                 ErrorCode::EncodeFailed,
                 format!("encode worker {} failed: {}", client.url(), err.message),
             )
-            .with_worker(client.url())),
+            .with_worker(client.url())
+            .with_reach(err.reach)),
         }
     })
 }

@@ -26,7 +26,7 @@ use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_probe_loop, worker_id,
 };
-use crate::engine::{Engine, EngineClient, Runtime, ServerInfo};
+use crate::engine::{ConnectionConfig, Engine, EngineClient, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
 
 /// How long a registration waits for the worker's discovery RPCs.
@@ -34,7 +34,7 @@ const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a draining worker is checked for its last request.
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
-/// How registered workers are watched.
+/// How workers are connected to and watched.
 #[derive(Debug, Clone, Copy)]
 pub struct Lifecycle {
     /// Periodic probes; `None` with `--disable-health-check`.
@@ -44,6 +44,8 @@ pub struct Lifecycle {
     pub probe_timeout: Duration,
     /// One logical worker per data-parallel rank (`--dp-aware`).
     pub dp_aware: bool,
+    /// The HTTP/2 connections to each worker.
+    pub connections: ConnectionConfig,
 }
 
 /// A worker to register.
@@ -234,7 +236,8 @@ impl WorkerRegistry {
                 format!("this gateway serves {:?}, not {model:?}", self.model),
             ));
         }
-        let client = EngineClient::new(&spec.url, self.runtime)?;
+        let client =
+            EngineClient::with_connections(&spec.url, self.runtime, self.lifecycle.connections)?;
         let id = worker_id(client.url());
         {
             let mut jobs = self.jobs();
