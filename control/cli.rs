@@ -537,6 +537,16 @@ pub struct LaunchArgs {
     pub cb_window_duration_secs: u64,
     #[arg(long)]
     pub disable_circuit_breaker: bool,
+    /// How soon a worker whose circuit opened is first probed with its
+    /// health RPC, in milliseconds; the pause doubles after each unhealthy
+    /// answer, and a healthy one makes the circuit half-open. 0: no probes
+    /// (the circuit waits out --cb-timeout-duration-secs).
+    #[arg(long, default_value_t = 250)]
+    pub cb_probe_interval_ms: u64,
+    /// The longest pause between two probes of an open circuit, in
+    /// milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    pub cb_probe_max_interval_ms: u64,
 
     /// Most HTTP/2 connections to one worker; the pool grows toward it as
     /// streams fill the open connections.
@@ -1161,6 +1171,12 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 success_threshold: at_least("cb-success-threshold", args.cb_success_threshold, 1)?,
                 open_for: Duration::from_secs(args.cb_timeout_duration_secs),
                 window: seconds("cb-window-duration-secs", args.cb_window_duration_secs)?,
+                probe_interval: Duration::from_millis(args.cb_probe_interval_ms),
+                max_probe_interval: Duration::from_millis(at_least(
+                    "cb-probe-max-interval-ms",
+                    args.cb_probe_max_interval_ms,
+                    args.cb_probe_interval_ms,
+                )?),
             },
             probe_timeout,
             dp_aware: args.dp_aware,
@@ -1452,6 +1468,9 @@ mod tests {
         assert!(config.lifecycle.health.is_none());
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
         assert_eq!(config.lifecycle.connections, ConnectionConfig::default());
+        let breaker = config.lifecycle.breaker;
+        assert_eq!(breaker.probe_interval, Duration::from_millis(250));
+        assert_eq!(breaker.max_probe_interval, Duration::from_secs(2));
         assert_eq!(config.lanes.mode, LaneMode::Shm);
         assert_eq!(
             config.lanes.overrides,

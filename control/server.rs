@@ -23,7 +23,8 @@ use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
 use crate::router::{Router, RouterParts};
 use crate::workers::{
-    Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_health_checks,
+    Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_circuit_probe,
+    spawn_health_checks,
 };
 
 /// The tokio runtime for the control plane: confined to the cores the data
@@ -120,6 +121,9 @@ async fn build_router(
     let policies = routing.role_policies(None);
     if let Some(health) = config.lifecycle.health {
         spawn_health_checks(workers.all(), health);
+    }
+    for worker in workers.all() {
+        spawn_circuit_probe(worker, config.lifecycle.probe_timeout);
     }
     start_load_polling(&workers, &policies, routing.load_check_interval);
     Ok(Router::new(RouterParts {

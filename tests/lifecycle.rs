@@ -359,6 +359,10 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
         "1",
         "--cb-timeout-duration-secs",
         "1",
+        // This test pins the timed half-open path: no probes of the open
+        // circuit.
+        "--cb-probe-interval-ms",
+        "0",
     ]);
     let id = id_of(&gateway, &url).await;
     for _ in 0..2 {

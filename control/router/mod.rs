@@ -3,6 +3,13 @@
 //! a request through its pipeline's stages, retrying the attempt-scoped
 //! stages (selection through execution) on retryable failures before any
 //! output has reached the client.
+//!
+//! It also feeds the circuit breakers: a success once an attempt's first
+//! event arrives; a failure only for the worker the error blames, only if
+//! the error counts against workers (`Error::charges`: not the gateway's
+//! own timeouts, not a call the worker never saw, not a connection death
+//! already counted), and at most once per request however many attempts
+//! fail on that worker.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -201,13 +208,14 @@ impl Router {
         started: Instant,
     ) -> Result<Generation> {
         let deadline = started + self.parts.request_timeout;
+        let charged = Charged::default();
         let Attempted {
             output,
             ran,
             created,
         } = self
             .with_retries(&request.request_id, deadline, |attempt| {
-                self.attempt(pipeline, &request, attempt, deadline)
+                self.attempt(pipeline, &request, attempt, deadline, &charged)
             })
             .await?;
         let mut stages = Vec::with_capacity(ran.len() + 1);
@@ -317,6 +325,7 @@ impl Router {
 
     async fn embed_one(&self, engine_id: &str, ids: &[u32]) -> Result<Embedding> {
         let deadline = Instant::now() + self.parts.request_timeout;
+        let charged = &Charged::default();
         self.with_retries(engine_id, deadline, |attempt| async move {
             let selection = SelectionRequest {
                 input_ids: ids,
@@ -335,7 +344,7 @@ impl Router {
                 .await;
             match &result {
                 Ok(_) => worker.record_outcome(true),
-                Err(err) => record_failure(std::slice::from_ref(&worker), err),
+                Err(err) => charged.record(std::slice::from_ref(&worker), err),
             }
             result
         })
@@ -353,6 +362,7 @@ impl Router {
         request: &PreparedRequest,
         attempt: u32,
         deadline: Instant,
+        charged: &Charged,
     ) -> Result<Attempted> {
         let context = AttemptContext {
             mode: self.parts.mode,
@@ -390,7 +400,7 @@ impl Router {
                 })
             }
             Err(err) => {
-                record_failure(&chosen, &err);
+                charged.record(&chosen, &err);
                 Err(err)
             }
         }
@@ -411,6 +421,30 @@ struct Attempted {
 fn record_failure(chosen: &[Arc<Worker>], err: &Error) {
     for worker in chosen.iter().filter(|worker| err.charges(worker.url())) {
         worker.record_outcome(false);
+    }
+}
+
+/// The workers one request's failed attempts have charged: each at most
+/// once, so a request retried on the same worker (a lone worker, a sticky
+/// policy) counts as one failure, not one per attempt.
+#[derive(Debug, Default)]
+struct Charged(std::sync::Mutex<Vec<u64>>);
+
+impl Charged {
+    /// [`record_failure`], skipping workers this request already charged.
+    fn record(&self, chosen: &[Arc<Worker>], err: &Error) {
+        let mut charged = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let fresh: Vec<Arc<Worker>> = chosen
+            .iter()
+            .filter(|worker| err.charges(worker.url()) && !charged.contains(&worker.serial()))
+            .cloned()
+            .collect();
+        charged.extend(fresh.iter().map(|worker| worker.serial()));
+        drop(charged);
+        record_failure(&fresh, err);
     }
 }
 

@@ -9,6 +9,18 @@
 //! it ends ([`CircuitBreaker::end_trial`], from the request's load guard),
 //! so a recovering worker is not flooded before it has proven itself.
 //!
+//! An open circuit does not only wait out `open_for`: while it is open,
+//! the worker is probed with its health RPC (`health::spawn_circuit_probe`,
+//! every `probe_interval`, backing off to `max_probe_interval`), and the
+//! first healthy answer turns it half-open
+//! ([`CircuitBreaker::probe_succeeded`]). A worker that answers again is
+//! back within a probe interval, not a full timeout; `open_for` remains the
+//! bound when probing is off.
+//!
+//! What counts as a failure is decided by the caller (the router charges
+//! only failures that blame the worker, once per request and once per
+//! connection death: see `Error::charges`).
+//!
 //! The state machine takes the current time as an argument, so tests drive
 //! it with a fake clock; the hot-path checks ([`CircuitBreaker::allows`],
 //! [`CircuitBreaker::admit`]) are a single atomic load while the circuit is
@@ -28,6 +40,12 @@ pub struct BreakerConfig {
     pub open_for: Duration,
     /// Consecutive failures count only within this window.
     pub window: Duration,
+    /// How soon an open circuit's worker is first probed; zero: never
+    /// (the circuit waits out `open_for`).
+    pub probe_interval: Duration,
+    /// The longest pause between two probes of an open circuit (the pause
+    /// doubles after each unhealthy answer).
+    pub max_probe_interval: Duration,
 }
 
 impl Default for BreakerConfig {
@@ -38,6 +56,8 @@ impl Default for BreakerConfig {
             success_threshold: 3,
             open_for: Duration::from_secs(60),
             window: Duration::from_secs(120),
+            probe_interval: Duration::from_millis(250),
+            max_probe_interval: Duration::from_secs(2),
         }
     }
 }
@@ -277,6 +297,18 @@ impl CircuitBreaker {
         (core.state != before).then_some(core.state)
     }
 
+    /// The worker answered a probe healthily: an open circuit turns
+    /// half-open (trial requests decide the rest). Returns the new state if
+    /// it changed.
+    pub fn probe_succeeded(&self) -> Option<BreakerState> {
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        if core.state != BreakerState::Open {
+            return None;
+        }
+        self.transition(&mut core, BreakerState::HalfOpen);
+        Some(BreakerState::HalfOpen)
+    }
+
     fn transition(&self, core: &mut Core, to: BreakerState) {
         core.state = to;
         core.failures = 0;
@@ -303,6 +335,7 @@ mod tests {
             success_threshold: 2,
             open_for: Duration::from_secs(30),
             window: Duration::from_secs(10),
+            ..BreakerConfig::default()
         })
     }
 
@@ -447,6 +480,25 @@ mod tests {
         assert_eq!(cb.record_at(false, t0 + Duration::from_secs(14)), None);
         assert_eq!(cb.record_at(false, t0 + Duration::from_secs(15)), None);
         assert_eq!(cb.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_healthy_probe_lets_an_open_circuit_try_again_before_its_timeout() {
+        let cb = breaker();
+        let t0 = Instant::now();
+        assert_eq!(cb.probe_succeeded(), None, "closed: nothing to do");
+        open(&cb, t0);
+        let soon = t0 + Duration::from_secs(1);
+        assert!(!cb.allows_at(soon), "open_for (30 s) is far from over");
+        assert_eq!(cb.probe_succeeded(), Some(BreakerState::HalfOpen));
+        assert!(matches!(cb.admit_at(soon), Admission::Trial(_)));
+        // Trials decide: a failure opens it again, for a full period.
+        assert_eq!(cb.record_at(false, soon), Some(BreakerState::Open));
+        assert!(!cb.allows_at(soon + Duration::from_secs(29)));
+        assert_eq!(cb.probe_succeeded(), Some(BreakerState::HalfOpen));
+        cb.record_at(true, soon);
+        assert_eq!(cb.record_at(true, soon), Some(BreakerState::Closed));
+        assert_eq!(cb.probe_succeeded(), None);
     }
 
     #[test]

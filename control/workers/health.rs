@@ -6,7 +6,12 @@
 //!    └──── failing for `failed_after` ─────┴──▶ failed ──N ok──▶ ready
 //! ```
 //!
-//! Only `ready` workers take traffic. A worker named on the command line
+//! Only `ready` workers take traffic.
+//!
+//! The same health RPC also probes open circuits ([`spawn_circuit_probe`]):
+//! a worker whose breaker opened is asked at a short interval, backing off,
+//! and its first healthy answer turns the circuit half-open, whether or not
+//! periodic health checks are on. A worker named on the command line
 //! starts `ready` (the operator vouched for it); one registered through the
 //! admin API starts `pending`. The machine takes the time as an argument so
 //! tests drive it with a fake clock.
@@ -159,6 +164,48 @@ pub fn spawn_probe_loop(worker: Arc<Worker>, config: HealthConfig) {
             () = retired.cancelled() => {}
         }
     });
+}
+
+/// Starts the circuit probe of one worker: whenever its circuit opens, the
+/// worker is probed after `probe_interval`, then at doubling pauses up to
+/// `max_probe_interval`, until it answers healthy (the circuit turns
+/// half-open) or the circuit leaves `open` otherwise. Stops when the worker
+/// retires; does nothing if the breaker is off or probing disabled.
+pub fn spawn_circuit_probe(worker: Arc<Worker>, timeout: Duration) {
+    let config = *worker.breaker().config();
+    if !config.enabled || config.probe_interval.is_zero() {
+        return;
+    }
+    let retired = worker.retired_token();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = circuit_probe_loop(&worker, timeout) => {}
+            () = retired.cancelled() => {}
+        }
+    });
+}
+
+async fn circuit_probe_loop(worker: &Worker, timeout: Duration) {
+    let config = *worker.breaker().config();
+    loop {
+        worker.circuit_open().await;
+        let mut pause = config.probe_interval;
+        while worker.breaker().state() == super::BreakerState::Open {
+            tokio::time::sleep(pause).await;
+            if worker.breaker().state() != super::BreakerState::Open {
+                break;
+            }
+            if probe(worker, timeout).await {
+                crate::metrics::record_circuit_probe(worker.url(), "healthy");
+                if worker.breaker().probe_succeeded().is_some() {
+                    tracing::info!(worker = worker.url(), "open circuit probed healthy");
+                }
+                break;
+            }
+            crate::metrics::record_circuit_probe(worker.url(), "failed");
+            pause = (pause * 2).min(config.max_probe_interval.max(config.probe_interval));
+        }
+    }
 }
 
 async fn probe_loop(worker: &Worker, config: HealthConfig) {

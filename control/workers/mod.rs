@@ -15,7 +15,8 @@ mod transport;
 
 pub use breaker::{Admission, BreakerConfig, BreakerState, CircuitBreaker, TrialTicket};
 pub use health::{
-    HealthConfig, HealthState, HealthTracker, probe, spawn_health_checks, spawn_probe_loop,
+    HealthConfig, HealthState, HealthTracker, probe, spawn_circuit_probe, spawn_health_checks,
+    spawn_probe_loop,
 };
 pub use loads::{LoadCell, LoadReading, spawn_load_polling};
 pub use registry::{
@@ -107,6 +108,8 @@ pub struct Worker {
     /// Removed from the fleet: finishes what it has, takes nothing new.
     draining: AtomicBool,
     breaker: CircuitBreaker,
+    /// Woken when the circuit opens (the circuit probe waits on it).
+    circuit_opened: Arc<tokio::sync::Notify>,
     load: LoadCell,
     /// Cancelled when the worker leaves the fleet; stops its probe loop.
     retired: CancellationToken,
@@ -128,7 +131,8 @@ impl Worker {
                 format!("worker URL {url:?} has no host"),
             )
         })?;
-        let breaker = observed_breaker(&url, role, BreakerConfig::default());
+        let circuit_opened = Arc::new(tokio::sync::Notify::new());
+        let breaker = observed_breaker(&url, role, BreakerConfig::default(), &circuit_opened);
         Ok(Self {
             id: worker_id(&url),
             url,
@@ -143,6 +147,7 @@ impl Worker {
             health: AtomicU8::new(HealthState::Ready as u8),
             draining: AtomicBool::new(false),
             breaker,
+            circuit_opened,
             load: LoadCell::default(),
             retired: CancellationToken::new(),
             lane_override: None,
@@ -162,7 +167,7 @@ impl Worker {
 
     /// The worker with this circuit-breaker configuration.
     pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
-        self.breaker = observed_breaker(&self.url, self.role, config);
+        self.breaker = observed_breaker(&self.url, self.role, config, &self.circuit_opened);
         self
     }
 
@@ -253,6 +258,19 @@ impl Worker {
         &self.breaker
     }
 
+    /// Waits until the circuit is open (at once if it is).
+    pub async fn circuit_open(&self) {
+        loop {
+            let opened = self.circuit_opened.notified();
+            tokio::pin!(opened);
+            opened.as_mut().enable();
+            if self.breaker.state() == BreakerState::Open {
+                return;
+            }
+            opened.await;
+        }
+    }
+
     /// Feeds an RPC outcome to the circuit breaker.
     pub fn record_outcome(&self, success: bool) {
         self.breaker.record(success);
@@ -326,17 +344,26 @@ impl Worker {
     }
 }
 
-/// The id of the worker at `url`: 16 hex digits of its blake3 hash.
 /// A breaker that logs and counts its every transition under the worker's
-/// URL and role.
-fn observed_breaker(url: &str, role: WorkerRole, config: BreakerConfig) -> CircuitBreaker {
+/// URL and role, and wakes `opened`'s waiters when it opens.
+fn observed_breaker(
+    url: &str,
+    role: WorkerRole,
+    config: BreakerConfig,
+    opened: &Arc<tokio::sync::Notify>,
+) -> CircuitBreaker {
     let url = url.to_owned();
+    let opened = Arc::clone(opened);
     CircuitBreaker::new(config).with_observer(Box::new(move |state| {
         tracing::warn!(worker = %url, state = state.name(), "circuit breaker");
         crate::metrics::record_breaker(&url, role.name(), state.name());
+        if state == BreakerState::Open {
+            opened.notify_waiters();
+        }
     }))
 }
 
+/// The id of the worker at `url`: 16 hex digits of its blake3 hash.
 pub fn worker_id(url: &str) -> String {
     let digest = blake3::hash(url.as_bytes());
     digest.as_bytes()[..8]

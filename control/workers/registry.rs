@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::transport::{LaneDirectory, LaneMode, WorkerLaneOverride, WorkerTransport};
 use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
-    spawn_probe_loop, worker_id,
+    spawn_circuit_probe, spawn_probe_loop, worker_id,
 };
 use crate::engine::{ConnectionConfig, Engine, EngineClient, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
@@ -344,11 +344,13 @@ impl WorkerRegistry {
             match self.lifecycle.health {
                 Some(config) => {
                     self.set.insert(Arc::clone(&worker));
+                    spawn_circuit_probe(Arc::clone(&worker), self.lifecycle.probe_timeout);
                     spawn_probe_loop(worker, config);
                 }
                 None => {
                     worker.set_health(HealthState::Ready);
-                    self.set.insert(worker);
+                    self.set.insert(Arc::clone(&worker));
+                    spawn_circuit_probe(worker, self.lifecycle.probe_timeout);
                 }
             }
         }
