@@ -547,6 +547,11 @@ pub struct LaunchArgs {
     /// milliseconds.
     #[arg(long, default_value_t = 2000)]
     pub cb_probe_max_interval_ms: u64,
+    /// Panic mode, as in Envoy: when fewer than this percentage of a role's
+    /// workers are available (healthy, circuit not open), route across all
+    /// of them rather than refuse every request. 0 turns it off.
+    #[arg(long, default_value_t = 50)]
+    pub panic_threshold: u8,
 
     /// Most HTTP/2 connections to one worker; the pool grows toward it as
     /// streams fill the open connections.
@@ -966,6 +971,21 @@ fn at_least<T: PartialOrd + std::fmt::Display>(
     Ok(value)
 }
 
+/// `value`, refused above `max` (a percentage over 100...).
+fn at_most<T: PartialOrd + std::fmt::Display>(
+    flag: &'static str,
+    value: T,
+    max: T,
+) -> Result<T, ConfigError> {
+    if value > max {
+        return Err(ConfigError::new(
+            flag,
+            format!("{value} is above the maximum, {max}"),
+        ));
+    }
+    Ok(value)
+}
+
 /// Admission control from its flags.
 fn admission(args: &LaunchArgs) -> Result<AdmissionConfig, ConfigError> {
     let rate = match args.rate_limit_tokens_per_second {
@@ -1152,6 +1172,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 args.load_check_interval_secs,
             )?,
             aliases,
+            panic_threshold: at_most("panic-threshold", args.panic_threshold, 100)?,
         };
         let probe_timeout = seconds("health-check-timeout-secs", args.health_check_timeout_secs)?;
         let health = HealthConfig::new(
@@ -1467,6 +1488,7 @@ mod tests {
         assert_eq!(routing.request_timeout, Duration::from_secs(9));
         assert!(config.lifecycle.health.is_none());
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
+        assert_eq!(routing.panic_threshold, 50, "Envoy's default");
         assert_eq!(config.lifecycle.connections, ConnectionConfig::default());
         let breaker = config.lifecycle.breaker;
         assert_eq!(breaker.probe_interval, Duration::from_millis(250));

@@ -249,6 +249,9 @@ pub struct RoutingConfig {
     pub load_check_interval: Duration,
     /// Other names clients may use for a model (alias → model).
     pub aliases: HashMap<String, String>,
+    /// Panic mode: below this percentage of available workers in a role,
+    /// route across all of them (0: never).
+    pub panic_threshold: u8,
 }
 
 impl RoutingConfig {
@@ -267,6 +270,7 @@ impl RoutingConfig {
             prefill: pick(self.policies.prefill),
             decode: pick(self.policies.decode),
             encode: self.policies.encode.build_with(&self.tunables),
+            panic_threshold: self.panic_threshold,
         }
     }
 

@@ -949,6 +949,8 @@ async fn a_pd_client_that_disconnects_aborts_both_legs() {
 #[tokio::test]
 async fn unhealthy_workers_make_the_gateway_unready_and_answer_no_healthy_worker() {
     let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--unhealthy"]);
+    // Panic mode off: a lone worker out would otherwise get the request
+    // anyway (see tests/overload.rs).
     let gateway = Gateway::start(&[
         "--worker-urls",
         &worker.grpc_url(),
@@ -958,6 +960,8 @@ async fn unhealthy_workers_make_the_gateway_unready_and_answer_no_healthy_worker
         "1",
         "--health-failure-threshold",
         "1",
+        "--panic-threshold",
+        "0",
     ]);
     bounded("readiness turns false", async {
         loop {

@@ -311,6 +311,9 @@ async fn a_flapping_worker_leaves_and_rejoins_rotation() {
         "1",
         "--health-success-threshold",
         "1",
+        // A lone worker out of rotation would get requests in panic mode.
+        "--panic-threshold",
+        "0",
     ]);
     let id = id_of(&gateway, &worker.grpc_url()).await;
     // The flag file exists: the worker reports unhealthy.
@@ -360,8 +363,10 @@ async fn the_circuit_opens_on_failures_and_closes_after_recovery() {
         "--cb-timeout-duration-secs",
         "1",
         // This test pins the timed half-open path: no probes of the open
-        // circuit.
+        // circuit, no panic routing to the lone worker.
         "--cb-probe-interval-ms",
+        "0",
+        "--panic-threshold",
         "0",
     ]);
     let id = id_of(&gateway, &url).await;

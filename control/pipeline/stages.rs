@@ -14,18 +14,21 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::{ExecutionPlan as PlanShape, Mode};
 use crate::policies::{Policy, Pool, SelectionRequest};
-use crate::workers::{LoadGuard, Worker, WorkerRole, WorkerSet};
+use crate::workers::{HealthState, LoadGuard, Worker, WorkerRole, WorkerSet};
 
 use super::execution::{EncodeCall, ExecutionPlan, Leg};
 use super::prepare::PreparedRequest;
 
-/// The policy of each role.
+/// The policy of each role, and when selection panics.
 #[derive(Debug, Clone)]
 pub struct RolePolicies {
     pub regular: Arc<dyn Policy>,
     pub prefill: Arc<dyn Policy>,
     pub decode: Arc<dyn Policy>,
     pub encode: Arc<dyn Policy>,
+    /// Panic mode (as in Envoy): when fewer than this percentage of a
+    /// role's workers are available, route across all of them. 0: never.
+    pub panic_threshold: u8,
 }
 
 impl RolePolicies {
@@ -59,9 +62,21 @@ impl Selection {
     }
 }
 
+/// Whether selection panics: fewer than `threshold` percent of the
+/// `candidates` (workers that have been in rotation and are not leaving)
+/// are `available`. Envoy's rule, with its default of 50%.
+pub fn panics(available: usize, candidates: usize, threshold: u8) -> bool {
+    candidates > 0 && available * 100 < usize::from(threshold) * candidates
+}
+
 /// Picks one available worker of `role` with the role's policy and holds it
 /// (counting the prompt's tokens against it). A worker whose half-open
 /// circuit gave its last trial slot away meanwhile is passed over.
+///
+/// In panic mode (too few available: see [`panics`]) every worker of the
+/// role that is not pending or draining is a candidate, whatever its health
+/// or circuit says: a fleet that is mostly out, or a lone worker whose
+/// circuit opened, serves what it can instead of refusing everything.
 pub fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
@@ -72,6 +87,20 @@ pub fn pick(
     let mut available: Vec<usize> = (0..members.len())
         .filter(|&i| members[i].is_available())
         .collect();
+    let candidates: Vec<usize> = (0..members.len())
+        .filter(|&i| !members[i].is_draining() && members[i].health() != HealthState::Pending)
+        .collect();
+    let panic = panics(available.len(), candidates.len(), policies.panic_threshold);
+    if panic {
+        tracing::debug!(
+            role = role.name(),
+            available = available.len(),
+            candidates = candidates.len(),
+            "panic routing"
+        );
+        metrics::record_panic_routing(role.name());
+        available = candidates;
+    }
     let policy = policies.of(role);
     while !available.is_empty() {
         let pool = Pool::new(&members, &available, generation);
@@ -85,7 +114,13 @@ pub fn pick(
             index = available[0];
         }
         let worker: &Arc<Worker> = &members[index];
-        let Some(guard) = worker.try_acquire_tokens(request.input_ids.len() as u64) else {
+        let tokens = request.input_ids.len() as u64;
+        let held = if panic {
+            Some(worker.acquire_tokens(tokens))
+        } else {
+            worker.try_acquire_tokens(tokens)
+        };
+        let Some(guard) = held else {
             available.retain(|&i| i != index);
             continue;
         };
@@ -376,6 +411,28 @@ pub fn build_plan(
 mod tests {
     use super::*;
     use crate::engine::{Modality, Tensor};
+
+    #[test]
+    fn selection_panics_below_the_threshold_share_as_envoy_does() {
+        // (available, candidates, threshold %) → panic; typed by hand.
+        let cases = [
+            (0, 0, 50, false), // no workers at all: nothing to panic over
+            (0, 1, 50, true),  // a lone worker out
+            (1, 2, 50, false), // exactly half: not below
+            (1, 3, 50, true),  // a third
+            (2, 3, 50, false),
+            (0, 4, 0, false),  // threshold 0: never
+            (3, 4, 100, true), // 100: unless all are available
+            (4, 4, 100, false),
+        ];
+        for (available, candidates, threshold, panic) in cases {
+            assert_eq!(
+                panics(available, candidates, threshold),
+                panic,
+                "{available}/{candidates} at {threshold}%"
+            );
+        }
+    }
     use bytes::Bytes;
     use smg_shared::tensor::DType;
 

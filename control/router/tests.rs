@@ -93,6 +93,7 @@ async fn a_failure_charges_only_the_worker_it_blames() {
 mod in_process {
     use std::collections::VecDeque;
     use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use futures::future::BoxFuture;
     use futures::stream;
@@ -105,6 +106,7 @@ mod in_process {
         Engine, EventStream, GenerateEvent, GenerateRequest, Load, MediaItem, Modality, ModelInfo,
         Sampling, ServerInfo, Tensor, TensorPayload,
     };
+    use crate::error::Reach;
     use crate::pipeline::respond::OutputEvent;
     use crate::pipeline::spec::Prompt;
     use crate::policies::PolicyKind;
@@ -117,6 +119,8 @@ mod in_process {
         Answer(Vec<GenerateEvent>),
         /// Refuses to start with this status.
         Refuse(Code),
+        /// Fails to start with UNAVAILABLE, having got this far.
+        Break(Reach),
         /// Starts, sends these events, then fails with this status.
         FailAfter(Vec<GenerateEvent>, Code),
         /// Starts and then sends nothing until cancelled.
@@ -134,6 +138,9 @@ mod in_process {
         generated: Mutex<Vec<GenerateRequest>>,
         encoded: Mutex<Vec<(String, i64)>>,
         aborted: watch::Sender<Vec<String>>,
+        /// What HealthCheck answers.
+        healthy: AtomicBool,
+        health_checks: AtomicUsize,
     }
 
     impl ScriptedEngine {
@@ -145,6 +152,8 @@ mod in_process {
                 generated: Mutex::new(Vec::new()),
                 encoded: Mutex::new(Vec::new()),
                 aborted: watch::Sender::new(Vec::new()),
+                healthy: AtomicBool::new(true),
+                health_checks: AtomicUsize::new(0),
             })
         }
 
@@ -199,6 +208,7 @@ mod in_process {
             let started: Result<EventStream> = match script {
                 Script::Answer(events) => Ok(Box::pin(stream::iter(events.into_iter().map(Ok)))),
                 Script::Refuse(code) => Err(self.status(code)),
+                Script::Break(reach) => Err(self.status(Code::Unavailable).with_reach(reach)),
                 Script::FailAfter(events, code) => Ok(Box::pin(
                     stream::iter(events.into_iter().map(Ok))
                         .chain(stream::once(futures::future::ready(Err(self.status(code))))),
@@ -240,7 +250,10 @@ mod in_process {
         }
 
         fn health_check(&self) -> BoxFuture<'_, Result<bool>> {
-            Box::pin(futures::future::ready(Ok(true)))
+            self.health_checks.fetch_add(1, Ordering::Relaxed);
+            Box::pin(futures::future::ready(Ok(self
+                .healthy
+                .load(Ordering::Relaxed))))
         }
 
         fn model_info(&self) -> BoxFuture<'_, Result<ModelInfo>> {
@@ -311,6 +324,17 @@ mod in_process {
     }
 
     fn router(mode: Mode, workers: WorkerSet, retry: RetryConfig, timeout: Duration) -> Router {
+        panicking_router(mode, workers, retry, timeout, 0)
+    }
+
+    /// A router whose selection panics below `panic_threshold` percent.
+    fn panicking_router(
+        mode: Mode,
+        workers: WorkerSet,
+        retry: RetryConfig,
+        timeout: Duration,
+        panic_threshold: u8,
+    ) -> Router {
         let round_robin = PolicyKind::RoundRobin.build();
         Router::new(RouterParts {
             mode,
@@ -321,6 +345,7 @@ mod in_process {
                 prefill: Arc::clone(&round_robin),
                 decode: Arc::clone(&round_robin),
                 encode: round_robin,
+                panic_threshold,
             },
             tokenizer: tokenizer(),
             model: ServedModel {
@@ -636,5 +661,264 @@ mod in_process {
             "the gateway's deadline is not the worker's fault"
         );
         assert_eq!(worker.in_flight(), 0);
+    }
+
+    /// A worker over `engine` whose circuit opens at `threshold` failures.
+    fn worker_opening_at(engine: &Arc<ScriptedEngine>, threshold: u32) -> Worker {
+        let engine: Arc<dyn Engine> = engine.clone();
+        Worker::new(engine, WorkerRole::Regular, None)
+            .expect("worker")
+            .with_breaker(BreakerConfig {
+                failure_threshold: threshold,
+                ..Default::default()
+            })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_connection_death_counts_once_however_many_requests_it_fails() {
+        // Five requests fail together on one broken connection: the engine
+        // reports the first failure as the first of that death, the others
+        // as the same death seen again (as the pool's epochs do).
+        let echo = Reach::Connection { first: false };
+        let first = Reach::Connection { first: true };
+        let engine = ScriptedEngine::new(
+            "grpc://a:1",
+            vec![
+                Script::Break(first),
+                Script::Break(echo),
+                Script::Break(echo),
+                Script::Break(echo),
+                Script::Break(echo),
+            ],
+            Script::Break(first),
+        );
+        let workers = WorkerSet::default();
+        workers.add(worker_opening_at(&engine, 2));
+        let router = router(
+            Mode::Regular,
+            workers,
+            no_retries(),
+            Duration::from_secs(30),
+        );
+        let requests = (0..5).map(|_| router.generate(Endpoint::Completions, spec(false), None));
+        for result in futures::future::join_all(requests).await {
+            let err = result.expect_err("the connection broke");
+            assert_eq!(err.code, ErrorCode::WorkerUnavailable);
+        }
+        let worker = &router.workers().members(WorkerRole::Regular).0[0];
+        assert_eq!(
+            worker.breaker().state(),
+            crate::workers::BreakerState::Closed,
+            "one death, one failure (the threshold is two)"
+        );
+        // The next death is a second failure in a row: now it opens.
+        let err = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect_err("broken again");
+        assert_eq!(err.code, ErrorCode::WorkerUnavailable);
+        assert_eq!(worker.breaker().state(), crate::workers::BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_the_worker_never_saw_is_retried_and_charges_nobody() {
+        let ids = hello_ids();
+        let going_away =
+            ScriptedEngine::new("grpc://a:1", Vec::new(), Script::Break(Reach::Unsent));
+        let healthy = ScriptedEngine::answering("grpc://b:1", &ids);
+        let workers = WorkerSet::default();
+        workers.add(worker(&going_away, WorkerRole::Regular, None));
+        workers.add(worker(&healthy, WorkerRole::Regular, None));
+        let router = router(Mode::Regular, workers, retry(), Duration::from_secs(30));
+        let generation = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("the retry succeeds");
+        assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        assert_eq!(going_away.generated().len(), 1);
+        assert_eq!(healthy.generated().len(), 1);
+        let members = router.workers().members(WorkerRole::Regular).0;
+        assert!(
+            members[0].is_available(),
+            "a worker that never saw the call is not charged (threshold 1)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_failing_on_every_attempt_charges_its_worker_once() {
+        // A lone worker fails all four attempts of a request (retries 3).
+        let failing = ScriptedEngine::new("grpc://a:1", Vec::new(), Script::Refuse(Code::Internal));
+        let workers = WorkerSet::default();
+        workers.add(worker_opening_at(&failing, 2));
+        let router = router(Mode::Regular, workers, retry(), Duration::from_secs(30));
+        let err = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect_err("every attempt fails");
+        assert_eq!(err.code, ErrorCode::WorkerError);
+        assert_eq!(failing.generated().len(), 4, "retried three times");
+        let worker = &router.workers().members(WorkerRole::Regular).0[0];
+        assert_eq!(
+            worker.breaker().state(),
+            crate::workers::BreakerState::Closed,
+            "one request, one failure (the threshold is two)"
+        );
+        router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect_err("fails again");
+        assert_eq!(
+            worker.breaker().state(),
+            crate::workers::BreakerState::Open,
+            "a second request is a second failure"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_the_gateway_gives_up_on_before_any_output_charges_nobody() {
+        // The caller (a client disconnect, an outer timeout) drops the
+        // request while the worker has not answered its first token.
+        let engine = ScriptedEngine::new("grpc://a:1", Vec::new(), Script::Hang);
+        let workers = WorkerSet::default();
+        workers.add(worker(&engine, WorkerRole::Regular, None));
+        let router = router(Mode::Regular, workers, retry(), Duration::from_secs(600));
+        let given_up = tokio::time::timeout(
+            Duration::from_secs(1),
+            router.generate(Endpoint::Completions, spec(false), None),
+        )
+        .await;
+        assert!(given_up.is_err(), "still waiting when dropped");
+        let aborted = engine.first_abort().await;
+        assert_eq!(aborted, engine.generated()[0].request_id);
+        let worker = &router.workers().members(WorkerRole::Regular).0[0];
+        assert!(worker.is_available(), "the gateway's choice, not a failure");
+        assert_eq!(worker.in_flight(), 0);
+    }
+
+    /// Opens `worker`'s circuit (its threshold is one failure).
+    fn open_circuit(worker: &Worker) {
+        worker.record_outcome(false);
+        assert_eq!(worker.breaker().state(), crate::workers::BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn panic_mode_routes_across_every_worker_when_too_few_are_available() {
+        let ids = hello_ids();
+        let (a, b) = (
+            ScriptedEngine::answering("grpc://a:1", &ids),
+            ScriptedEngine::answering("grpc://b:1", &ids),
+        );
+        let workers = WorkerSet::default();
+        let worker_a = workers.add(worker(&a, WorkerRole::Regular, None));
+        let worker_b = workers.add(worker(&b, WorkerRole::Regular, None));
+        let panicking = panicking_router(
+            Mode::Regular,
+            workers.clone(),
+            no_retries(),
+            Duration::from_secs(30),
+            50,
+        );
+        let refusing = router(
+            Mode::Regular,
+            workers,
+            no_retries(),
+            Duration::from_secs(30),
+        );
+
+        // Half out is not below 50%: the open worker stays out.
+        open_circuit(&worker_a);
+        for _ in 0..4 {
+            let generation = panicking
+                .generate(Endpoint::Completions, spec(false), None)
+                .await
+                .expect("b serves");
+            text_of(generation.output).await.expect("answers");
+        }
+        assert!(a.generated().is_empty(), "no panic at exactly half");
+        assert_eq!(b.generated().len(), 4);
+
+        // All out: without panic mode everything is refused; with it, both
+        // workers take requests again, their circuits notwithstanding.
+        open_circuit(&worker_b);
+        let err = refusing
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect_err("no worker is available");
+        assert_eq!(err.code, ErrorCode::NoHealthyWorker);
+        for _ in 0..4 {
+            let generation = panicking
+                .generate(Endpoint::Completions, spec(false), None)
+                .await
+                .expect("panic mode serves");
+            assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        }
+        assert_eq!((a.generated().len(), b.generated().len()), (2, 6));
+        // A draining worker is never a candidate, panic or not.
+        worker_a.start_draining();
+        worker_b.start_draining();
+        let err = panicking
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect_err("nobody left");
+        assert_eq!(err.code, ErrorCode::NoHealthyWorker);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_circuit_is_probed_back_in_long_before_its_timeout() {
+        let engine = ScriptedEngine::answering("grpc://a:1", &hello_ids());
+        engine.healthy.store(false, Ordering::Relaxed);
+        let workers = WorkerSet::default();
+        let config = BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(60),
+            probe_interval: Duration::from_millis(250),
+            max_probe_interval: Duration::from_secs(2),
+            ..Default::default()
+        };
+        let engine_dyn: Arc<dyn Engine> = engine.clone();
+        let worker = workers.add(
+            Worker::new(engine_dyn, WorkerRole::Regular, None)
+                .expect("worker")
+                .with_breaker(config),
+        );
+        crate::workers::spawn_circuit_probe(Arc::clone(&worker), Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            engine.health_checks.load(Ordering::Relaxed),
+            0,
+            "a closed circuit is not probed"
+        );
+        open_circuit(&worker);
+        // Unhealthy: probed at 0.25, 0.75, 1.75, 3.75, 5.75 s... and kept open.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(engine.health_checks.load(Ordering::Relaxed), 4);
+        assert_eq!(worker.breaker().state(), crate::workers::BreakerState::Open);
+        engine.healthy.store(true, Ordering::Relaxed);
+        let recovered = Instant::now();
+        while worker.breaker().state() == crate::workers::BreakerState::Open {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            worker.breaker().state(),
+            crate::workers::BreakerState::HalfOpen
+        );
+        assert!(
+            recovered.elapsed() <= config.max_probe_interval,
+            "back within one probe pause ({:?}), not open_for (60 s)",
+            recovered.elapsed()
+        );
+        // Half-open: the next request is a trial, and closes it.
+        let generation = router(
+            Mode::Regular,
+            workers,
+            no_retries(),
+            Duration::from_secs(30),
+        )
+        .generate(Endpoint::Completions, spec(false), None)
+        .await
+        .expect("the trial");
+        assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        assert!(worker.is_available());
+        worker.retire();
     }
 }
