@@ -1,0 +1,589 @@
+//! Overload and connection faults end to end, through real `smg` and
+//! `smg-sim-worker` processes: a burst of keep-alive clients, workers that
+//! end their HTTP/2 connections (GOAWAY, graceful or not), a worker killed
+//! and restarted under load, a black-holed worker behind the fault proxy,
+//! and panic mode with every circuit open.
+//!
+//! Events are ordered by what the processes show (`/metrics`, the admin
+//! API, responses), never by sleeps; nothing asserts on how long anything
+//! took. Durations are printed as measurements.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::proxy::FaultProxy;
+use support::{Gateway, SimWorker, bounded, poll_until};
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+fn chat_body() -> Value {
+    json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, burst."}],
+        "max_tokens": 4,
+    })
+}
+
+async fn chat(client: &reqwest::Client, gateway: &Gateway) -> (u16, Value) {
+    let response = client
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&chat_body())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// The gateway's Prometheus exposition.
+async fn metrics_text(gateway: &Gateway) -> String {
+    http()
+        .get(format!("http://{}/metrics", gateway.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of the samples of `metric` whose labels contain every one of
+/// `labels` (`key="value"` strings).
+async fn metric_sum(gateway: &Gateway, metric: &str, labels: &[&str]) -> f64 {
+    metrics_text(gateway)
+        .await
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter(|line| labels.iter().all(|label| line.contains(label)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// How many times any circuit opened.
+async fn circuits_opened(gateway: &Gateway) -> f64 {
+    metric_sum(gateway, "smg_worker_cb_transitions_total", &["to=\"open\""]).await
+}
+
+/// What a burst of clients got back: a count per (status, error code).
+#[derive(Debug, Default)]
+struct Tally {
+    answers: BTreeMap<(u16, String), usize>,
+    /// The slowest answer of each status.
+    slowest: BTreeMap<u16, Duration>,
+    elapsed: Duration,
+}
+
+impl Tally {
+    fn count(&self, status: u16) -> usize {
+        self.answers
+            .iter()
+            .filter(|((s, _), _)| *s == status)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn total(&self) -> usize {
+        self.answers.values().sum()
+    }
+}
+
+/// `clients` keep-alive clients (one connection each), released together,
+/// each sending one chat.
+async fn burst(gateway: &Gateway, clients: usize) -> Tally {
+    let client = reqwest::Client::builder()
+        .http1_only()
+        .pool_max_idle_per_host(clients)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let url = gateway.url("/v1/chat/completions");
+    let start = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, url, start) = (client.clone(), url.clone(), Arc::clone(&start));
+            tokio::spawn(async move {
+                start.wait().await;
+                let sent = Instant::now();
+                let answer = client.post(url).json(&chat_body()).send().await;
+                let (status, code) = match answer {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let body: Value = response.json().await.unwrap_or(Value::Null);
+                        let code = body["error"]["code"].as_str().unwrap_or("").to_owned();
+                        (status, code)
+                    }
+                    Err(err) => (0, format!("transport: {err}")),
+                };
+                (status, code, sent.elapsed())
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut tally = Tally::default();
+    for task in tasks {
+        let (status, code, took) = task.await.unwrap();
+        *tally.answers.entry((status, code)).or_default() += 1;
+        let slowest = tally.slowest.entry(status).or_default();
+        *slowest = (*slowest).max(took);
+    }
+    tally.elapsed = began.elapsed();
+    tally
+}
+
+fn single_worker_gateway(worker: &SimWorker, extra: &[&str]) -> Gateway {
+    let url = worker.grpc_url();
+    let mut args = vec![
+        "--worker-urls",
+        url.as_str(),
+        "--served-model-name",
+        "model",
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_one_worker_is_served_or_queued_never_refused_by_the_worker() {
+    let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = single_worker_gateway(
+        &worker,
+        &["--max-concurrent-requests", "512", "--queue-size", "1024"],
+    );
+    let clients = 2000;
+    let tally = bounded("the burst", burst(&gateway, clients)).await;
+    println!("burst of {clients} on one worker: {tally:?}");
+    assert_eq!(tally.total(), clients);
+    assert_eq!(
+        tally.count(200) + tally.count(429),
+        clients,
+        "only 200s and admission's 429s: {tally:?}"
+    );
+    for (status, code) in tally.answers.keys() {
+        if *status == 429 {
+            assert_eq!(code, "queue_full", "{tally:?}");
+        }
+    }
+    assert_eq!(circuits_opened(&gateway).await, 0.0, "no circuit opened");
+    let (status, body) = chat(&http(), &gateway).await;
+    assert_eq!(status, 200, "the next request after the burst: {body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_goaway_mid_burst_fails_no_request() {
+    // Every connection ends after 50 streams: a burst of 600 meets a dozen
+    // GOAWAYs, each while streams the worker never saw are on the wire.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--goaway-after-streams", "50"],
+    );
+    let gateway = single_worker_gateway(&worker, &[]);
+    let clients = 600;
+    let tally = bounded("the burst", burst(&gateway, clients)).await;
+    println!("burst of {clients} through GOAWAYs: {tally:?}");
+    assert_eq!(tally.count(200), clients, "{tally:?}");
+    assert_eq!(circuits_opened(&gateway).await, 0.0, "no circuit opened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abrupt_connection_deaths_mid_burst_open_no_circuit() {
+    // The worker closes each connection's socket after 50 streams, under
+    // the streams still running: those fail, each death counted once.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--zero-delay",
+            "--goaway-after-streams",
+            "50",
+            "--abrupt-goaway",
+        ],
+    );
+    let gateway = single_worker_gateway(&worker, &[]);
+    let clients = 600;
+    let tally = bounded("the burst", burst(&gateway, clients)).await;
+    println!("burst of {clients} through abrupt closes: {tally:?}");
+    assert_eq!(tally.total(), clients);
+    assert_eq!(circuits_opened(&gateway).await, 0.0, "no circuit opened");
+    let (status, body) = chat(&http(), &gateway).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The admin API's view of the worker at `url`.
+async fn worker_status(gateway: &Gateway, url: &str) -> Value {
+    let body: Value = http()
+        .get(gateway.admin_url("/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["url"] == url)
+        .cloned()
+        .unwrap_or_else(|| panic!("{url} is not listed: {body}"))
+}
+
+/// Waits until the admin API's view of the worker at `url` satisfies
+/// `done`; returns that view.
+async fn until_worker(
+    gateway: &Gateway,
+    url: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    poll_until(what, async || {
+        let status = worker_status(gateway, url).await;
+        done(&status).then_some(status)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_reset_under_twenty_streams_counts_once() {
+    // Twenty requests stall on the worker after their first token, all on
+    // one connection through the proxy; then the proxy resets it. Counted
+    // per stream that would be twenty failures and an open circuit (the
+    // threshold is two); counted per death, it is one.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--stall-after-tokens", "1"],
+    );
+    let proxy = FaultProxy::start(worker.grpc).await;
+    let url = proxy.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &url,
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--worker-connections",
+        "1",
+        "--disable-retries",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "2",
+    ]);
+    let client = http();
+    let stalled: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, url) = (client.clone(), gateway.url("/v1/chat/completions"));
+            tokio::spawn(async move {
+                let response = client.post(url).json(&chat_body()).send().await.unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                (status, body)
+            })
+        })
+        .collect();
+    until_worker(&gateway, &url, "twenty requests on the worker", |w| {
+        w["in_flight"] == 20
+    })
+    .await;
+    proxy.reset_all();
+    for request in stalled {
+        let (status, body) = bounded("a reset request", request).await.unwrap();
+        assert_eq!(status, 502, "{body}");
+    }
+    let status = worker_status(&gateway, &url).await;
+    assert_eq!(status["circuit"], "closed", "{status}");
+    assert_eq!(circuits_opened(&gateway).await, 0.0);
+    // A short request (it ends before the stall) goes through a fresh
+    // connection.
+    let response = client
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": "model",
+            "messages": [{"role": "user", "content": "again"}],
+            "max_tokens": 1,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    assert!(proxy.accepted() >= 2, "a new connection was made");
+}
+
+/// Clients sending chats one after another until stopped; what each got,
+/// in order, with when it was answered.
+struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<(Instant, u16)>>>,
+}
+
+impl Load {
+    fn start(gateway: &Gateway, clients: usize) -> Load {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = (0..clients)
+            .map(|_| {
+                let (client, url, stop) = (
+                    http(),
+                    gateway.url("/v1/chat/completions"),
+                    Arc::clone(&stop),
+                );
+                tokio::spawn(async move {
+                    let mut answers = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let status = match client.post(&url).json(&chat_body()).send().await {
+                            Ok(response) => response.status().as_u16(),
+                            Err(_) => 0,
+                        };
+                        answers.push((Instant::now(), status));
+                    }
+                    answers
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    async fn stop(self) -> Vec<(Instant, u16)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut all = Vec::new();
+        for task in self.tasks {
+            all.extend(bounded("a load client stops", task).await.unwrap());
+        }
+        all.sort_by_key(|(at, _)| *at);
+        all
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_and_restarted_under_load_is_back_once_it_answers() {
+    // One worker, no panic mode and a ten-minute circuit timeout: requests
+    // succeed after the restart only if the open circuit is probed back in.
+    let mut worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let port = worker.grpc.port().to_string();
+    let url = worker.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &url,
+        "--served-model-name",
+        "model",
+        "--health-check-interval-secs",
+        "1",
+        "--health-check-timeout-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--cb-failure-threshold",
+        "3",
+        "--cb-timeout-duration-secs",
+        "600",
+        "--panic-threshold",
+        "0",
+    ]);
+    let load = Load::start(&gateway, 8);
+    poll_until("the load is served", async || {
+        (metric_sum(&gateway, "smg_router_requests_total", &[]).await > 50.0).then_some(())
+    })
+    .await;
+
+    worker.kill();
+    let down = until_worker(&gateway, &url, "the worker is out", |w| {
+        w["status"] != "ready" || w["circuit"] == "open"
+    })
+    .await;
+    println!("killed: {down}");
+    let restarted = SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--port", &port]);
+    assert_eq!(restarted.grpc_url(), url);
+    until_worker(&gateway, &url, "its health check passes", |w| {
+        w["status"] == "ready"
+    })
+    .await;
+    let ready_at = Instant::now();
+    let back = until_worker(&gateway, &url, "its circuit lets requests in", |w| {
+        w["circuit"] != "open"
+    })
+    .await;
+    let circuit_back = ready_at.elapsed();
+    // From here on, every request is served.
+    let client = http();
+    for _ in 0..20 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let answers = load.stop().await;
+    let first_success_after_ready = answers
+        .iter()
+        .find(|(at, status)| *at >= ready_at && *status == 200)
+        .map(|(at, _)| at.duration_since(ready_at));
+    let during: BTreeMap<u16, usize> = answers.iter().fold(BTreeMap::new(), |mut m, (_, s)| {
+        *m.entry(*s).or_default() += 1;
+        m
+    });
+    println!(
+        "restart under load: answers {during:?}; circuit {} {circuit_back:?} after the health \
+         check passed; first success {first_success_after_ready:?} after it",
+        back["circuit"]
+    );
+    assert!(
+        answers.iter().all(|(_, status)| *status != 0),
+        "every request was answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_worker_is_left_for_the_others_and_not_retried_forever() {
+    let direct = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let hidden = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let proxy = FaultProxy::start(hidden.grpc).await;
+    let (direct_url, hidden_url) = (direct.grpc_url(), proxy.grpc_url());
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &direct_url,
+        &hidden_url,
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--health-check-interval-secs",
+        "1",
+        "--health-check-timeout-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--request-timeout-secs",
+        "5",
+    ]);
+    let client = http();
+    for _ in 0..4 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let selections = |url: &str| {
+        let label = format!("worker=\"{url}\"");
+        let gateway = &gateway;
+        async move { metric_sum(gateway, "smg_worker_selection_total", &[label.as_str()]).await }
+    };
+    assert!(selections(&hidden_url).await >= 1.0, "both take traffic");
+
+    proxy.black_hole(true);
+    // Requests keep coming meanwhile; those that land on the black hole
+    // end at the request timeout (504), not never.
+    let load = Load::start(&gateway, 4);
+    until_worker(
+        &gateway,
+        &hidden_url,
+        "the black hole leaves rotation",
+        |w| w["status"] == "not_ready",
+    )
+    .await;
+    let answers = load.stop().await;
+    let during: BTreeMap<u16, usize> = answers.iter().fold(BTreeMap::new(), |mut m, (_, s)| {
+        *m.entry(*s).or_default() += 1;
+        m
+    });
+    println!("while the worker was black-holed: {during:?}");
+    assert!(
+        during.keys().all(|status| [200, 504].contains(status)),
+        "served, or timed out by the gateway: {during:?}"
+    );
+
+    // Out of rotation: everything goes to the other worker, and the black
+    // hole takes no more requests.
+    let before = selections(&hidden_url).await;
+    for _ in 0..20 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(selections(&hidden_url).await, before, "not retried");
+    let hidden_status = worker_status(&gateway, &hidden_url).await;
+    assert_eq!(hidden_status["in_flight"], 0, "{hidden_status}");
+
+    // The partition heals: the worker answers its probes and rejoins.
+    proxy.black_hole(false);
+    until_worker(&gateway, &hidden_url, "the worker rejoins", |w| {
+        w["status"] == "ready"
+    })
+    .await;
+    poll_until("requests reach it again", async || {
+        let (status, _) = chat(&client, &gateway).await;
+        assert_eq!(status, 200);
+        (selections(&hidden_url).await > before).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_mode_serves_through_workers_whose_circuits_are_all_open() {
+    // Circuits open at the first failure and, unprobed, stay open ten
+    // minutes: only panic mode can serve once the workers are back.
+    let mut workers: Vec<SimWorker> = (0..2)
+        .map(|_| SimWorker::start("tokenspeed", "regular", &["--zero-delay"]))
+        .collect();
+    let ports: Vec<String> = workers.iter().map(|w| w.grpc.port().to_string()).collect();
+    let urls: Vec<String> = workers.iter().map(SimWorker::grpc_url).collect();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &urls[0],
+        &urls[1],
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "1",
+        "--cb-timeout-duration-secs",
+        "600",
+        "--cb-probe-interval-ms",
+        "0",
+    ]);
+    let client = http();
+    let (status, body) = chat(&client, &gateway).await;
+    assert_eq!(status, 200, "{body}");
+
+    for worker in &mut workers {
+        worker.kill();
+    }
+    poll_until("every circuit opens", async || {
+        let _ = chat(&client, &gateway).await;
+        let mut open = 0;
+        for url in &urls {
+            open += usize::from(worker_status(&gateway, url).await["circuit"] == "open");
+        }
+        (open == urls.len()).then_some(())
+    })
+    .await;
+    let _restarted: Vec<SimWorker> = ports
+        .iter()
+        .map(|port| SimWorker::start("tokenspeed", "regular", &["--zero-delay", "--port", port]))
+        .collect();
+    // The first calls may meet the reconnect backoff of the dead
+    // connections; once one is served, all are.
+    poll_until("a request is served", async || {
+        (chat(&client, &gateway).await.0 == 200).then_some(())
+    })
+    .await;
+    for _ in 0..10 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "panic mode serves: {body}");
+    }
+    for url in &urls {
+        let status = worker_status(&gateway, url).await;
+        assert_eq!(status["circuit"], "open", "still open: {status}");
+    }
+    assert!(metric_sum(&gateway, "smg_worker_panic_routing_total", &[]).await >= 10.0);
+}
