@@ -851,10 +851,18 @@ async fn embeddings_need_sglang_workers() {
 
 #[tokio::test]
 async fn a_failing_prefill_leg_aborts_decode_at_once() {
+    // The prefill fails without publishing its KV cache: otherwise decode
+    // could fetch it and finish (zero delay) before the gateway reads
+    // prefill's error, and only the gateway's abort stops decode waiting.
     let prefill = SimWorker::start(
         "tokenspeed",
         "prefill",
-        &["--zero-delay", "--fail-after-tokens", "0"],
+        &[
+            "--zero-delay",
+            "--fail-after-tokens",
+            "0",
+            "--withhold-bootstrap",
+        ],
     );
     let decode = SimWorker::start(
         "tokenspeed",

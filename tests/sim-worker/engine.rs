@@ -483,7 +483,13 @@ impl Engine {
                     .kv
                     .as_ref()
                     .ok_or_else(|| Status::internal("checked above"))?;
-                let kv = self.fetch(peer, "KV cache").await?;
+                // An abort (or the gateway going away) ends the wait, as
+                // it ends generation.
+                let kv = tokio::select! {
+                    kv = self.fetch(peer, "KV cache") => kv?,
+                    () = cancel.cancelled() => return Ok(()),
+                    () = sender.closed() => return Ok(()),
+                };
                 (kv, 0)
             }
             _ => self.prefill(&job).await?,
