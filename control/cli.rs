@@ -561,6 +561,12 @@ pub struct LaunchArgs {
     /// the worker advertises a lower SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, default_value_t = 100)]
     pub worker_streams_per_connection: u32,
+    /// Most requests one worker is sent at once; more wait in the gateway
+    /// for a slot (bounded by the request timeout, and by admission's queue
+    /// when --max-concurrent-requests is set), a PD/EPD request taking all
+    /// its workers' slots together. 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    pub worker_max_in_flight: usize,
 
     /// How often workers' GetLoads is polled (only for load-aware policies).
     #[arg(long, default_value_t = 1)]
@@ -1210,6 +1216,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 )?,
                 ..ConnectionConfig::default()
             },
+            max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
         };
         let overrides = args
             .worker_tensor_transport
@@ -1490,6 +1497,7 @@ mod tests {
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
         assert_eq!(routing.panic_threshold, 50, "Envoy's default");
         assert_eq!(config.lifecycle.connections, ConnectionConfig::default());
+        assert_eq!(config.lifecycle.max_in_flight, None);
         let breaker = config.lifecycle.breaker;
         assert_eq!(breaker.probe_interval, Duration::from_millis(250));
         assert_eq!(breaker.max_probe_interval, Duration::from_secs(2));

@@ -95,7 +95,8 @@ async fn build_router(
         for rank in 0..ranks {
             let worker = Worker::new(Arc::clone(&engine), role, port)
                 .map_err(|e| anyhow::anyhow!("{e}"))?
-                .with_breaker(config.lifecycle.breaker);
+                .with_breaker(config.lifecycle.breaker)
+                .with_max_in_flight(config.lifecycle.max_in_flight);
             workers.add(if dp_aware {
                 worker.with_dp_rank(rank)
             } else {

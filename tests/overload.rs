@@ -600,3 +600,50 @@ async fn panic_mode_serves_through_workers_whose_circuits_are_all_open() {
     }
     assert!(metric_sum(&gateway, "smg_worker_panic_routing_total", &[]).await >= 10.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_waits_in_the_gateway_for_the_workers_slots() {
+    // Each request takes a few decode steps: a burst of 300 would put them
+    // all on the worker at once; with a limit of 16 the rest wait in the
+    // gateway and are served as slots free.
+    let worker = SimWorker::start("tokenspeed", "regular", &["--decode-ms-per-token", "2"]);
+    let url = worker.grpc_url();
+    let gateway = single_worker_gateway(&worker, &["--worker-max-in-flight", "16"]);
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (admin, url, sampling) = (
+            gateway.admin_url("/workers"),
+            url.clone(),
+            Arc::clone(&sampling),
+        );
+        tokio::spawn(async move {
+            let client = http();
+            let mut most = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                let body: Value = client
+                    .get(&admin)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                for worker in body["workers"].as_array().unwrap() {
+                    if worker["url"] == url.as_str() {
+                        most = most.max(worker["in_flight"].as_u64().unwrap());
+                    }
+                }
+            }
+            most
+        })
+    };
+    let clients = 300;
+    let tally = bounded("the burst", burst(&gateway, clients)).await;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.await.unwrap();
+    println!("burst of {clients} on a worker limited to 16: {tally:?}; most in flight seen {most}");
+    assert_eq!(tally.count(200), clients, "{tally:?}");
+    assert!(most <= 16, "the limit held: {most}");
+    assert!(most > 0, "the sampler saw the burst");
+    assert_eq!(circuits_opened(&gateway).await, 0.0);
+}

@@ -57,6 +57,7 @@ impl AppState {
                 probe_timeout: Duration::from_secs(5),
                 dp_aware: false,
                 connections: crate::engine::ConnectionConfig::default(),
+                max_in_flight: None,
             },
             crate::lanes::TensorLanes::inline() as _,
         );

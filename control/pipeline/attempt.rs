@@ -149,12 +149,8 @@ async fn run_stage(
         // Request-scoped: ran once before the first attempt.
         StageKind::Preparation => {}
         StageKind::WorkerSelection => {
-            state.selection = Some(select_workers(
-                cx.mode,
-                cx.request,
-                cx.workers,
-                cx.policies,
-            )?);
+            state.selection =
+                Some(select_workers(cx.mode, cx.request, cx.workers, cx.policies).await?);
         }
         StageKind::ClientAcquisition => {
             let selection = state

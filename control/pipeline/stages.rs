@@ -14,7 +14,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::{ExecutionPlan as PlanShape, Mode};
 use crate::policies::{Policy, Pool, SelectionRequest};
-use crate::workers::{HealthState, LoadGuard, Worker, WorkerRole, WorkerSet};
+use crate::workers::{HealthState, LoadGuard, Refusal, Worker, WorkerRole, WorkerSet};
 
 use super::execution::{EncodeCall, ExecutionPlan, Leg};
 use super::prepare::PreparedRequest;
@@ -69,37 +69,40 @@ pub fn panics(available: usize, candidates: usize, threshold: u8) -> bool {
     candidates > 0 && available * 100 < usize::from(threshold) * candidates
 }
 
+/// What [`try_pick`] found.
+#[derive(Debug)]
+pub enum Picked {
+    Held(LoadGuard),
+    /// Workers could take the request, but each holds as many as its
+    /// in-flight limit allows: wait for room.
+    Full,
+}
+
 /// Picks one available worker of `role` with the role's policy and holds it
 /// (counting the prompt's tokens against it). A worker whose half-open
-/// circuit gave its last trial slot away meanwhile is passed over.
+/// circuit gave its last trial slot away meanwhile is passed over, and so
+/// is one at its in-flight limit.
 ///
 /// In panic mode (too few available: see [`panics`]) every worker of the
 /// role that is not pending or draining is a candidate, whatever its health
 /// or circuit says: a fleet that is mostly out, or a lone worker whose
 /// circuit opened, serves what it can instead of refusing everything.
-pub fn pick(
+/// In-flight limits hold in panic mode too.
+pub fn try_pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
     request: &SelectionRequest<'_>,
-) -> Result<LoadGuard> {
+) -> Result<Picked> {
     let (members, generation) = workers.members(role);
-    let mut available: Vec<usize> = (0..members.len())
-        .filter(|&i| members[i].is_available())
-        .collect();
-    let candidates: Vec<usize> = (0..members.len())
-        .filter(|&i| !members[i].is_draining() && members[i].health() != HealthState::Pending)
-        .collect();
-    let panic = panics(available.len(), candidates.len(), policies.panic_threshold);
+    let Selectable {
+        mut available,
+        mut full,
+        panic,
+    } = selectable(&members, policies.panic_threshold);
     if panic {
-        tracing::debug!(
-            role = role.name(),
-            available = available.len(),
-            candidates = candidates.len(),
-            "panic routing"
-        );
+        tracing::debug!(role = role.name(), "panic routing");
         metrics::record_panic_routing(role.name());
-        available = candidates;
     }
     let policy = policies.of(role);
     while !available.is_empty() {
@@ -114,19 +117,20 @@ pub fn pick(
             index = available[0];
         }
         let worker: &Arc<Worker> = &members[index];
-        let tokens = request.input_ids.len() as u64;
-        let held = if panic {
-            Some(worker.acquire_tokens(tokens))
-        } else {
-            worker.try_acquire_tokens(tokens)
-        };
-        let Some(guard) = held else {
-            available.retain(|&i| i != index);
-            continue;
+        let guard = match worker.try_hold(request.input_ids.len() as u64, !panic) {
+            Ok(guard) => guard,
+            Err(refusal) => {
+                full |= refusal == Refusal::Full;
+                available.retain(|&i| i != index);
+                continue;
+            }
         };
         policy.on_routed(worker, request);
         metrics::record_selection(worker.url(), role.name(), policy.name());
-        return Ok(guard);
+        return Ok(Picked::Held(guard));
+    }
+    if full {
+        return Ok(Picked::Full);
     }
     Err(Error::new(
         ErrorCode::NoHealthyWorker,
@@ -134,28 +138,168 @@ pub fn pick(
     ))
 }
 
+/// The workers a selection may choose among.
+struct Selectable {
+    /// Indices into the members: available (or, in panic mode, candidates)
+    /// with room under their in-flight limit.
+    available: Vec<usize>,
+    /// Some would be chosen but for their in-flight limit.
+    full: bool,
+    panic: bool,
+}
+
+fn selectable(members: &[Arc<Worker>], panic_threshold: u8) -> Selectable {
+    let up: Vec<usize> = (0..members.len())
+        .filter(|&i| members[i].is_available())
+        .collect();
+    let candidates: Vec<usize> = (0..members.len())
+        .filter(|&i| !members[i].is_draining() && members[i].health() != HealthState::Pending)
+        .collect();
+    let panic = panics(up.len(), candidates.len(), panic_threshold);
+    let mut full = false;
+    let mut available: Vec<usize> = if panic { candidates } else { up };
+    available.retain(|&i| {
+        let room = members[i].has_room();
+        full |= !room;
+        room
+    });
+    Selectable {
+        available,
+        full,
+        panic,
+    }
+}
+
+/// Whether `role` has only full workers now (some would be chosen, but all
+/// are at their in-flight limit).
+fn only_full(workers: &WorkerSet, policies: &RolePolicies, role: WorkerRole) -> bool {
+    let selectable = selectable(&workers.of_role(role), policies.panic_threshold);
+    selectable.full && selectable.available.is_empty()
+}
+
+/// [`try_pick`], waiting for room while every worker that could take the
+/// request is at its in-flight limit (the request's deadline bounds the
+/// wait: see the router).
+pub async fn pick(
+    workers: &WorkerSet,
+    policies: &RolePolicies,
+    role: WorkerRole,
+    request: &SelectionRequest<'_>,
+) -> Result<LoadGuard> {
+    with_room(workers, &[role], || {
+        Ok(match try_pick(workers, policies, role, request)? {
+            Picked::Held(guard) => Some(guard),
+            Picked::Full => None,
+        })
+    })
+    .await
+}
+
+/// Runs `attempt` until it holds what it needs (`Some`), waiting for a
+/// request on a limited worker of `roles` to end whenever it finds them
+/// full (`None`). An attempt that needs several workers takes them all or
+/// none, so it never holds one role's slot while it waits for another's.
+async fn with_room<T>(
+    workers: &WorkerSet,
+    roles: &[WorkerRole],
+    mut attempt: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    loop {
+        if let Some(held) = attempt()? {
+            return Ok(held);
+        }
+        let limited: Vec<Arc<Worker>> = roles
+            .iter()
+            .flat_map(|&role| workers.of_role(role).to_vec())
+            .filter(|worker| worker.max_in_flight().is_some())
+            .collect();
+        let mut freed: Vec<_> = limited
+            .iter()
+            .map(|worker| Box::pin(worker.room_freed()))
+            .collect();
+        for wake in &mut freed {
+            wake.as_mut().enable();
+        }
+        // A slot freed between the attempt and the subscriptions would be
+        // missed: look once more now that they are in place.
+        if let Some(held) = attempt()? {
+            return Ok(held);
+        }
+        if freed.is_empty() {
+            return Err(Error::internal(
+                "selection found every worker full, but none has a limit",
+            ));
+        }
+        futures::future::select_all(freed).await;
+    }
+}
+
 /// WorkerSelection: one worker, or prefill + decode, plus an encode worker
-/// per media item in EPD (keyed by the item's content hash).
-pub fn select_workers(
+/// per media item in EPD (keyed by the item's content hash). Waits while
+/// any role it needs has only full workers, holding none meanwhile.
+pub async fn select_workers(
     mode: Mode,
     request: &PreparedRequest,
     workers: &WorkerSet,
     policies: &RolePolicies,
 ) -> Result<Selection> {
+    let mut roles = match mode.spec().plan {
+        PlanShape::Single => vec![WorkerRole::Regular],
+        PlanShape::DualLeg => vec![WorkerRole::Prefill, WorkerRole::Decode],
+    };
+    if mode.spec().encodes_media && !request.media.is_empty() {
+        roles.push(WorkerRole::Encode);
+    }
+    with_room(workers, &roles, || {
+        try_select(mode, request, workers, policies, &roles)
+    })
+    .await
+}
+
+/// One try at every worker a request needs: all of them, or (some role's
+/// workers all full) none. Roles whose workers are all full are looked for
+/// first, so no slot is taken and given back (waking the waiters) while
+/// another role is full.
+fn try_select(
+    mode: Mode,
+    request: &PreparedRequest,
+    workers: &WorkerSet,
+    policies: &RolePolicies,
+    roles: &[WorkerRole],
+) -> Result<Option<Selection>> {
+    if roles.iter().any(|&role| only_full(workers, policies, role)) {
+        return Ok(None);
+    }
     let selection_request = SelectionRequest {
         input_ids: &request.input_ids,
         routing_key: request.routing_key.as_deref(),
         content_hash: None,
     };
+    let pick = |role: WorkerRole, request: &SelectionRequest<'_>| {
+        try_pick(workers, policies, role, request).map(|picked| match picked {
+            Picked::Held(guard) => Some(guard),
+            Picked::Full => None,
+        })
+    };
     let selection = match mode.spec().plan {
-        PlanShape::Single => Selection {
-            primary: pick(workers, policies, WorkerRole::Regular, &selection_request)?,
-            prefill: None,
-            encoders: Vec::new(),
-        },
+        PlanShape::Single => {
+            let Some(primary) = pick(WorkerRole::Regular, &selection_request)? else {
+                return Ok(None);
+            };
+            Selection {
+                primary,
+                prefill: None,
+                encoders: Vec::new(),
+            }
+        }
         PlanShape::DualLeg => {
-            let prefill = pick(workers, policies, WorkerRole::Prefill, &selection_request)?;
-            let decode = pick(workers, policies, WorkerRole::Decode, &selection_request)?;
+            let Some(prefill) = pick(WorkerRole::Prefill, &selection_request)? else {
+                return Ok(None);
+            };
+            // Dropping `prefill` on the way out gives its slot back.
+            let Some(decode) = pick(WorkerRole::Decode, &selection_request)? else {
+                return Ok(None);
+            };
             Selection {
                 primary: decode,
                 prefill: Some(prefill),
@@ -164,23 +308,23 @@ pub fn select_workers(
         }
     };
     if !mode.spec().encodes_media {
-        return Ok(selection);
+        return Ok(Some(selection));
     }
-    let encoders = request
-        .media
-        .iter()
-        .map(|item| {
-            let by_content = SelectionRequest {
-                content_hash: Some(&item.content_hash),
-                ..selection_request
-            };
-            pick(workers, policies, WorkerRole::Encode, &by_content)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Selection {
+    let mut encoders = Vec::with_capacity(request.media.len());
+    for item in &request.media {
+        let by_content = SelectionRequest {
+            content_hash: Some(&item.content_hash),
+            ..selection_request
+        };
+        let Some(encoder) = pick(WorkerRole::Encode, &by_content)? else {
+            return Ok(None);
+        };
+        encoders.push(encoder);
+    }
+    Ok(Some(Selection {
         encoders,
         ..selection
-    })
+    }))
 }
 
 /// ClientAcquisition: the gRPC client of each chosen worker.

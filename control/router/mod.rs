@@ -336,7 +336,8 @@ impl Router {
                 &self.parts.policies,
                 WorkerRole::Regular,
                 &selection,
-            )?;
+            )
+            .await?;
             let worker = Arc::clone(guard.worker());
             let result = worker
                 .client()

@@ -921,4 +921,111 @@ mod in_process {
         assert!(worker.is_available());
         worker.retire();
     }
+
+    /// Waits (in paused time) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_worker_makes_the_next_request_wait_for_its_slot() {
+        let engine = ScriptedEngine::new(
+            "grpc://a:1",
+            vec![Script::Hang],
+            Script::Answer(answer(&hello_ids())),
+        );
+        let workers = WorkerSet::default();
+        let worker = workers
+            .add(self::worker(&engine, WorkerRole::Regular, None).with_max_in_flight(Some(1)));
+        let router = Arc::new(router(
+            Mode::Regular,
+            workers,
+            no_retries(),
+            Duration::from_secs(600),
+        ));
+        let generate = |router: &Arc<Router>| {
+            let router = Arc::clone(router);
+            tokio::spawn(async move {
+                let generation = router
+                    .generate(Endpoint::Completions, spec(false), None)
+                    .await?;
+                text_of(generation.output).await
+            })
+        };
+        let first = generate(&router);
+        until("the first request is on the worker", || {
+            engine.generated().len() == 1
+        })
+        .await;
+        let second = generate(&router);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            engine.generated().len(),
+            1,
+            "the second waits in the gateway"
+        );
+        assert_eq!(worker.in_flight(), 1);
+        // The first ends (its client leaves): its slot passes to the second.
+        first.abort();
+        let text = second.await.expect("joins").expect("the second is served");
+        assert_eq!(text, "Hello");
+        assert_eq!(engine.generated().len(), 2);
+        assert_eq!(worker.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pd_legs_take_their_slots_together_or_not_at_all() {
+        let prefill = ScriptedEngine::new(
+            "grpc://prefill:1",
+            Vec::new(),
+            Script::Answer(vec![complete(&[])]),
+        );
+        let decode = ScriptedEngine::answering("grpc://decode:1", &hello_ids());
+        let workers = WorkerSet::default();
+        let prefill_worker = workers
+            .add(worker(&prefill, WorkerRole::Prefill, Some(8998)).with_max_in_flight(Some(1)));
+        let decode_worker =
+            workers.add(worker(&decode, WorkerRole::Decode, None).with_max_in_flight(Some(1)));
+        let router = Arc::new(router(
+            Mode::PrefillDecode,
+            workers,
+            no_retries(),
+            Duration::from_secs(600),
+        ));
+        // Decode is full (another request holds its one slot).
+        let held = decode_worker.acquire();
+        let request = {
+            let router = Arc::clone(&router);
+            tokio::spawn(async move {
+                let generation = router
+                    .generate(Endpoint::Completions, spec(true), None)
+                    .await?;
+                text_of(generation.output).await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            prefill_worker.in_flight(),
+            0,
+            "prefill's slot is not held while decode's is awaited"
+        );
+        assert!(prefill.generated().is_empty() && decode.generated().is_empty());
+        drop(held);
+        let text = request.await.expect("joins").expect("served");
+        assert_eq!(text, "Hello");
+        assert_eq!(
+            (prefill.generated().len(), decode.generated().len()),
+            (1, 1)
+        );
+        assert_eq!(
+            (prefill_worker.in_flight(), decode_worker.in_flight()),
+            (0, 0)
+        );
+    }
 }

@@ -5,7 +5,9 @@
 //!
 //! A request that picks a worker holds a [`LoadGuard`] for as long as it uses
 //! it; the guard's `Drop` gives the slot back, so a cancelled or failed
-//! request can never leak a load count.
+//! request can never leak a load count. A worker may cap the requests it
+//! holds (`--worker-max-in-flight`): a full worker takes nobody new, and the
+//! guard's drop wakes one request waiting for room.
 
 mod breaker;
 mod health;
@@ -102,6 +104,10 @@ pub struct Worker {
     dp_rank: Option<u32>,
     client: Arc<dyn Engine>,
     in_flight: AtomicUsize,
+    /// Most requests held at once; `None`: no limit.
+    max_in_flight: Option<usize>,
+    /// Wakes one waiting request when a held one ends (limited workers).
+    room: tokio::sync::Notify,
     /// Prompt tokens of the requests in flight.
     in_flight_tokens: AtomicU64,
     health: AtomicU8,
@@ -143,6 +149,8 @@ impl Worker {
             dp_rank: None,
             client,
             in_flight: AtomicUsize::new(0),
+            max_in_flight: None,
+            room: tokio::sync::Notify::new(),
             in_flight_tokens: AtomicU64::new(0),
             health: AtomicU8::new(HealthState::Ready as u8),
             draining: AtomicBool::new(false),
@@ -163,6 +171,30 @@ impl Worker {
     /// The tensor transport its registration asked for, if any.
     pub fn lane_override(&self) -> Option<WorkerLaneOverride> {
         self.lane_override
+    }
+
+    /// The worker holding at most `limit` requests at once (`None`: no
+    /// limit; a limit below one is one).
+    pub fn with_max_in_flight(mut self, limit: Option<usize>) -> Self {
+        self.max_in_flight = limit.map(|limit| limit.max(1));
+        self
+    }
+
+    /// Most requests this worker holds at once, if limited.
+    pub fn max_in_flight(&self) -> Option<usize> {
+        self.max_in_flight
+    }
+
+    /// Whether the worker holds fewer requests than its limit.
+    pub fn has_room(&self) -> bool {
+        self.max_in_flight.is_none_or(|max| self.in_flight() < max)
+    }
+
+    /// Resolves when a request holding this worker ends (a limited worker
+    /// only: an unlimited one never wakes anyone). Wakes one waiter; a
+    /// waiter dropped after it was woken passes the wake-up on.
+    pub fn room_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room.notified()
     }
 
     /// The worker with this circuit-breaker configuration.
@@ -326,15 +358,57 @@ impl Worker {
     /// admits one: a half-open circuit gives out a limited number of trial
     /// slots, and the guard gives its slot back when it drops.
     pub fn try_acquire_tokens(self: &Arc<Self>, tokens: u64) -> Option<LoadGuard> {
-        match self.breaker.admit() {
-            Admission::Free => Some(self.hold(tokens, None)),
-            Admission::Trial(ticket) => Some(self.hold(tokens, Some(ticket))),
-            Admission::Refused => None,
+        self.try_hold(tokens, true).ok()
+    }
+
+    /// Holds the worker for a request about to be sent, if it has room
+    /// under its limit and (with `ask_circuit`) its circuit admits one.
+    pub fn try_hold(
+        self: &Arc<Self>,
+        tokens: u64,
+        ask_circuit: bool,
+    ) -> Result<LoadGuard, Refusal> {
+        if let Some(max) = self.max_in_flight {
+            // Reserve the slot first, atomically, so a burst cannot overrun
+            // the limit between a check and an increment.
+            self.in_flight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                    (held < max).then_some(held + 1)
+                })
+                .map_err(|_| Refusal::Full)?;
+        } else {
+            self.in_flight.fetch_add(1, Ordering::Relaxed);
         }
+        let trial = if ask_circuit {
+            match self.breaker.admit() {
+                Admission::Free => None,
+                Admission::Trial(ticket) => Some(ticket),
+                Admission::Refused => {
+                    self.release_slot();
+                    return Err(Refusal::Circuit);
+                }
+            }
+        } else {
+            None
+        };
+        Ok(self.counted(tokens, trial))
     }
 
     fn hold(self: &Arc<Self>, tokens: u64, trial: Option<TrialTicket>) -> LoadGuard {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.counted(tokens, trial)
+    }
+
+    /// Gives a request slot back, waking a waiter on a limited worker.
+    fn release_slot(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.max_in_flight.is_some() {
+            self.room.notify_one();
+        }
+    }
+
+    /// The guard of a request whose slot is already counted.
+    fn counted(self: &Arc<Self>, tokens: u64, trial: Option<TrialTicket>) -> LoadGuard {
         self.in_flight_tokens.fetch_add(tokens, Ordering::Relaxed);
         LoadGuard {
             worker: Arc::clone(self),
@@ -404,14 +478,23 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.worker.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.worker
             .in_flight_tokens
             .fetch_sub(self.tokens, Ordering::Relaxed);
         if let Some(ticket) = self.trial.take() {
             self.worker.breaker.end_trial(ticket);
         }
+        self.worker.release_slot();
     }
+}
+
+/// Why a worker did not take a request ([`Worker::try_hold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// It holds as many requests as its limit allows.
+    Full,
+    /// Its circuit is open, or every half-open trial slot is taken.
+    Circuit,
 }
 
 /// One immutable view of the membership.

@@ -46,6 +46,9 @@ pub struct Lifecycle {
     pub dp_aware: bool,
     /// The HTTP/2 connections to each worker.
     pub connections: ConnectionConfig,
+    /// Most requests one worker holds at once (`--worker-max-in-flight`);
+    /// `None`: no limit.
+    pub max_in_flight: Option<usize>,
 }
 
 /// A worker to register.
@@ -327,6 +330,7 @@ impl WorkerRegistry {
                     .map_err(|err| err.message)?
                     .with_lane_override(lane_override)
                     .with_breaker(self.lifecycle.breaker)
+                    .with_max_in_flight(self.lifecycle.max_in_flight)
                     .with_health(HealthState::Pending);
                 Ok(Arc::new(match ranks {
                     Some(_) => worker.with_dp_rank(rank),
