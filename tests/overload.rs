@@ -647,3 +647,69 @@ async fn a_burst_waits_in_the_gateway_for_the_workers_slots() {
     assert!(most > 0, "the sampler saw the burst");
     assert_eq!(circuits_opened(&gateway).await, 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_age_out_every_200_ms_fail_no_request() {
+    // A maximum connection age, as proxies and engines set it: every
+    // connection gets a graceful GOAWAY 200 ms after it opened.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--goaway-every-ms", "200"],
+    );
+    let gateway = single_worker_gateway(&worker, &[]);
+    let load = Load::start(&gateway, 8);
+    poll_until("several connections aged out", async || {
+        let connects = metric_sum(
+            &gateway,
+            "smg_worker_connects_total",
+            &["outcome=\"connected\""],
+        )
+        .await;
+        (connects >= 5.0).then_some(())
+    })
+    .await;
+    let answers = load.stop().await;
+    let failed: Vec<u16> = answers
+        .iter()
+        .map(|(_, status)| *status)
+        .filter(|&status| status != 200)
+        .collect();
+    println!(
+        "{} requests across aging connections, failed: {failed:?}",
+        answers.len()
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(circuits_opened(&gateway).await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_allowing_few_streams_per_connection_gets_more_connections() {
+    // The worker advertises SETTINGS_MAX_CONCURRENT_STREAMS 4 and accepts
+    // slowly; the gateway's own cap (100) is higher, so only what it read
+    // from the worker's SETTINGS makes the pool open more connections.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--decode-ms-per-token",
+            "20",
+            "--max-concurrent-streams",
+            "4",
+            "--accept-delay-ms",
+            "100",
+        ],
+    );
+    let gateway = single_worker_gateway(&worker, &["--worker-connections", "4"]);
+    // One request first, so the first connection's SETTINGS are known.
+    let (status, body) = chat(&http(), &gateway).await;
+    assert_eq!(status, 200, "{body}");
+    let tally = bounded("the burst", burst(&gateway, 16)).await;
+    let connections = metric_sum(&gateway, "smg_worker_connections", &[]).await;
+    println!("16 requests on a 4-stream worker: {tally:?}; {connections} connections");
+    assert_eq!(tally.count(200), 16, "{tally:?}");
+    assert!(
+        connections >= 2.0,
+        "the pool grew past the worker's 4 streams: {connections}"
+    );
+}

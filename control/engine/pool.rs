@@ -178,6 +178,7 @@ impl Pool {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .push(first);
+        crate::metrics::record_worker_connections(&pool.url, 1);
         Ok(pool)
     }
 
