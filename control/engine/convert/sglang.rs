@@ -50,6 +50,8 @@ pub(crate) fn generate_request(request: GenerateRequest) -> Result<sg::GenerateR
         kv_bootstrap,
         encode_bootstrap,
         data_parallel_rank,
+        // The gateway's own bound on the answer (engine::bounds).
+        output_budget: _,
     } = request;
     if !encode_bootstrap.is_empty() {
         return Err(Error::internal(
