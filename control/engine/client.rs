@@ -328,7 +328,7 @@ impl EngineClient {
             .embed(sglang::embed_request(request_id, input_ids))
             .await
             .map_err(|status| self.status_error(&status))?;
-        sglang::embedding(response.into_inner()).map_err(|why| self.worker_error(why))
+        sglang::embedding(response.into_inner()).map_err(|violation| self.violation(&violation))
     }
 
     fn status_error(&self, status: &Status) -> Error {
