@@ -6,7 +6,7 @@
 //! transport failure into the control plane's [`Error`], naming the worker.
 //! It is also where the worker's answers are first trusted, so it holds them
 //! to what was asked (`bounds`: tokens per sequence, logprob alternatives,
-//! sequence indices).
+//! sequence indices) and caps what it downloads (the tokenizer archive).
 //! Channels connect lazily and reconnect by themselves, so creating a client
 //! does no I/O and a restarted worker needs no new client.
 
@@ -38,6 +38,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 ping interval, also while idle: engines tolerate it (wire.md) and
 /// it finds dead connections before a request does.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The largest tokenizer archive the gateway downloads from a worker. Real
+/// ones (a `tokenizer.json` of at most tens of MiB, compressed, and a few
+/// small JSON files) stay far below; the cap stops a worker from streaming
+/// an archive of any size into the gateway's memory.
+pub const MAX_TOKENIZER_ARCHIVE_BYTES: usize = 128 * 1024 * 1024;
 
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
@@ -295,7 +301,8 @@ impl EngineClient {
     }
 
     /// The worker's tokenizer files as one zip archive, checked against the
-    /// sha256 the worker sends on the last chunk.
+    /// sha256 the worker sends on the last chunk; refused (and the download
+    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`].
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
         let request = common::GetTokenizerRequest {};
         let chunks = match &self.stubs {
@@ -311,6 +318,16 @@ impl EngineClient {
             .await
             .map_err(|status| self.status_error(&status))?
         {
+            if archive.len().saturating_add(chunk.data.len()) > MAX_TOKENIZER_ARCHIVE_BYTES {
+                // Dropping `chunks` cancels the download.
+                return Err(self.violation(&Violation {
+                    kind: ProtocolViolation::TokenizerArchive,
+                    detail: format!(
+                        "its tokenizer archive is larger than the {MAX_TOKENIZER_ARCHIVE_BYTES} \
+                         bytes the gateway accepts"
+                    ),
+                }));
+            }
             archive.extend_from_slice(&chunk.data);
             checksum = chunk.sha256;
         }

@@ -9,7 +9,7 @@ mod bounds;
 mod client;
 mod convert;
 
-pub use client::{EngineClient, EventStream};
+pub use client::{EngineClient, EventStream, MAX_TOKENIZER_ARCHIVE_BYTES};
 
 use bytes::Bytes;
 use smg_shared::tensor::DType;
