@@ -188,18 +188,27 @@ impl Gateway {
     /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
     /// --model-path <fixture>` plus `args`.
     pub fn start(args: &[&str]) -> Gateway {
-        let child = Command::new(env!("CARGO_BIN_EXE_smg"))
-            .args([
-                "launch",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--prometheus-port",
-                "0",
-            ])
-            .arg("--model-path")
-            .arg(model_dir())
+        Gateway::start_with_model(Some(&model_dir()), args)
+    }
+
+    /// Starts `smg launch` as [`Gateway::start`] does, with `--model-path
+    /// <model>` only when given (without it the tokenizer comes from the
+    /// workers).
+    pub fn start_with_model(model: Option<&std::path::Path>, args: &[&str]) -> Gateway {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
+        command.args([
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--prometheus-port",
+            "0",
+        ]);
+        if let Some(model) = model {
+            command.arg("--model-path").arg(model);
+        }
+        let child = command
             .args(["--log-level", "warn"])
             .args(args)
             .stdout(Stdio::piped())
