@@ -409,6 +409,11 @@ pub struct LaunchArgs {
     /// rank goes on requests where the protocol has a field (SGLang).
     #[arg(long)]
     pub dp_aware: bool,
+    /// The most data-parallel ranks one engine may report under
+    /// `--dp-aware`; an engine reporting more is refused (start-up fails, a
+    /// registration ends `registration_failed`).
+    #[arg(long, default_value_t = Lifecycle::DEFAULT_MAX_DP_RANKS)]
+    pub max_dp_ranks: u32,
     /// The engine protocol; probed from the workers when not given.
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,
@@ -1155,6 +1160,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             },
             probe_timeout,
             dp_aware: args.dp_aware,
+            max_dp_ranks: at_least("max-dp-ranks", args.max_dp_ranks, 1)?,
         };
         let overrides = args
             .worker_tensor_transport
@@ -1433,6 +1439,10 @@ mod tests {
         assert_eq!(routing.request_timeout, Duration::from_secs(9));
         assert!(config.lifecycle.health.is_none());
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
+        assert_eq!(
+            config.lifecycle.max_dp_ranks,
+            Lifecycle::DEFAULT_MAX_DP_RANKS
+        );
         assert_eq!(config.lanes.mode, LaneMode::Shm);
         assert_eq!(
             config.lanes.overrides,
@@ -1501,6 +1511,10 @@ mod tests {
             (
                 "smg launch --pd-disaggregation --prefill 9000 --decode grpc://d:1",
                 "prefill",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --dp-aware --max-dp-ranks 0",
+                "max-dp-ranks",
             ),
         ];
         for (line, flag) in cases {

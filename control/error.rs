@@ -159,6 +159,13 @@ error_codes! {
     WorkerUnavailable => ("worker_unavailable", 503, Worker, true, charged),
     /// A worker failed while serving the request.
     WorkerError => ("worker_error", 502, Worker, true, charged),
+    /// A worker answered with something it must not send: a sequence that
+    /// does not exist, logprob arrays that disagree with its tokens, an
+    /// embedding that disagrees with its dimension, more data-parallel ranks
+    /// or a larger tokenizer archive than the gateway accepts. (What can be
+    /// repaired, a sequence past `max_tokens` or surplus logprob
+    /// alternatives, is cut instead and only counted.)
+    WorkerProtocolViolation => ("worker_protocol_violation", 502, Worker, true, charged),
     /// A worker did not answer in time.
     WorkerTimeout => ("worker_timeout", 504, Worker, true, charged),
     /// A worker rejected the request as invalid.
@@ -457,6 +464,7 @@ mod tests {
         let charged = [
             ErrorCode::WorkerUnavailable,
             ErrorCode::WorkerError,
+            ErrorCode::WorkerProtocolViolation,
             ErrorCode::WorkerTimeout,
             ErrorCode::EncodeFailed,
             ErrorCode::StreamInterrupted,

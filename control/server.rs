@@ -86,7 +86,10 @@ async fn build_router(
         };
         let ranks = if dp_aware {
             let load = discover("GetLoads", url, client.loads()).await?;
-            u32::try_from(load.dp_rank_count).unwrap_or(0).max(1)
+            config
+                .lifecycle
+                .dp_ranks(url, &load)
+                .map_err(|err| anyhow::anyhow!("{err}"))?
         } else {
             1
         };

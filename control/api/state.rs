@@ -56,6 +56,7 @@ impl AppState {
                 breaker: BreakerConfig::default(),
                 probe_timeout: Duration::from_secs(5),
                 dp_aware: false,
+                max_dp_ranks: Lifecycle::DEFAULT_MAX_DP_RANKS,
             },
             crate::lanes::TensorLanes::inline() as _,
         );

@@ -4,6 +4,9 @@
 //! protocol it speaks: this module picks the generated stub, converts
 //! requests and replies with `convert`, and turns every gRPC status and
 //! transport failure into the control plane's [`Error`], naming the worker.
+//! It is also where the worker's answers are first trusted, so it holds them
+//! to what was asked (`bounds`: tokens per sequence, logprob alternatives,
+//! sequence indices) and caps what it downloads (the tokenizer archive).
 //! Channels connect lazily and reconnect by themselves, so creating a client
 //! does no I/O and a restarted worker needs no new client.
 
@@ -19,12 +22,14 @@ use sha2::{Digest as _, Sha256};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
+use super::bounds::{Admitted, OutputBounds, Violation};
 use super::convert::{sglang, tokenspeed};
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
 };
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use crate::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
@@ -35,6 +40,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 ping interval, also while idle: engines tolerate it (wire.md) and
 /// it finds dead connections before a request does.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The largest tokenizer archive the gateway downloads from a worker. Real
+/// ones (a `tokenizer.json` of at most tens of MiB, compressed, and a few
+/// small JSON files) stay far below; the cap stops a worker from streaming
+/// an archive of any size into the gateway's memory.
+pub const MAX_TOKENIZER_ARCHIVE_BYTES: usize = 128 * 1024 * 1024;
 
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
@@ -138,7 +149,16 @@ impl EngineClient {
     /// Starts a Generate call. Fails here if the request cannot be expressed
     /// in the worker's protocol or the worker cannot be reached or refuses
     /// the call; later failures arrive in the stream.
+    ///
+    /// The events are held to what the request asked for
+    /// ([`OutputBounds`]): a sequence past its budget is cut there and the
+    /// call aborted on the worker, surplus logprob alternatives are dropped,
+    /// and what cannot be repaired ends the stream with
+    /// `worker_protocol_violation`; each violation is counted against the
+    /// worker.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
+        let bounds = OutputBounds::for_request(&request);
+        let request_id = request.request_id.clone();
         match &self.stubs {
             Stubs::TokenSpeed { scheduler, .. } => {
                 let request = tokenspeed::generate_request(request)?;
@@ -149,7 +169,7 @@ impl EngineClient {
                     .map_err(|status| self.status_error(&status))?;
                 Ok(event_stream(
                     responses.into_inner(),
-                    self.url.clone(),
+                    self.watch(request_id, bounds),
                     tokenspeed::event,
                 ))
             }
@@ -162,10 +182,19 @@ impl EngineClient {
                     .map_err(|status| self.status_error(&status))?;
                 Ok(event_stream(
                     responses.into_inner(),
-                    self.url.clone(),
+                    self.watch(request_id, bounds),
                     sglang::event,
                 ))
             }
+        }
+    }
+
+    fn watch(&self, request_id: String, bounds: OutputBounds) -> Watch {
+        Watch {
+            client: self.clone(),
+            request_id,
+            bounds,
+            warned: false,
         }
     }
 
@@ -274,7 +303,8 @@ impl EngineClient {
     }
 
     /// The worker's tokenizer files as one zip archive, checked against the
-    /// sha256 the worker sends on the last chunk.
+    /// sha256 the worker sends on the last chunk; refused (and the download
+    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`].
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
         let request = common::GetTokenizerRequest {};
         let chunks = match &self.stubs {
@@ -290,6 +320,16 @@ impl EngineClient {
             .await
             .map_err(|status| self.status_error(&status))?
         {
+            if archive.len().saturating_add(chunk.data.len()) > MAX_TOKENIZER_ARCHIVE_BYTES {
+                // Dropping `chunks` cancels the download.
+                return Err(self.violation(&Violation {
+                    kind: ProtocolViolation::TokenizerArchive,
+                    detail: format!(
+                        "its tokenizer archive is larger than the {MAX_TOKENIZER_ARCHIVE_BYTES} \
+                         bytes the gateway accepts"
+                    ),
+                }));
+            }
             archive.extend_from_slice(&chunk.data);
             checksum = chunk.sha256;
         }
@@ -307,7 +347,7 @@ impl EngineClient {
             .embed(sglang::embed_request(request_id, input_ids))
             .await
             .map_err(|status| self.status_error(&status))?;
-        sglang::embedding(response.into_inner()).map_err(|why| self.worker_error(why))
+        sglang::embedding(response.into_inner()).map_err(|violation| self.violation(&violation))
     }
 
     fn status_error(&self, status: &Status) -> Error {
@@ -318,6 +358,22 @@ impl EngineClient {
         Error::new(
             ErrorCode::WorkerError,
             format!("worker {}: {why}", self.url),
+        )
+        .with_worker(Arc::clone(&self.url))
+    }
+
+    /// Counts `violation` against this worker and makes it the error.
+    fn violation(&self, violation: &Violation) -> Error {
+        crate::metrics::record_protocol_violation(&self.url, violation.kind);
+        tracing::warn!(
+            worker = %self.url,
+            kind = violation.kind.label(),
+            "{}",
+            violation.detail
+        );
+        Error::new(
+            ErrorCode::WorkerProtocolViolation,
+            format!("worker {}: {}", self.url, violation.detail),
         )
         .with_worker(Arc::clone(&self.url))
     }
@@ -496,51 +552,153 @@ impl Progress {
     }
 }
 
+/// What holds one Generate call's events to its request: the bounds, and
+/// the client and id to abort the call with when the gateway cuts it.
+struct Watch {
+    client: EngineClient,
+    request_id: String,
+    bounds: OutputBounds,
+    /// Whether a repaired violation was logged already (one line per call,
+    /// however many messages repeat it; the metric counts every one).
+    warned: bool,
+}
+
+impl Watch {
+    fn worker(&self) -> &Arc<str> {
+        &self.client.url
+    }
+
+    /// Checks `event`: what to pass on, or the error that ends the stream.
+    fn admit(&mut self, event: GenerateEvent) -> Result<Admitted> {
+        match self.bounds.admit(event) {
+            Ok(admitted) => {
+                if let Some(violation) = &admitted.repaired {
+                    crate::metrics::record_protocol_violation(self.worker(), violation.kind);
+                    if !std::mem::replace(&mut self.warned, true) {
+                        tracing::warn!(
+                            worker = %self.worker(),
+                            request_id = %self.request_id,
+                            kind = violation.kind.label(),
+                            "{}",
+                            violation.detail
+                        );
+                    }
+                }
+                Ok(admitted)
+            }
+            Err(violation) => Err(self.client.violation(&violation)),
+        }
+    }
+
+    /// The gateway cut every sequence still open: tells the worker to stop
+    /// the call (dropping the stream cancels it too, but an engine that
+    /// ignores cancellation hears an Abort).
+    fn abort_on_worker(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, request_id) = (self.client.clone(), self.request_id.clone());
+        runtime.spawn(async move {
+            let reason = "the worker went past the tokens the request asked for";
+            if let Err(err) = client.abort(&request_id, reason).await {
+                tracing::debug!(%err, %request_id, worker = client.url(), "abort failed");
+            }
+        });
+    }
+}
+
 /// The state of a Generate stream being read.
 struct Reading<M> {
     responses: Streaming<M>,
-    worker: Arc<str>,
+    watch: Watch,
     to_event: fn(M) -> Option<GenerateEvent>,
     progress: Progress,
+    /// A completion the gateway made for a cut sequence, passed on next.
+    pending: Option<GenerateEvent>,
 }
 
-/// Converts a protocol's Generate responses into events; the first failure
-/// is the last item.
+/// What reading the stream gave: an event to pass on, the end, or an
+/// error (after which the stream ends).
+enum Step {
+    Event(GenerateEvent),
+    End,
+    Failed(Error),
+}
+
+impl<M> Reading<M> {
+    async fn step(&mut self) -> Step {
+        if let Some(event) = self.pending.take() {
+            self.progress.record(&event);
+            return Step::Event(event);
+        }
+        if self.watch.bounds.cut_any() && self.watch.bounds.all_done() {
+            // Every sequence has its end; what the worker still sends is
+            // past what was asked.
+            self.watch.abort_on_worker();
+            return Step::End;
+        }
+        loop {
+            let message = match self.responses.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    return match self.progress.interruption(self.watch.worker()) {
+                        Some(error) => Step::Failed(error),
+                        None => Step::End,
+                    };
+                }
+                Err(status) => {
+                    return Step::Failed(Error::from_worker_status(&status, self.watch.worker()));
+                }
+            };
+            let Some(event) = (self.to_event)(message) else {
+                let violation = Violation {
+                    kind: ProtocolViolation::EmptyMessage,
+                    detail: "a Generate message carried neither a chunk nor a completion"
+                        .to_owned(),
+                };
+                return Step::Failed(self.watch.client.violation(&violation));
+            };
+            let admitted = match self.watch.admit(event) {
+                Ok(admitted) => admitted,
+                Err(error) => return Step::Failed(error),
+            };
+            self.pending = admitted.cut;
+            if let Some(event) = admitted.event {
+                self.progress.record(&event);
+                return Step::Event(event);
+            }
+            if let Some(event) = self.pending.take() {
+                self.progress.record(&event);
+                return Step::Event(event);
+            }
+            // Dropped: read on.
+        }
+    }
+}
+
+/// Converts a protocol's Generate responses into events held to the
+/// request's bounds; the first failure is the last item.
 fn event_stream<M: Send + 'static>(
     responses: Streaming<M>,
-    worker: Arc<str>,
+    watch: Watch,
     to_event: fn(M) -> Option<GenerateEvent>,
 ) -> EventStream {
     let reading = Reading {
         responses,
-        worker,
+        watch,
         to_event,
         progress: Progress::default(),
+        pending: None,
     };
     Box::pin(futures::stream::unfold(
         Some(reading),
         |reading| async move {
             let mut reading = reading?;
-            let failure = match reading.responses.message().await {
-                Ok(Some(message)) => match (reading.to_event)(message) {
-                    Some(event) => {
-                        reading.progress.record(&event);
-                        return Some((Ok(event), Some(reading)));
-                    }
-                    None => Error::new(
-                        ErrorCode::WorkerError,
-                        format!(
-                            "worker {}: a Generate message carried neither a chunk nor a \
-                             completion",
-                            reading.worker
-                        ),
-                    )
-                    .with_worker(Arc::clone(&reading.worker)),
-                },
-                Ok(None) => reading.progress.interruption(&reading.worker)?,
-                Err(status) => Error::from_worker_status(&status, &reading.worker),
-            };
-            Some((Err(failure), None))
+            match reading.step().await {
+                Step::Event(event) => Some((Ok(event), Some(reading))),
+                Step::End => None,
+                Step::Failed(error) => Some((Err(error), None)),
+            }
         },
     ))
 }

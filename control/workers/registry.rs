@@ -26,8 +26,9 @@ use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_probe_loop, worker_id,
 };
-use crate::engine::{Engine, EngineClient, Runtime, ServerInfo};
+use crate::engine::{Engine, EngineClient, Load, Runtime, ServerInfo};
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::ProtocolViolation;
 
 /// How long a registration waits for the worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +45,37 @@ pub struct Lifecycle {
     pub probe_timeout: Duration,
     /// One logical worker per data-parallel rank (`--dp-aware`).
     pub dp_aware: bool,
+    /// The most data-parallel ranks one engine may bring
+    /// (`--max-dp-ranks`): each becomes a worker with its own probes and
+    /// load, so an engine reporting 50,000 must be refused, not obeyed.
+    pub max_dp_ranks: u32,
+}
+
+impl Lifecycle {
+    /// `--max-dp-ranks`'s default: beyond the largest data-parallel
+    /// deployments behind one engine endpoint.
+    pub const DEFAULT_MAX_DP_RANKS: u32 = 256;
+
+    /// How many logical workers the engine at `url` becomes under
+    /// `--dp-aware`, from its `GetLoads` answer: one per data-parallel rank
+    /// (at least one), refused past [`Lifecycle::max_dp_ranks`] as the
+    /// engine's protocol violation.
+    pub fn dp_ranks(&self, url: &str, load: &Load) -> Result<u32> {
+        let ranks = u32::try_from(load.dp_rank_count).unwrap_or(0).max(1);
+        if ranks <= self.max_dp_ranks {
+            return Ok(ranks);
+        }
+        crate::metrics::record_protocol_violation(url, ProtocolViolation::DpRanks);
+        Err(Error::new(
+            ErrorCode::WorkerProtocolViolation,
+            format!(
+                "worker {url} reports {ranks} data-parallel ranks; at most {} are accepted \
+                 (--max-dp-ranks)",
+                self.max_dp_ranks
+            ),
+        )
+        .with_worker(url))
+    }
 }
 
 /// A worker to register.
@@ -307,7 +339,11 @@ impl WorkerRegistry {
                 .await
                 .map_err(|_| "GetLoads timed out".to_owned())?
                 .map_err(|err| format!("GetLoads failed: {err}"))?;
-            Some(u32::try_from(load.dp_rank_count).unwrap_or(0).max(1))
+            Some(
+                self.lifecycle
+                    .dp_ranks(client.url(), &load)
+                    .map_err(|err| err.message)?,
+            )
         } else {
             None
         };
@@ -520,4 +556,54 @@ pub fn advertised_bootstrap_port(info: &ServerInfo) -> Option<u16> {
     .flatten()
     .find_map(serde_json::Value::as_u64)
     .and_then(|port| u16::try_from(port).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lifecycle(max_dp_ranks: u32) -> Lifecycle {
+        Lifecycle {
+            health: None,
+            breaker: BreakerConfig::default(),
+            probe_timeout: Duration::from_secs(1),
+            dp_aware: true,
+            max_dp_ranks,
+        }
+    }
+
+    fn reporting(dp_rank_count: i32) -> Load {
+        Load {
+            dp_rank_count,
+            ..Load::default()
+        }
+    }
+
+    #[test]
+    fn an_engine_brings_its_ranks_up_to_the_cap() {
+        let lifecycle = lifecycle(8);
+        let cases = [
+            (0, Some(1)),
+            (-3, Some(1)),
+            (1, Some(1)),
+            (8, Some(8)),
+            (9, None),
+        ];
+        for (reported, expected) in cases {
+            let ranks = lifecycle.dp_ranks("grpc://w:1", &reporting(reported));
+            match expected {
+                Some(expected) => assert_eq!(ranks, Ok(expected), "{reported}"),
+                None => {
+                    let err = ranks.expect_err("past the cap");
+                    assert_eq!(err.code, ErrorCode::WorkerProtocolViolation);
+                    assert_eq!(err.worker.as_deref(), Some("grpc://w:1"));
+                    assert!(err.message.contains("--max-dp-ranks"), "{err}");
+                }
+            }
+        }
+        let refused = lifecycle
+            .dp_ranks("w", &reporting(50_000))
+            .expect_err("50k");
+        assert!(refused.message.contains("50000"), "{refused}");
+    }
 }

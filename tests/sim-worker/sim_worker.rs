@@ -6,11 +6,13 @@
 //! received (token ids, tensor bytes, shapes, dtypes; see `digest`), takes part
 //! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes,
 //! `/dev/shm` or the RDMA lane's loopback arena like a real worker, follows a simple timing model, and injects
-//! faults on request. When it is listening it prints one line to stdout:
+//! faults on request (and, with `--hostile`, breaks the protocol's promises
+//! as a buggy or compromised engine could; see `hostile`). When it is listening it prints one line to stdout:
 //! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
 
 mod digest;
 mod engine;
+mod hostile;
 mod model;
 mod remote;
 mod rendezvous;
@@ -38,6 +40,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
+use crate::hostile::{Hostility, Misbehaviour};
 use crate::model::ModelFacts;
 use crate::service::Worker;
 use crate::tensor::{Intake, Recorder};
@@ -155,6 +158,12 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck while this file exists.
     #[arg(long, value_name = "PATH")]
     unhealthy_while_exists: Option<std::path::PathBuf>,
+    /// Misbehave like a buggy or compromised engine (repeatable):
+    /// `overrun-tokens=N`, `logprobs=N`, `short-logprobs`,
+    /// `sequence-index=N`, `dp-ranks=N`, `archive-bytes=N`,
+    /// `tokenizer-path=DIR`, `embedding-dim=N`.
+    #[arg(long, value_name = "MISBEHAVIOUR", value_parser = Misbehaviour::parse)]
+    hostile: Vec<Misbehaviour>,
 
     /// Read shm tensors from this directory instead of /dev/shm (and
     /// advertise its namespace).
@@ -203,6 +212,7 @@ impl Args {
                 keep_shm_names: self.keep_shm_names,
                 size_only: self.skip_tensor_bytes,
             },
+            hostile: Hostility::new(&self.hostile),
             bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
             default_max_new_tokens: self.default_max_new_tokens,
             max_running_requests: self.max_running_requests,

@@ -208,22 +208,22 @@ pub struct Gateway {
 
 /// The flags every test gateway starts with: loopback, ephemeral ports,
 /// the fixture model.
-fn launch_command() -> Command {
+fn launch_command(model: Option<&std::path::Path>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
-    command
-        .args([
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--prometheus-port",
-            "0",
-            "--admin-port",
-            "0",
-        ])
-        .arg("--model-path")
-        .arg(model_dir());
+    command.args([
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--admin-port",
+        "0",
+    ]);
+    if let Some(model) = model {
+        command.arg("--model-path").arg(model);
+    }
     command
 }
 
@@ -231,7 +231,14 @@ impl Gateway {
     /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
     /// --admin-port 0 --model-path <fixture>` plus `args`.
     pub fn start(args: &[&str]) -> Gateway {
-        let mut command = launch_command();
+        Gateway::start_with_model(Some(&model_dir()), args)
+    }
+
+    /// Starts `smg launch` as [`Gateway::start`] does, with `--model-path
+    /// <model>` only when given (without it the tokenizer comes from the
+    /// workers).
+    pub fn start_with_model(model: Option<&std::path::Path>, args: &[&str]) -> Gateway {
+        let mut command = launch_command(model);
         command.args(["--log-level", "warn"]).args(args);
         command.stderr(Stdio::inherit());
         Self::spawn(command)
@@ -240,7 +247,7 @@ impl Gateway {
     /// As [`Gateway::start`], with its log (filtered by `rust_log`) written
     /// to `log` instead of the test's stderr.
     pub fn start_logged(args: &[&str], rust_log: &str, log: &std::path::Path) -> Gateway {
-        let mut command = launch_command();
+        let mut command = launch_command(Some(&model_dir()));
         command.args(args).env("RUST_LOG", rust_log);
         command.stderr(std::fs::File::create(log).expect("log file"));
         Self::spawn(command)
@@ -275,7 +282,10 @@ impl Gateway {
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
-        let output = launch_command().args(args).output().expect("run smg");
+        let output = launch_command(Some(&model_dir()))
+            .args(args)
+            .output()
+            .expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),
