@@ -166,6 +166,10 @@ struct Args {
     /// Append each Generate call's request id to this file, one per line.
     #[arg(long, value_name = "FILE")]
     request_log: Option<PathBuf>,
+    /// Append each Abort call's request id and whether it was running
+    /// (`ID running|unknown`) to this file, before answering it.
+    #[arg(long, value_name = "FILE")]
+    abort_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -208,6 +212,7 @@ impl Args {
             max_running_requests: self.max_running_requests,
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
+            abort_log: self.abort_log.clone(),
         }
     }
 }
