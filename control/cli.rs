@@ -23,7 +23,7 @@ use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
     FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
-    PolicyChoice, RoutingConfig, WorkerAddress,
+    PolicyChoice, RoutingConfig, ShutdownConfig, WorkerAddress,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::Runtime;
@@ -599,6 +599,12 @@ pub struct LaunchArgs {
     /// (system, interactive, default, bulk). Repeatable.
     #[arg(long, value_name = "TENANT=CLASS")]
     pub tenant_priority: Vec<String>,
+
+    /// After SIGTERM (or SIGINT), how long requests and streams in flight
+    /// may run before their connections are dropped and their engine legs
+    /// aborted (as SMG). A second signal stops at once.
+    #[arg(long, value_name = "SECS", default_value_t = 180)]
+    pub shutdown_grace_period_secs: u64,
 
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -1224,6 +1230,9 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             media,
             admission,
             dataplane,
+            shutdown: ShutdownConfig {
+                grace_period: Duration::from_secs(args.shutdown_grace_period_secs),
+            },
             log: LogConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
@@ -1704,6 +1713,22 @@ mod tests {
         assert_eq!(
             config.front.cors,
             CorsPolicy::Origins(vec!["https://a.example".into()])
+        );
+    }
+
+    #[test]
+    fn the_grace_period_defaults_to_smgs_and_comes_from_a_flag_or_the_file() {
+        let grace = |line: &str| config(line).expect("valid").shutdown.grace_period.as_secs();
+        assert_eq!(grace("smg launch --worker-urls grpc://a:1"), 180);
+        assert_eq!(
+            grace("smg launch --worker-urls grpc://a:1 --shutdown-grace-period-secs 0"),
+            0,
+            "zero: cut at once"
+        );
+        let file = write_config("shutdown-grace-period-secs = 30\nworker-urls = [\"grpc://a:1\"]");
+        assert_eq!(
+            grace(&format!("smg launch --config {}", file.path().display())),
+            30
         );
     }
 

@@ -47,6 +47,8 @@ pub struct GatewayConfig {
     /// How much work the gateway takes on at once, and who waits.
     pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,
+    /// How the gateway stops on SIGTERM.
+    pub shutdown: ShutdownConfig,
     pub log: LogConfig,
 }
 
@@ -172,6 +174,14 @@ pub enum CorsPolicy {
     AnyOrigin,
     /// These origins (`scheme://host[:port]`).
     Origins(Vec<String>),
+}
+
+/// How the gateway stops (see `shutdown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownConfig {
+    /// How long requests in flight may run after the first SIGTERM before
+    /// their connections are dropped and their engine legs aborted.
+    pub grace_period: Duration,
 }
 
 /// The workers the gateway starts with.

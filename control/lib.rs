@@ -32,6 +32,7 @@ pub mod policies;
 pub mod proto;
 pub mod router;
 pub mod server;
+pub mod shutdown;
 pub mod tokenizer;
 pub mod workers;
 

@@ -27,6 +27,7 @@ use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
 use crate::router::{RetryConfig, Router, RouterParts};
+use crate::shutdown::RequestTasks;
 use crate::workers::{Lifecycle, WorkerRegistry, WorkerRole, WorkerSet, WorkerSpec, WorkerStatus};
 
 /// How often a model without a discovered context looks for a ready worker.
@@ -100,6 +101,8 @@ pub struct ModelTableConfig {
     pub default_runtime: Runtime,
     /// How a model is discovered from its first ready worker.
     pub env: DiscoveryEnv,
+    /// Where the routers' leg supervisors and engine aborts run.
+    pub tasks: RequestTasks,
 }
 
 /// The models of an IGW gateway.
@@ -215,6 +218,7 @@ impl ModelTable {
                 retry: entry.retry,
                 request_timeout: self.config.routing.request_timeout,
                 media: context.media.clone(),
+                tasks: self.config.tasks.clone(),
             }))
         });
         Ok(Arc::clone(router))

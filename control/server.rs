@@ -4,10 +4,13 @@
 //! model, assembles the router for the chosen mode (or the model table for
 //! an IGW fleet), starts health probes and the metrics listener, and serves
 //! the HTTP API (and, without control-plane keys, the admin routes on their
-//! own listener) until SIGTERM or Ctrl-C; then stops the data plane.
+//! own listener) until SIGTERM or Ctrl-C. Then it shuts down in the phases
+//! `shutdown` describes, stops the data plane and releases the tensor lanes
+//! (removing the gateway's `/dev/shm` names), and returns: exit code 0.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use smg_dataplane::runtime::{CorePlan, DataPlane, confine_current_thread};
@@ -22,6 +25,7 @@ use crate::lanes::{TensorLanes, open_rdma};
 use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
 use crate::router::{Router, RouterParts};
+use crate::shutdown::{RequestTasks, Shutdown};
 use crate::workers::{
     Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_health_checks,
 };
@@ -48,6 +52,7 @@ async fn build_router(
     mode: Mode,
     fleet: &[WorkerAddress],
     env: &DiscoveryEnv,
+    tasks: &RequestTasks,
 ) -> anyhow::Result<Router> {
     let first_url = &fleet.first().context("no workers")?.url;
     let runtime = match config.runtime {
@@ -132,6 +137,7 @@ async fn build_router(
         retry: routing.retry_for(None),
         request_timeout: routing.request_timeout,
         media,
+        tasks: tasks.clone(),
     }))
 }
 
@@ -152,14 +158,26 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
         source: config.model.clone(),
         media: config.media.clone(),
         dataplane: dataplane.clone(),
-        lanes,
+        lanes: Arc::clone(&lanes),
     };
     let served = serve_with(config, env, metrics).await;
-    // In-flight images finish or fail; the cores' threads join. (The shm
-    // pools went, their files with them, once no request held a slot.)
+    // In-flight images finish or fail; the cores' threads join.
     let stopping = dataplane.clone();
     drop(dataplane);
     let _ = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
+    tracing::info!("shutdown: data plane stopped");
+    // The shm pools remove their names (slots, and names workers left
+    // behind) as the last holder drops them.
+    match Arc::try_unwrap(lanes) {
+        Ok(lanes) => {
+            drop(lanes);
+            tracing::info!("shutdown: tensor lanes released");
+        }
+        Err(lanes) => tracing::warn!(
+            holders = Arc::strong_count(&lanes) - 1,
+            "shutdown: the tensor lanes are still held; their shm names go when the process ends"
+        ),
+    }
     served
 }
 
@@ -168,6 +186,8 @@ async fn serve_with(
     env: DiscoveryEnv,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> anyhow::Result<()> {
+    let shutdown = Shutdown::new();
+    let tasks = shutdown.tasks();
     let (fleet, label) = match &config.fleet {
         FleetConfig::Igw => {
             let table = ModelTable::new(ModelTableConfig {
@@ -175,11 +195,12 @@ async fn serve_with(
                 lifecycle: config.lifecycle,
                 default_runtime: config.runtime.unwrap_or(Runtime::TokenSpeed),
                 env: env.clone(),
+                tasks: tasks.clone(),
             });
             (Fleet::Models(Arc::new(table)), "igw")
         }
         FleetConfig::Static { mode, workers } => {
-            let router = build_router(&config, *mode, workers, &env).await?;
+            let router = build_router(&config, *mode, workers, &env, tasks).await?;
             let registry = WorkerRegistry::new(
                 router.model().name.clone(),
                 router.runtime(),
@@ -199,7 +220,8 @@ async fn serve_with(
     let state = Arc::new(
         AppState::of(fleet)
             .with_aliases(config.routing.aliases.clone())
-            .with_admission(config.admission.clone()),
+            .with_admission(config.admission.clone())
+            .with_shutdown(&shutdown),
     );
 
     let listen = &config.listen;
@@ -238,7 +260,8 @@ async fn serve_with(
     };
     warn_if_exposed(&config, http_addr, admin_addr);
 
-    let shutdown = CancellationToken::new();
+    // Installed before the ready line: from then on a signal drains.
+    let signals = crate::shutdown::os_signals();
     let settings = |name| api::ListenerSettings {
         name,
         limits: front.limits,
@@ -248,31 +271,49 @@ async fn serve_with(
             listener,
             api::admin_app(Arc::clone(&state), front),
             settings("admin"),
-            shutdown.clone(),
+            shutdown.listener(),
         ))
     });
-    tokio::spawn(api::serve_metrics(metrics_listener, metrics));
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown_signal().await;
-            shutdown.cancel();
-        }
-    });
-    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
-    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, "smg serving");
-    api::serve(
+    let metrics_stop = CancellationToken::new();
+    let metrics_served = tokio::spawn(api::serve_metrics(
+        metrics_listener,
+        metrics,
+        Arc::clone(&state),
+        metrics_stop.clone(),
+    ));
+    let public = api::serve(
         http,
         api::app(Arc::clone(&state), front),
         settings("public"),
-        shutdown,
-    )
-    .await?;
-    if let Some(served) = admin_served {
-        served.await??;
+        shutdown.listener(),
+    );
+    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
+    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, "smg serving");
+    let (served, ending) =
+        tokio::join!(public, shutdown.run(signals, config.shutdown.grace_period));
+    served?;
+    if let Some(admin) = admin_served {
+        admin.await??;
     }
+    // The probes go last: until here they answered 503.
+    metrics_stop.cancel();
+    if tokio::time::timeout(METRICS_STOP_WAIT, metrics_served)
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown: the metrics listener did not close in time");
+    }
+    drop(state);
+    tracing::info!(
+        cut = ending.cut,
+        immediate = ending.immediate,
+        "shutdown: every listener closed"
+    );
     Ok(())
 }
+
+/// How long the metrics listener's last scrapes may take at shutdown.
+const METRICS_STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Warns when a route group is reachable beyond loopback without a key.
 fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) {
@@ -289,20 +330,4 @@ fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) 
             "admin routes (/workers) are open to anyone who reaches {admin}: configure --control-plane-api-keys"
         );
     }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutting down");
 }

@@ -23,8 +23,13 @@
 //!   `--max-header-size` with a JSON 431; hyper's read buffer, at twice that
 //!   size, refuses anything larger with a bodiless 431 before it is parsed.
 //! - Sockets get TCP_NODELAY, so the first token is never held back by
-//!   Nagle; on shutdown the listener stops accepting and every connection
-//!   finishes its requests (streams included) before `serve` returns.
+//!   Nagle.
+//! - On shutdown (`crate::shutdown`) the listener stops accepting and closes
+//!   its socket, and every connection finishes its requests (streams
+//!   included) and closes, until the cut drops those still open. `serve`
+//!   returns once every connection has ended. Connections, and the tasks
+//!   hyper spawns for HTTP/2 streams, run on the shutdown's request tasks,
+//!   so it can wait for all of them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,7 +43,7 @@ use axum::body::{Body, HttpBody};
 use axum::extract::ConnectInfo;
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -50,6 +55,7 @@ use tower::ServiceExt;
 use crate::config::HttpLimits;
 use crate::error::{Error, ErrorCode};
 use crate::metrics;
+use crate::shutdown::{ListenerShutdown, RequestTasks};
 
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -350,14 +356,36 @@ pub struct ListenerSettings {
     pub limits: HttpLimits,
 }
 
-/// Serves `app` on `listener` until `shutdown` is cancelled, then waits for
-/// every connection to finish its requests.
+/// hyper's executor for the tasks of HTTP/2 streams: the request tasks, so
+/// the shutdown waits for (and the cut reaches) those too.
+#[derive(Debug, Clone)]
+struct TrackedExecutor(RequestTasks);
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, task: F) {
+        self.0.spawn(task);
+    }
+}
+
+/// Serves `app` on `listener` until the shutdown drains it: then closes the
+/// socket and waits for every connection to end (on its own, or at the
+/// cut).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     settings: ListenerSettings,
-    shutdown: CancellationToken,
+    shutdown: ListenerShutdown,
 ) -> std::io::Result<()> {
+    let ListenerShutdown {
+        draining,
+        cut,
+        open,
+        tasks,
+    } = shutdown;
     let limits = settings.limits;
     let max = limits.max_connections.clamp(1, u32::MAX as usize);
     let connections = Arc::new(Semaphore::new(max));
@@ -366,7 +394,7 @@ pub async fn serve(
         header_read: limits.header_read_timeout,
         keep_alive: limits.keep_alive_timeout,
     };
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TrackedExecutor(tasks.clone()));
     builder
         .http1()
         .keep_alive(true)
@@ -384,7 +412,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = shutdown.cancelled() => break,
+            () = draining.cancelled() => break,
         };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             metrics::record_refusal(ErrorCode::TooManyConnections.as_str());
@@ -402,24 +430,20 @@ pub async fn serve(
         metrics::record_connections(settings.name, max - connections.available_permits());
         let builder = builder.clone();
         let app = app.clone();
-        let shutdown = shutdown.clone();
+        let stop = Stop {
+            draining: draining.clone(),
+            cut: cut.clone(),
+        };
         let connections = Arc::clone(&connections);
-        tokio::spawn(async move {
-            serve_connection(
-                stream,
-                peer,
-                app,
-                builder,
-                timeouts,
-                settings.name,
-                shutdown,
-            )
-            .await;
+        tasks.spawn(async move {
+            serve_connection(stream, peer, app, builder, timeouts, settings.name, stop).await;
             drop(permit);
             metrics::record_connections(settings.name, max - connections.available_permits());
         });
     }
     drop(listener);
+    drop(open);
+    tracing::info!(listener = settings.name, "listener closed");
     // Every connection holds a permit until it ends.
     let _all = connections
         .acquire_many(u32::try_from(max).unwrap_or(u32::MAX))
@@ -477,15 +501,22 @@ async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
 }
 
+/// When a connection must close: once idle (`draining`), or now (`cut`).
+#[derive(Debug)]
+struct Stop {
+    draining: CancellationToken,
+    cut: CancellationToken,
+}
+
 /// Serves one connection under its clock.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     app: axum::Router,
-    builder: auto::Builder<TokioExecutor>,
+    builder: auto::Builder<TrackedExecutor>,
     timeouts: ConnTimeouts,
     listener: &'static str,
-    shutdown: CancellationToken,
+    stop: Stop,
 ) {
     let state = ConnState::new(timeouts);
     let io = TokioIo::new(WatchedStream {
@@ -540,9 +571,16 @@ async fn serve_connection(
                 }
                 Some(Expiry::KeepAlive) | None => {}
             },
-            () = shutdown.cancelled(), if !closing => {
+            () = stop.draining.cancelled(), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
+            }
+            () = stop.cut.cancelled() => {
+                // Dropping the connection drops its responses, and with
+                // them their engine streams: their legs are aborted.
+                tracing::debug!(%peer, "shutdown: dropping the connection");
+                metrics::record_connection_closed(listener, "shutdown");
+                return;
             }
         }
     }

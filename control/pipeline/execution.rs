@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::engine::{Engine, EventStream, GenerateEvent, GenerateRequest, MediaItem};
 use crate::error::{Error, ErrorCode, Result};
+use crate::shutdown::RequestTasks;
 use crate::workers::LoadGuard;
 use smg_dataplane::lanes::TensorLease;
 
@@ -117,19 +118,23 @@ fn encode_call(call: EncodeCall) -> SideCall {
 }
 
 /// Aborts a leg on the worker unless disarmed (the leg finished on its own).
+/// The abort runs on the request tasks, so a shutdown that drops the leg
+/// waits for it to be sent.
 #[derive(Debug)]
 struct AbortOnDrop {
     client: Arc<dyn Engine>,
     request_id: String,
     armed: bool,
+    tasks: RequestTasks,
 }
 
 impl AbortOnDrop {
-    fn new(leg: &Leg) -> Self {
+    fn new(leg: &Leg, tasks: &RequestTasks) -> Self {
         Self {
             client: Arc::clone(&leg.client),
             request_id: leg.request.request_id.clone(),
             armed: true,
+            tasks: tasks.clone(),
         }
     }
 }
@@ -141,16 +146,17 @@ impl Drop for AbortOnDrop {
         }
         let client = Arc::clone(&self.client);
         let request_id = std::mem::take(&mut self.request_id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(err) = client
-                    .abort(&request_id, "gateway cancelled the request")
-                    .await
-                {
-                    tracing::debug!(%err, %request_id, worker = client.url(), "abort failed");
+        self.tasks.spawn_abort(async move {
+            match client
+                .abort(&request_id, "gateway cancelled the request")
+                .await
+            {
+                Ok(_) => tracing::debug!(%request_id, worker = client.url(), "leg aborted"),
+                Err(err) => {
+                    tracing::debug!(%err, %request_id, worker = client.url(), "abort failed")
                 }
-            });
-        }
+            }
+        });
     }
 }
 
@@ -158,7 +164,7 @@ impl Drop for AbortOnDrop {
 ///
 /// Returns an error without any stream when a leg fails to start; the other
 /// legs are aborted first.
-pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
+pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventStream> {
     let ExecutionPlan {
         primary,
         prefill,
@@ -166,8 +172,8 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
         guards,
         leases,
     } = plan;
-    let mut primary_abort = AbortOnDrop::new(&primary);
-    let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
+    let mut primary_abort = AbortOnDrop::new(&primary, tasks);
+    let mut prefill_abort = prefill.as_ref().map(|leg| AbortOnDrop::new(leg, tasks));
 
     let primary_sequences = primary.request.sampling.n.max(1);
     let primary_url: Arc<str> = Arc::from(primary.client.url());
@@ -194,7 +200,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     }
 
     let (sender, receiver) = mpsc::channel(32);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let _guards = guards;
         let _leases = leases;
         let mut side: FuturesUnordered<SideCall> = encodes.into_iter().map(encode_call).collect();
