@@ -120,12 +120,24 @@ fn encode_call(call: EncodeCall) -> SideCall {
 /// Aborts a leg on the worker unless disarmed (the leg finished on its own).
 /// The abort runs on the request tasks, so a shutdown that drops the leg
 /// waits for it to be sent.
-#[derive(Debug)]
 struct AbortOnDrop {
     client: Arc<dyn Engine>,
     request_id: String,
     armed: bool,
     tasks: RequestTasks,
+    /// The leg's event stream, once handed over: kept open until the abort
+    /// is answered, so the worker gets the Abort while the request still
+    /// runs instead of racing the stream's cancellation.
+    stream: Option<EventStream>,
+}
+
+impl std::fmt::Debug for AbortOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortOnDrop")
+            .field("request_id", &self.request_id)
+            .field("armed", &self.armed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl AbortOnDrop {
@@ -135,6 +147,15 @@ impl AbortOnDrop {
             request_id: leg.request.request_id.clone(),
             armed: true,
             tasks: tasks.clone(),
+            stream: None,
+        }
+    }
+
+    /// Keeps the leg's `stream` open until the abort (if one is sent) is
+    /// answered.
+    fn hold(&mut self, stream: EventStream) {
+        if self.armed {
+            self.stream = Some(stream);
         }
     }
 }
@@ -146,7 +167,9 @@ impl Drop for AbortOnDrop {
         }
         let client = Arc::clone(&self.client);
         let request_id = std::mem::take(&mut self.request_id);
+        let stream = self.stream.take();
         self.tasks.spawn_abort(async move {
+            let _open_until_answered = stream;
             match client
                 .abort(&request_id, "gateway cancelled the request")
                 .await
@@ -221,6 +244,10 @@ pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventS
             }
         }
         // Dropping the abort guards here aborts legs that did not finish.
+        primary_abort.hold(primary_stream);
+        if let (Some(guard), Some(stream)) = (prefill_abort.as_mut(), prefill_stream) {
+            guard.hold(stream);
+        }
         drop(primary_abort);
         drop(prefill_abort);
     });
@@ -252,6 +279,18 @@ impl LoneLeg {
             abort.armed &= !finished;
         }
         self.guards.clear();
+    }
+}
+
+impl Drop for LoneLeg {
+    /// Dropped before its end (the client went away, the shutdown cut it):
+    /// the abort guard keeps the worker's stream open until the Abort is
+    /// answered.
+    fn drop(&mut self) {
+        if let Some(mut abort) = self.abort.take() {
+            let events = std::mem::replace(&mut self.events, Box::pin(futures::stream::empty()));
+            abort.hold(events);
+        }
     }
 }
 
