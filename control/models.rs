@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::config::RoutingConfig;
 use crate::discovery::{DiscoveryEnv, ModelContext, start_load_polling};
-use crate::engine::Runtime;
+use crate::engine::{Runtime, WorkerTls};
 use crate::error::{Error, ErrorCode, Result};
 use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
@@ -103,6 +103,8 @@ pub struct ModelTableConfig {
     pub env: DiscoveryEnv,
     /// Where the routers' leg supervisors and engine aborts run.
     pub tasks: RequestTasks,
+    /// How `grpcs://` workers are dialled.
+    pub worker_tls: WorkerTls,
 }
 
 /// The models of an IGW gateway.
@@ -162,7 +164,8 @@ impl ModelTable {
             WorkerSet::default(),
             config.lifecycle,
             Arc::clone(&config.env.lanes) as _,
-        );
+        )
+        .with_worker_tls(config.worker_tls.clone());
         let entry = Arc::new(ModelEntry {
             registry: Arc::new(registry),
             runtime,

@@ -20,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState, Fleet};
 use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
 use crate::discovery::{DiscoveryEnv, ModelContext, discover, start_load_polling};
-use crate::engine::{Engine, EngineClient, Runtime};
+use crate::engine::{Engine, EngineClient, Runtime, WorkerTls, check_worker_tls};
 use crate::lanes::{TensorLanes, open_rdma};
 use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
 use crate::router::{Router, RouterParts};
 use crate::shutdown::{RequestTasks, Shutdown};
+use crate::tls::{ReloadableCert, load_worker_tls, reload_on_sighup};
 use crate::workers::{
     Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_health_checks,
 };
@@ -53,14 +54,25 @@ async fn build_router(
     fleet: &[WorkerAddress],
     env: &DiscoveryEnv,
     tasks: &RequestTasks,
+    worker_tls: &WorkerTls,
 ) -> anyhow::Result<Router> {
     let first_url = &fleet.first().context("no workers")?.url;
+    // A TLS failure says why before an RPC can only say "transport error".
+    for address in fleet {
+        discover(
+            "the TLS check",
+            &address.url,
+            check_worker_tls(&address.url, worker_tls),
+        )
+        .await
+        .context("no TLS session with a worker (see --ca-cert-path, --client-cert-path, --client-key-path)")?;
+    }
     let runtime = match config.runtime {
         Some(runtime) => runtime,
         None => discover(
             "runtime detection",
             first_url,
-            EngineClient::detect(first_url),
+            EngineClient::detect_with_tls(first_url, worker_tls),
         )
         .await?
         .runtime(),
@@ -76,8 +88,8 @@ async fn build_router(
     let workers = WorkerSet::default();
     for address in fleet {
         let (url, role) = (&address.url, address.role);
-        let client =
-            EngineClient::new(url, runtime).with_context(|| format!("bad worker URL {url}"))?;
+        let client = EngineClient::new_with_tls(url, runtime, worker_tls)
+            .with_context(|| format!("bad worker URL {url}"))?;
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (address.bootstrap_port, needs_bootstrap) {
             (Some(port), _) => Some(port),
@@ -165,17 +177,22 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
     let stopping = dataplane.clone();
     drop(dataplane);
     let _ = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
-    tracing::info!("shutdown: data plane stopped");
+    let served_to_the_end = served.is_ok();
+    if served_to_the_end {
+        tracing::info!("shutdown: data plane stopped");
+    }
     // The shm pools remove their names (slots, and names workers left
     // behind) as the last holder drops them.
     match Arc::try_unwrap(lanes) {
         Ok(lanes) => {
             drop(lanes);
-            tracing::info!("shutdown: tensor lanes released");
+            if served_to_the_end {
+                tracing::info!("shutdown: tensor lanes released");
+            }
         }
         Err(lanes) => tracing::warn!(
             holders = Arc::strong_count(&lanes) - 1,
-            "shutdown: the tensor lanes are still held; their shm names go when the process ends"
+            "the tensor lanes are still held; their shm names go when the process ends"
         ),
     }
     served
@@ -186,6 +203,19 @@ async fn serve_with(
     env: DiscoveryEnv,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> anyhow::Result<()> {
+    // Certificates first: a bad file fails start-up before any discovery.
+    let tls = match &config.listen.tls {
+        Some(files) => {
+            let cert = ReloadableCert::load(files)
+                .context("HTTPS certificate (--tls-cert-path, --tls-key-path)")?;
+            let acceptor = cert.acceptor()?;
+            reload_on_sighup(cert).context("cannot watch SIGHUP for certificate reloads")?;
+            Some(acceptor)
+        }
+        None => None,
+    };
+    let worker_tls = load_worker_tls(&config.worker_tls)
+        .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
     let (fleet, label) = match &config.fleet {
@@ -196,11 +226,12 @@ async fn serve_with(
                 default_runtime: config.runtime.unwrap_or(Runtime::TokenSpeed),
                 env: env.clone(),
                 tasks: tasks.clone(),
+                worker_tls: worker_tls.clone(),
             });
             (Fleet::Models(Arc::new(table)), "igw")
         }
         FleetConfig::Static { mode, workers } => {
-            let router = build_router(&config, *mode, workers, &env, tasks).await?;
+            let router = build_router(&config, *mode, workers, &env, tasks, &worker_tls).await?;
             let registry = WorkerRegistry::new(
                 router.model().name.clone(),
                 router.runtime(),
@@ -208,7 +239,8 @@ async fn serve_with(
                 router.workers().clone(),
                 config.lifecycle,
                 Arc::clone(&env.lanes) as _,
-            );
+            )
+            .with_worker_tls(worker_tls.clone());
             let fleet = Fleet::Single {
                 router: Arc::new(router),
                 registry: Arc::new(registry),
@@ -265,6 +297,7 @@ async fn serve_with(
     let settings = |name| api::ListenerSettings {
         name,
         limits: front.limits,
+        tls: tls.clone(),
     };
     let admin_served = admin.map(|listener| {
         tokio::spawn(api::serve(
@@ -288,7 +321,7 @@ async fn serve_with(
         shutdown.listener(),
     );
     println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
-    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, "smg serving");
+    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, https = tls.is_some(), "smg serving");
     let (served, ending) =
         tokio::join!(public, shutdown.run(signals, config.shutdown.grace_period));
     served?;

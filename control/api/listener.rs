@@ -24,6 +24,11 @@
 //!   size, refuses anything larger with a bodiless 431 before it is parsed.
 //! - Sockets get TCP_NODELAY, so the first token is never held back by
 //!   Nagle.
+//! - With TLS (`crate::tls`), each connection first completes its
+//!   handshake, within the head timeout counted from the accept (a client
+//!   that stalls its handshake is a slowloris too); the clock then watches
+//!   the session's plaintext. A connection over the cap is closed without
+//!   an answer: a TLS client could not read a plaintext one.
 //! - On shutdown (`crate::shutdown`) the listener stops accepting and closes
 //!   its socket, and every connection finishes its requests (streams
 //!   included) and closes, until the cut drops those still open. `serve`
@@ -49,6 +54,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -293,13 +299,14 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// A socket that tells its connection's clock when bytes arrive.
-struct WatchedStream {
-    stream: TcpStream,
+/// A socket (or the plaintext of a TLS session) that tells its
+/// connection's clock when bytes arrive.
+struct WatchedStream<S> {
+    stream: S,
     state: Arc<ConnState>,
 }
 
-impl AsyncRead for WatchedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -318,7 +325,7 @@ impl AsyncRead for WatchedStream {
     }
 }
 
-impl AsyncWrite for WatchedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -349,11 +356,23 @@ impl AsyncWrite for WatchedStream {
 }
 
 /// How a listener serves its connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct ListenerSettings {
     /// `public` or `admin`: the metrics label.
     pub name: &'static str,
     pub limits: HttpLimits,
+    /// HTTPS: the TLS handshake each connection starts with.
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for ListenerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerSettings")
+            .field("name", &self.name)
+            .field("limits", &self.limits)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 /// hyper's executor for the tasks of HTTP/2 streams: the request tasks, so
@@ -416,7 +435,11 @@ pub async fn serve(
         };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             metrics::record_refusal(ErrorCode::TooManyConnections.as_str());
-            if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+            // A TLS client could not read a plaintext answer, and a
+            // handshake is too dear to spend on a refusal: it is closed.
+            if settings.tls.is_none()
+                && let Ok(permit) = Arc::clone(&refusals).try_acquire_owned()
+            {
                 tokio::spawn(async move {
                     refuse(stream).await;
                     drop(permit);
@@ -428,15 +451,24 @@ pub async fn serve(
             tracing::debug!(%err, "cannot set TCP_NODELAY");
         }
         metrics::record_connections(settings.name, max - connections.available_permits());
-        let builder = builder.clone();
-        let app = app.clone();
-        let stop = Stop {
-            draining: draining.clone(),
-            cut: cut.clone(),
+        let connection = Connection {
+            peer,
+            app: app.clone(),
+            builder: builder.clone(),
+            listener: settings.name,
+            state: ConnState::new(timeouts),
+            stop: Stop {
+                draining: draining.clone(),
+                cut: cut.clone(),
+            },
         };
+        let tls = settings.tls.clone();
         let connections = Arc::clone(&connections);
         tasks.spawn(async move {
-            serve_connection(stream, peer, app, builder, timeouts, settings.name, stop).await;
+            match tls {
+                None => connection.serve(stream).await,
+                Some(acceptor) => connection.serve_tls(stream, acceptor).await,
+            }
             drop(permit);
             metrics::record_connections(settings.name, max - connections.available_permits());
         });
@@ -508,17 +540,71 @@ struct Stop {
     cut: CancellationToken,
 }
 
-/// Serves one connection under its clock.
-async fn serve_connection(
-    stream: TcpStream,
+/// One accepted connection and what it is served with.
+struct Connection {
     peer: SocketAddr,
     app: axum::Router,
     builder: auto::Builder<TrackedExecutor>,
-    timeouts: ConnTimeouts,
     listener: &'static str,
+    /// Its clock, started at the accept (a TLS handshake counts against
+    /// the first head's time).
+    state: Arc<ConnState>,
     stop: Stop,
-) {
-    let state = ConnState::new(timeouts);
+}
+
+impl Connection {
+    /// Completes the TLS handshake, within the head timeout counted from
+    /// the accept, then serves the session's plaintext.
+    async fn serve_tls(self, stream: TcpStream, acceptor: TlsAcceptor) {
+        let Some((deadline, _)) = self.state.deadline() else {
+            return;
+        };
+        let handshake = tokio::select! {
+            done = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => done,
+            () = self.stop.cut.cancelled() => return,
+        };
+        match handshake {
+            Ok(Ok(session)) => self.serve(session).await,
+            Ok(Err(err)) => {
+                tracing::debug!(peer = %self.peer, %err, "TLS handshake failed");
+                metrics::record_connection_closed(self.listener, "tls_handshake");
+            }
+            Err(_) => {
+                tracing::debug!(peer = %self.peer, "TLS handshake too slow; closing the connection");
+                metrics::record_connection_closed(self.listener, "header_read");
+            }
+        }
+    }
+
+    /// Serves the connection's HTTP under its clock.
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            peer,
+            app,
+            builder,
+            listener,
+            state,
+            stop,
+        } = self;
+        serve_connection(stream, peer, app, builder, listener, state, stop).await;
+    }
+}
+
+/// Serves one connection under its clock.
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    app: axum::Router,
+    builder: auto::Builder<TrackedExecutor>,
+    listener: &'static str,
+    state: Arc<ConnState>,
+    stop: Stop,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(WatchedStream {
         stream,
         state: Arc::clone(&state),

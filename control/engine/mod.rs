@@ -7,8 +7,10 @@
 
 mod client;
 mod convert;
+mod tls;
 
 pub use client::{EngineClient, EventStream};
+pub use tls::{WorkerTls, check_worker_tls};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
