@@ -307,13 +307,21 @@ impl Error {
             Code::Cancelled | Code::Aborted => ErrorCode::WorkerError,
             _ => ErrorCode::WorkerError,
         };
+        // A transport failure (refused connection, failed TLS handshake)
+        // says only "transport error"; its causes say what went wrong.
+        let mut message = status.message().to_owned();
+        let mut cause = std::error::Error::source(status);
+        while let Some(err) = cause {
+            let text = err.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            cause = err.source();
+        }
         Self::new(
             code,
-            format!(
-                "worker {worker}: {} ({:?})",
-                status.message(),
-                status.code()
-            ),
+            format!("worker {worker}: {message} ({:?})", status.code()),
         )
         .with_worker(worker)
     }

@@ -8,7 +8,9 @@
 //! to what was asked (`bounds`: tokens per sequence, logprob alternatives,
 //! sequence indices) and caps what it downloads (the tokenizer archive).
 //! Channels connect lazily and reconnect by themselves, so creating a client
-//! does no I/O and a restarted worker needs no new client.
+//! does no I/O and a restarted worker needs no new client. `grpcs://`
+//! workers are dialled over TLS as [`WorkerTls`] says (with a client
+//! certificate for workers that ask for one).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -24,6 +26,7 @@ use tonic::{Code, Status, Streaming};
 
 use super::bounds::{Admitted, OutputBounds, Violation};
 use super::convert::{sglang, tokenspeed};
+use super::tls::WorkerTls;
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
@@ -74,17 +77,28 @@ enum Stubs {
 
 impl EngineClient {
     /// A client of the worker at `url` (`grpc://host:port`, `http://host:port`
-    /// or `host:port`) speaking `runtime`. Does no I/O: the channel connects
-    /// on first use. Must be called inside a tokio runtime.
+    /// or `host:port`; `grpcs://host:port` over TLS with the public roots)
+    /// speaking `runtime`. Does no I/O: the channel connects on first use.
+    /// Must be called inside a tokio runtime.
     pub fn new(url: &str, runtime: Runtime) -> Result<Self> {
-        Ok(Self::on_channel(url, runtime, lazy_channel(url)?))
+        Self::new_with_tls(url, runtime, &WorkerTls::default())
+    }
+
+    /// As [`EngineClient::new`], dialling `grpcs://` URLs as `tls` says.
+    pub fn new_with_tls(url: &str, runtime: Runtime, tls: &WorkerTls) -> Result<Self> {
+        Ok(Self::on_channel(url, runtime, lazy_channel(url, tls)?))
     }
 
     /// Connects to the worker at `url` and finds out which protocol it
     /// speaks: TokenSpeed's `GetModelInfo` first, SGLang's when the worker
     /// answers UNIMPLEMENTED.
     pub async fn detect(url: &str) -> Result<Self> {
-        let channel = lazy_channel(url)?;
+        Self::detect_with_tls(url, &WorkerTls::default()).await
+    }
+
+    /// As [`EngineClient::detect`], dialling `grpcs://` URLs as `tls` says.
+    pub async fn detect_with_tls(url: &str, tls: &WorkerTls) -> Result<Self> {
+        let channel = lazy_channel(url, tls)?;
         let probe = TokenSpeedSchedulerClient::new(channel.clone())
             .get_model_info(ts::GetModelInfoRequest {})
             .await;
@@ -446,38 +460,50 @@ impl Engine for EngineClient {
 }
 
 /// A channel to `url` that connects on first use, with the gateway's
-/// transport settings.
-fn lazy_channel(url: &str) -> Result<Channel> {
-    let uri = dial_uri(url)?;
+/// transport settings (TLS as `tls` says for `grpcs://`).
+fn lazy_channel(url: &str, tls: &WorkerTls) -> Result<Channel> {
+    let (uri, secure) = dial_uri(url)?;
     // The channel spawns its connection task on the current runtime.
     if tokio::runtime::Handle::try_current().is_err() {
         return Err(Error::internal(
             "an EngineClient must be created inside a tokio runtime",
         ));
     }
-    let endpoint = Endpoint::from_shared(uri)
-        .map_err(|err| Error::invalid_parameter("url", format!("worker URL {url:?}: {err}")))?
+    let invalid = |err: &dyn std::fmt::Display| {
+        Error::invalid_parameter("url", format!("worker URL {url:?}: {err}"))
+    };
+    let mut endpoint = Endpoint::from_shared(uri)
+        .map_err(|err| invalid(&err))?
         .tcp_nodelay(true)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_while_idle(true)
         .connect_timeout(CONNECT_TIMEOUT);
+    if secure {
+        endpoint = endpoint
+            .tls_config(tls.client_config())
+            .map_err(|err| invalid(&err))?;
+    }
     Ok(endpoint.connect_lazy())
 }
 
-/// The plaintext `http://host:port` URI tonic dials for a worker URL given
-/// as `grpc://host:port`, `http://host:port` or `host:port`.
-fn dial_uri(url: &str) -> Result<String> {
+/// The URI tonic dials for a worker URL, and whether it is over TLS:
+/// `http://host:port` for `grpc://host:port`, `http://host:port` or
+/// `host:port`; `https://host:port` for `grpcs://host:port` or
+/// `https://host:port`.
+pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
     let invalid = |why: &str| {
         Error::invalid_parameter(
             "url",
             format!(
-                "worker URL {url:?} {why}; expected grpc://host:port, http://host:port or host:port"
+                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port, \
+                 http://host:port or host:port"
             ),
         )
     };
-    let authority = match url.split_once("://") {
-        None => url,
-        Some(("grpc" | "http", rest)) => rest.strip_suffix('/').unwrap_or(rest),
+    let (authority, secure) = match url.split_once("://") {
+        None => (url, false),
+        Some(("grpc" | "http", rest)) => (rest.strip_suffix('/').unwrap_or(rest), false),
+        Some(("grpcs" | "https", rest)) => (rest.strip_suffix('/').unwrap_or(rest), true),
         Some((scheme, _)) => return Err(invalid(&format!("has unsupported scheme {scheme:?}"))),
     };
     let authority: http::uri::Authority = authority
@@ -486,7 +512,8 @@ fn dial_uri(url: &str) -> Result<String> {
     if authority.port_u16().is_none() {
         return Err(invalid("has no port"));
     }
-    Ok(format!("http://{authority}"))
+    let scheme = if secure { "https" } else { "http" };
+    Ok((format!("{scheme}://{authority}"), secure))
 }
 
 /// Checks an archive against the lowercase (or uppercase) hex sha256 the
@@ -708,21 +735,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn worker_urls_dial_plain_http() {
+    fn worker_urls_dial_plain_http_and_grpcs_dials_tls() {
         let cases = [
-            ("grpc://10.0.0.1:50051", Some("http://10.0.0.1:50051")),
-            ("http://10.0.0.1:50051", Some("http://10.0.0.1:50051")),
-            ("http://worker-3:50051/", Some("http://worker-3:50051")),
-            ("127.0.0.1:9", Some("http://127.0.0.1:9")),
-            ("[::1]:50051", Some("http://[::1]:50051")),
-            ("https://10.0.0.1:50051", None),
+            (
+                "grpc://10.0.0.1:50051",
+                Some(("http://10.0.0.1:50051", false)),
+            ),
+            (
+                "http://10.0.0.1:50051",
+                Some(("http://10.0.0.1:50051", false)),
+            ),
+            (
+                "http://worker-3:50051/",
+                Some(("http://worker-3:50051", false)),
+            ),
+            ("127.0.0.1:9", Some(("http://127.0.0.1:9", false))),
+            ("[::1]:50051", Some(("http://[::1]:50051", false))),
+            (
+                "grpcs://worker-3:50051",
+                Some(("https://worker-3:50051", true)),
+            ),
+            (
+                "https://10.0.0.1:50051/",
+                Some(("https://10.0.0.1:50051", true)),
+            ),
+            ("grpcs://worker-3", None),
+            ("ftp://10.0.0.1:50051", None),
             ("10.0.0.1", None),
             ("grpc://10.0.0.1:50051/path", None),
             ("", None),
         ];
         for (url, expected) in cases {
             match (dial_uri(url), expected) {
-                (Ok(uri), Some(expected)) => assert_eq!(uri, expected, "{url}"),
+                (Ok((uri, secure)), Some((expected, tls))) => {
+                    assert_eq!((uri.as_str(), secure), (expected, tls), "{url}");
+                }
                 (Err(err), None) => {
                     assert_eq!(err.code, ErrorCode::InvalidParameter, "{url}");
                     assert_eq!(err.param.as_deref(), Some("url"));

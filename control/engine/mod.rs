@@ -8,8 +8,10 @@
 mod bounds;
 mod client;
 mod convert;
+mod tls;
 
 pub use client::{EngineClient, EventStream, MAX_TOKENIZER_ARCHIVE_BYTES};
+pub use tls::{WorkerTls, check_worker_tls};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;

@@ -331,6 +331,7 @@ mod in_process {
             retry,
             request_timeout: timeout,
             media: None,
+            tasks: crate::shutdown::RequestTasks::new(),
         })
     }
 

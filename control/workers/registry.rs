@@ -26,7 +26,7 @@ use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_probe_loop, worker_id,
 };
-use crate::engine::{Engine, EngineClient, Load, Runtime, ServerInfo};
+use crate::engine::{Engine, EngineClient, Load, Runtime, ServerInfo, WorkerTls, check_worker_tls};
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics::ProtocolViolation;
 
@@ -195,6 +195,8 @@ pub struct WorkerRegistry {
     set: WorkerSet,
     lifecycle: Lifecycle,
     lanes: Arc<dyn LaneDirectory>,
+    /// How registered `grpcs://` workers are dialled.
+    tls: WorkerTls,
     jobs: Mutex<HashMap<String, Job>>,
     draining: Mutex<HashMap<String, Arc<Worker>>>,
 }
@@ -217,9 +219,17 @@ impl WorkerRegistry {
             set,
             lifecycle,
             lanes,
+            tls: WorkerTls::default(),
             jobs: Mutex::default(),
             draining: Mutex::default(),
         }
+    }
+
+    /// Dials registered `grpcs://` workers as `tls` says (by default: the
+    /// public roots, no client certificate).
+    pub fn with_worker_tls(mut self, tls: WorkerTls) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn model(&self) -> &str {
@@ -266,7 +276,7 @@ impl WorkerRegistry {
                 format!("this gateway serves {:?}, not {model:?}", self.model),
             ));
         }
-        let client = EngineClient::new(&spec.url, self.runtime)?;
+        let client = EngineClient::new_with_tls(&spec.url, self.runtime, &self.tls)?;
         let id = worker_id(client.url());
         {
             let mut jobs = self.jobs();
@@ -320,6 +330,9 @@ impl WorkerRegistry {
         bootstrap_port: Option<u16>,
         lane_override: Option<WorkerLaneOverride>,
     ) -> std::result::Result<(), String> {
+        check_worker_tls(client.url(), &self.tls)
+            .await
+            .map_err(|err| err.to_string())?;
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (bootstrap_port, needs_bootstrap) {
             (Some(port), _) => Some(port),

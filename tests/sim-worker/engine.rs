@@ -104,6 +104,10 @@ pub struct EngineConfig {
     /// Each Generate call's request id is appended here, one per line
     /// (tests check the ids the gateway sends).
     pub request_log: Option<std::path::PathBuf>,
+    /// Each Abort call is appended here before it is answered, one line
+    /// per call: `<request id> running|unknown` (tests check that the
+    /// gateway aborted a leg, as opposed to merely closing its stream).
+    pub abort_log: Option<std::path::PathBuf>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -337,14 +341,19 @@ fn unix_seconds() -> u64 {
 /// Appends `request_id` as a line of `path` (one `write` call, so lines
 /// of concurrent calls do not interleave).
 fn log_request_id(path: &std::path::Path, request_id: &str) {
+    log_line(path, request_id);
+}
+
+/// Appends `line` to the file at `path`.
+fn log_line(path: &std::path::Path, line: &str) {
     use std::io::Write;
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .and_then(|mut file| file.write_all(format!("{request_id}\n").as_bytes()));
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
     if let Err(err) = written {
-        tracing::warn!(path = %path.display(), %err, "cannot log the request id");
+        tracing::warn!(path = %path.display(), %err, "cannot write the log line");
     }
 }
 
@@ -730,13 +739,18 @@ impl Engine {
 
     /// Cancels a running request; true when it was found.
     pub fn abort(&self, request_id: &str) -> bool {
-        match lock(&self.running).get(request_id) {
+        let found = match lock(&self.running).get(request_id) {
             Some(cancel) => {
                 cancel.cancel();
                 true
             }
             None => false,
+        };
+        if let Some(path) = &self.config.abort_log {
+            let outcome = if found { "running" } else { "unknown" };
+            log_line(path, &format!("{request_id} {outcome}"));
         }
+        found
     }
 
     pub fn flush_cache(&self) {

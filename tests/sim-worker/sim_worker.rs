@@ -84,6 +84,18 @@ struct Args {
     #[arg(long)]
     shm_namespace_id: Option<String>,
 
+    /// Serve gRPC over TLS with this PEM certificate chain (needs
+    /// --tls-key-path); the gateway dials it as `grpcs://`.
+    #[arg(long, value_name = "FILE", requires = "tls_key_path")]
+    tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_path")]
+    tls_key_path: Option<PathBuf>,
+    /// Require clients to present a certificate signed by this PEM CA
+    /// (mTLS; needs --tls-cert-path).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_path")]
+    client_ca_path: Option<PathBuf>,
+
     /// No simulated compute time at all (overhead benchmarks).
     #[arg(long)]
     zero_delay: bool,
@@ -175,12 +187,33 @@ struct Args {
     /// Append each Generate call's request id to this file, one per line.
     #[arg(long, value_name = "FILE")]
     request_log: Option<PathBuf>,
+    /// Append each Abort call's request id and whether it was running
+    /// (`ID running|unknown`) to this file, before answering it.
+    #[arg(long, value_name = "FILE")]
+    abort_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
 }
 
 impl Args {
+    /// The TLS the gRPC server speaks, if any: its certificate, and the CA
+    /// client certificates must chain to (mTLS).
+    fn tls_config(&self) -> Result<Option<tonic::transport::ServerTlsConfig>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_path, &self.tls_key_path) else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &self.client_ca_path {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+        }
+        Ok(Some(config))
+    }
+
     fn engine_config(&self) -> EngineConfig {
         let timing = if self.zero_delay {
             Timing::ZERO
@@ -218,6 +251,7 @@ impl Args {
             max_running_requests: self.max_running_requests,
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
+            abort_log: self.abort_log.clone(),
         }
     }
 }
@@ -302,6 +336,9 @@ async fn main() -> Result<()> {
     let mut server = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)));
+    if let Some(tls) = args.tls_config()? {
+        server = server.tls_config(tls).context("TLS setup")?;
+    }
     let router = match args.protocol {
         Protocol::Tokenspeed => {
             let service = tokenspeed::TokenSpeed(worker);

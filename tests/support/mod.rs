@@ -14,6 +14,7 @@ use std::time::Duration;
 #[path = "../sim-worker/digest.rs"]
 pub mod digest;
 pub mod media;
+pub mod shm;
 
 /// How long a worker may take to print its ready line.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -277,6 +278,22 @@ impl Gateway {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` to the gateway process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the gateway");
+    }
+
+    /// The gateway's exit status once it has exited (`None` while it runs).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the gateway's status")
+    }
+
+    /// Waits (at most 30 s) for the gateway to exit and returns its status.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        poll_until("the gateway exits", async || self.exit_status()).await
     }
 
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
