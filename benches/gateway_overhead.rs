@@ -8,7 +8,8 @@
 //! table and writes `bench-results/gateway_overhead.json`.
 //!
 //! Run: `cargo bench --bench gateway_overhead` (optionally
-//! `SMG_BENCH_SECS=20`). Not a test: nothing here asserts a speed.
+//! `SMG_BENCH_SECS=20`; `SMG_BENCH_FRONT_DOOR=1` puts an API key and
+//! admission control in front). Not a test: nothing here asserts a speed.
 
 // The e2e harness (process start-up, ports); its digest unit tests are not
 // run here, so their imports look unused in this target.
@@ -32,6 +33,9 @@ use smg::proto::tokenspeed_scheduler as ts;
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 
 const OUTPUT_TOKENS: u32 = 8;
+
+/// The API key of `SMG_BENCH_FRONT_DOOR=1` runs.
+const BENCH_KEY: &str = "bench-key-0123456789";
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -136,15 +140,26 @@ fn main() {
     let duration = Duration::from_secs(secs);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let worker = support::SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
-    let gateway = support::Gateway::start(&[
-        "--worker-urls",
-        &worker.grpc_url(),
-        "--served-model-name",
-        "model",
-        "--disable-health-check",
-        "--policy",
-        "round_robin",
-    ]);
+    // `SMG_BENCH_FRONT_DOOR=1`: an API key on every request and admission
+    // control on (a limit above the bench's concurrency, so nothing waits):
+    // the cost of the front door itself.
+    let front_door = std::env::var("SMG_BENCH_FRONT_DOOR").is_ok_and(|v| v == "1");
+    let mut gateway_args = vec![
+        "--worker-urls".to_owned(),
+        worker.grpc_url(),
+        "--served-model-name".to_owned(),
+        "model".to_owned(),
+        "--disable-health-check".to_owned(),
+        "--policy".to_owned(),
+        "round_robin".to_owned(),
+    ];
+    if front_door {
+        gateway_args.extend(
+            ["--api-key", BENCH_KEY, "--max-concurrent-requests", "1024"].map(str::to_owned),
+        );
+    }
+    let gateway_args: Vec<&str> = gateway_args.iter().map(String::as_str).collect();
+    let gateway = support::Gateway::start(&gateway_args);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores >= 2 {
         pin(gateway.pid(), 1);
@@ -173,8 +188,17 @@ fn main() {
     let (gateway_pid, worker_pid) = (gateway.pid(), worker.pid());
 
     let rows = runtime.block_on(async move {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if front_door {
+            let bearer = format!("Bearer {BENCH_KEY}");
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                bearer.parse().expect("a header value"),
+            );
+        }
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
+            .default_headers(headers)
             .build()
             .expect("http client");
         let sequence = Arc::new(AtomicU64::new(0));

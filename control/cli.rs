@@ -23,7 +23,7 @@ use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
     FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
-    PolicyChoice, RoutingConfig, WorkerAddress,
+    PolicyChoice, RoutingConfig, ShutdownConfig, TlsFiles, WorkerAddress, WorkerTlsFiles,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
@@ -339,6 +339,26 @@ pub struct LaunchArgs {
     #[arg(long, default_value_t = 30001)]
     pub admin_port: u16,
 
+    /// PEM certificate chain (leaf first) served on the public and admin
+    /// listeners, which then speak HTTPS only (needs --tls-key-path).
+    /// Reloaded, with the key, on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates `grpcs://` workers' certificates must chain to
+    /// (repeatable); none: the public web PKI roots.
+    #[arg(long, value_name = "FILE", action = ArgAction::Append)]
+    pub ca_cert_path: Vec<PathBuf>,
+    /// PEM certificate the gateway presents to `grpcs://` workers that ask
+    /// for one (mTLS; needs --client-key-path).
+    #[arg(long, value_name = "FILE")]
+    pub client_cert_path: Option<PathBuf>,
+    /// PEM private key of --client-cert-path.
+    #[arg(long, value_name = "FILE")]
+    pub client_key_path: Option<PathBuf>,
+
     /// Largest request body, in bytes (larger: 413 payload_too_large).
     #[arg(long, value_name = "BYTES", default_value_t = 512 * 1024 * 1024)]
     pub max_payload_size: usize,
@@ -409,6 +429,11 @@ pub struct LaunchArgs {
     /// rank goes on requests where the protocol has a field (SGLang).
     #[arg(long)]
     pub dp_aware: bool,
+    /// The most data-parallel ranks one engine may report under
+    /// `--dp-aware`; an engine reporting more is refused (start-up fails, a
+    /// registration ends `registration_failed`).
+    #[arg(long, default_value_t = Lifecycle::DEFAULT_MAX_DP_RANKS)]
+    pub max_dp_ranks: u32,
     /// The engine protocol; probed from the workers when not given.
     #[arg(long, value_enum)]
     pub runtime: Option<RuntimeArg>,
@@ -629,6 +654,12 @@ pub struct LaunchArgs {
     /// (system, interactive, default, bulk). Repeatable.
     #[arg(long, value_name = "TENANT=CLASS")]
     pub tenant_priority: Vec<String>,
+
+    /// After SIGTERM (or SIGINT), how long requests and streams in flight
+    /// may run before their connections are dropped and their engine legs
+    /// aborted (as SMG). A second signal stops at once.
+    #[arg(long, value_name = "SECS", default_value_t = 180)]
+    pub shutdown_grace_period_secs: u64,
 
     #[arg(long, value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -956,6 +987,28 @@ fn front_door(args: &LaunchArgs) -> Result<FrontDoorConfig, ConfigError> {
     })
 }
 
+/// A certificate flag and its key flag: both or neither.
+fn tls_pair(
+    (cert_flag, cert): (&'static str, &Option<PathBuf>),
+    (key_flag, key): (&'static str, &Option<PathBuf>),
+) -> Result<Option<TlsFiles>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert_path: cert.clone(),
+            key_path: key.clone(),
+        })),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(ConfigError::new(
+            key_flag,
+            format!("--{cert_flag} needs its private key"),
+        )),
+        (None, Some(_)) => Err(ConfigError::new(
+            cert_flag,
+            format!("--{key_flag} needs its certificate"),
+        )),
+    }
+}
+
 /// The tenant of `--api-key`.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -1126,6 +1179,17 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             metrics_port: args.prometheus_port,
             admin_host: args.admin_host.clone(),
             admin_port: args.admin_port,
+            tls: tls_pair(
+                ("tls-cert-path", &args.tls_cert_path),
+                ("tls-key-path", &args.tls_key_path),
+            )?,
+        };
+        let worker_tls = WorkerTlsFiles {
+            ca_cert_paths: args.ca_cert_path.clone(),
+            client: tls_pair(
+                ("client-cert-path", &args.client_cert_path),
+                ("client-key-path", &args.client_key_path),
+            )?,
         };
         let front = front_door(&args)?;
         let model_policies = named_values("model-policy", &args.model_policy, |name| {
@@ -1217,6 +1281,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 ..ConnectionConfig::default()
             },
             max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
+            max_dp_ranks: at_least("max-dp-ranks", args.max_dp_ranks, 1)?,
         };
         let overrides = args
             .worker_tensor_transport
@@ -1274,6 +1339,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             listen,
             front,
             fleet,
+            worker_tls,
             runtime: args.runtime.map(RuntimeArg::runtime),
             model: ModelSource {
                 model_path: args.model_path,
@@ -1286,6 +1352,9 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             media,
             admission,
             dataplane,
+            shutdown: ShutdownConfig {
+                grace_period: Duration::from_secs(args.shutdown_grace_period_secs),
+            },
             log: LogConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
@@ -1501,6 +1570,10 @@ mod tests {
         let breaker = config.lifecycle.breaker;
         assert_eq!(breaker.probe_interval, Duration::from_millis(250));
         assert_eq!(breaker.max_probe_interval, Duration::from_secs(2));
+        assert_eq!(
+            config.lifecycle.max_dp_ranks,
+            Lifecycle::DEFAULT_MAX_DP_RANKS
+        );
         assert_eq!(config.lanes.mode, LaneMode::Shm);
         assert_eq!(
             config.lanes.overrides,
@@ -1569,6 +1642,10 @@ mod tests {
             (
                 "smg launch --pd-disaggregation --prefill 9000 --decode grpc://d:1",
                 "prefill",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --dp-aware --max-dp-ranks 0",
+                "max-dp-ranks",
             ),
         ];
         for (line, flag) in cases {
@@ -1772,6 +1849,56 @@ mod tests {
         assert_eq!(
             config.front.cors,
             CorsPolicy::Origins(vec!["https://a.example".into()])
+        );
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs() {
+        let secure = config(
+            "smg launch --worker-urls grpcs://w:1 --tls-cert-path c.pem --tls-key-path k.pem \
+             --ca-cert-path a.pem --ca-cert-path b.pem \
+             --client-cert-path cc.pem --client-key-path ck.pem",
+        )
+        .expect("valid");
+        let pair = |cert: &str, key: &str| TlsFiles {
+            cert_path: cert.into(),
+            key_path: key.into(),
+        };
+        assert_eq!(secure.listen.tls, Some(pair("c.pem", "k.pem")));
+        assert_eq!(
+            secure.worker_tls,
+            WorkerTlsFiles {
+                ca_cert_paths: vec!["a.pem".into(), "b.pem".into()],
+                client: Some(pair("cc.pem", "ck.pem")),
+            }
+        );
+        let plain = config("smg launch --worker-urls grpc://w:1").expect("valid");
+        assert_eq!(plain.listen.tls, None);
+        assert_eq!(plain.worker_tls, WorkerTlsFiles::default());
+        for (line, flag) in [
+            ("--tls-cert-path c.pem", "tls-key-path"),
+            ("--tls-key-path k.pem", "tls-cert-path"),
+            ("--client-cert-path c.pem", "client-key-path"),
+            ("--client-key-path k.pem", "client-cert-path"),
+        ] {
+            let err = refusal(&format!("smg launch --worker-urls grpc://w:1 {line}"));
+            assert_eq!(err.flag, flag, "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_grace_period_defaults_to_smgs_and_comes_from_a_flag_or_the_file() {
+        let grace = |line: &str| config(line).expect("valid").shutdown.grace_period.as_secs();
+        assert_eq!(grace("smg launch --worker-urls grpc://a:1"), 180);
+        assert_eq!(
+            grace("smg launch --worker-urls grpc://a:1 --shutdown-grace-period-secs 0"),
+            0,
+            "zero: cut at once"
+        );
+        let file = write_config("shutdown-grace-period-secs = 30\nworker-urls = [\"grpc://a:1\"]");
+        assert_eq!(
+            grace(&format!("smg launch --config {}", file.path().display())),
+            30
         );
     }
 

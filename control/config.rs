@@ -36,6 +36,8 @@ pub struct GatewayConfig {
     /// Who may call, how much they may send, request ids and CORS.
     pub front: FrontDoorConfig,
     pub fleet: FleetConfig,
+    /// TLS to `grpcs://` workers.
+    pub worker_tls: WorkerTlsFiles,
     /// The engine protocol; `None`: probed from the first worker (static
     /// fleets) or TokenSpeed unless a registration says otherwise (IGW).
     pub runtime: Option<Runtime>,
@@ -47,6 +49,8 @@ pub struct GatewayConfig {
     /// How much work the gateway takes on at once, and who waits.
     pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,
+    /// How the gateway stops on SIGTERM.
+    pub shutdown: ShutdownConfig,
     pub log: LogConfig,
 }
 
@@ -62,6 +66,27 @@ pub struct ListenConfig {
     /// listener behind them).
     pub admin_host: String,
     pub admin_port: u16,
+    /// HTTPS on the public and admin listeners (the metrics listener stays
+    /// plain HTTP); `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A PEM certificate chain (leaf first) and its PEM private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+}
+
+/// What the gateway dials `grpcs://` workers with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerTlsFiles {
+    /// PEM CA certificates workers' certificates must chain to; empty: the
+    /// public web PKI roots.
+    pub ca_cert_paths: Vec<PathBuf>,
+    /// The gateway's own certificate and key, for workers that ask for one
+    /// (mTLS).
+    pub client: Option<TlsFiles>,
 }
 
 /// The HTTP front door: everything decided about a request before a
@@ -172,6 +197,14 @@ pub enum CorsPolicy {
     AnyOrigin,
     /// These origins (`scheme://host[:port]`).
     Origins(Vec<String>),
+}
+
+/// How the gateway stops (see `shutdown`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownConfig {
+    /// How long requests in flight may run after the first SIGTERM before
+    /// their connections are dropped and their engine legs aborted.
+    pub grace_period: Duration,
 }
 
 /// The workers the gateway starts with.

@@ -5,7 +5,9 @@
 //! live here, apart from both: ask the worker for its model info, load the
 //! tokenizer (a local directory first, then the worker's advertised path,
 //! then its GetTokenizer archive), and set up vision preprocessing when the
-//! model directory has it.
+//! model directory has it. What a worker supplies (the advertised path, the
+//! archive) is read under bounds, and all tokenizer loading runs on the
+//! blocking pool: an IGW gateway discovers while it serves.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,29 +45,63 @@ pub async fn discover<T>(
         .map_err(|err| anyhow::anyhow!("{what} of {url} failed: {err}"))
 }
 
-fn load_tokenizer_dir(dir: &Path) -> anyhow::Result<Tokenizer> {
-    Tokenizer::from_model_dir(dir)
-        .with_context(|| format!("cannot load the tokenizer from {}", dir.display()))
+/// Runs tokenizer loading (file I/O, parsing tens of MiB of JSON) on the
+/// blocking pool, off the request threads.
+async fn off_runtime<T: Send + 'static>(
+    load: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(load)
+        .await
+        .context("the tokenizer loader failed")?
 }
 
 /// The local tokenizer directory, else the workers' advertised local path,
 /// else their GetTokenizer archive.
+///
+/// The advertised path comes from a worker, so it is read as one: regular
+/// files only, no symlinks, size-capped ([`Tokenizer::from_worker_dir`]);
+/// when that fails the archive is asked for instead. The archive is capped
+/// in download size, entry count and unpacked size.
 async fn load_tokenizer(
     source: &ModelSource,
     info: Option<&ModelInfo>,
     client: &Arc<dyn Engine>,
 ) -> anyhow::Result<Tokenizer> {
     if let Some(dir) = source.tokenizer_dir() {
-        return load_tokenizer_dir(dir);
+        let dir = dir.to_owned();
+        return off_runtime(move || {
+            Tokenizer::from_model_dir(&dir)
+                .with_context(|| format!("cannot load the tokenizer from {}", dir.display()))
+        })
+        .await;
     }
     if let Some(dir) = info
         .map(|i| PathBuf::from(&i.tokenizer_path))
-        .filter(|p| p.is_dir())
+        .filter(|p| !p.as_os_str().is_empty())
     {
-        return load_tokenizer_dir(&dir);
+        let advertised = off_runtime(move || {
+            if !dir.is_dir() {
+                return Ok(None);
+            }
+            Tokenizer::from_worker_dir(&dir)
+                .map(Some)
+                .with_context(|| format!("the advertised tokenizer path {}", dir.display()))
+        })
+        .await;
+        match advertised {
+            Ok(Some(tokenizer)) => return Ok(tokenizer),
+            Ok(None) => {}
+            Err(err) => tracing::warn!(
+                worker = client.url(),
+                "{err:#}; asking the worker for its tokenizer archive instead"
+            ),
+        }
     }
     let archive = discover("GetTokenizer", client.url(), client.tokenizer_archive()).await?;
-    Tokenizer::from_archive(&archive).context("the worker's tokenizer archive is unusable")
+    off_runtime(move || {
+        Tokenizer::from_archive(&archive).context("the worker's tokenizer archive is unusable")
+    })
+    .await
 }
 
 fn model_dir_context_length(dir: &Path) -> Option<u32> {

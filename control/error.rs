@@ -159,6 +159,13 @@ error_codes! {
     WorkerUnavailable => ("worker_unavailable", 503, Worker, true, charged),
     /// A worker failed while serving the request.
     WorkerError => ("worker_error", 502, Worker, true, charged),
+    /// A worker answered with something it must not send: a sequence that
+    /// does not exist, logprob arrays that disagree with its tokens, an
+    /// embedding that disagrees with its dimension, more data-parallel ranks
+    /// or a larger tokenizer archive than the gateway accepts. (What can be
+    /// repaired, a sequence past `max_tokens` or surplus logprob
+    /// alternatives, is cut instead and only counted.)
+    WorkerProtocolViolation => ("worker_protocol_violation", 502, Worker, true, charged),
     /// A worker did not answer in time.
     WorkerTimeout => ("worker_timeout", 504, Worker, true, charged),
     /// A worker rejected the request as invalid.
@@ -335,13 +342,21 @@ impl Error {
             Code::Cancelled | Code::Aborted => ErrorCode::WorkerError,
             _ => ErrorCode::WorkerError,
         };
+        // A transport failure (refused connection, failed TLS handshake)
+        // says only "transport error"; its causes say what went wrong.
+        let mut message = status.message().to_owned();
+        let mut cause = std::error::Error::source(status);
+        while let Some(err) = cause {
+            let text = err.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            cause = err.source();
+        }
         Self::new(
             code,
-            format!(
-                "worker {worker}: {} ({:?})",
-                status.message(),
-                status.code()
-            ),
+            format!("worker {worker}: {message} ({:?})", status.code()),
         )
         .with_worker(worker)
     }
@@ -492,6 +507,7 @@ mod tests {
         let charged = [
             ErrorCode::WorkerUnavailable,
             ErrorCode::WorkerError,
+            ErrorCode::WorkerProtocolViolation,
             ErrorCode::WorkerTimeout,
             ErrorCode::EncodeFailed,
             ErrorCode::StreamInterrupted,

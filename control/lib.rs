@@ -32,6 +32,8 @@ pub mod policies;
 pub mod proto;
 pub mod router;
 pub mod server;
+pub mod shutdown;
+pub mod tls;
 pub mod tokenizer;
 pub mod workers;
 

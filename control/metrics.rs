@@ -35,6 +35,7 @@ pub const WORKER_CONNECTS: &str = "smg_worker_connects_total";
 pub const WORKER_RESENDS: &str = "smg_worker_resends_total";
 pub const PANIC_ROUTING: &str = "smg_worker_panic_routing_total";
 pub const CIRCUIT_PROBES: &str = "smg_worker_cb_probes_total";
+pub const WORKER_PROTOCOL_VIOLATIONS: &str = "smg_worker_protocol_violations_total";
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -201,4 +202,93 @@ pub fn record_connections(listener: &'static str, open: usize) {
 pub fn record_connection_closed(listener: &'static str, reason: &'static str) {
     metrics::counter!(HTTP_CONNECTIONS_CLOSED, "listener" => listener, "reason" => reason)
         .increment(1);
+}
+
+/// What a worker sent that it must not have: the `kind` label of
+/// [`WORKER_PROTOCOL_VIOLATIONS`]. The gateway repairs some (cuts a
+/// sequence, drops alternatives) and refuses the rest; either way the
+/// worker is counted, so a buggy or hostile engine shows on a dashboard
+/// even when every client got a correct answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProtocolViolation {
+    /// A sequence went past the tokens asked for (`max_tokens`, else the
+    /// context left after the prompt): cut there, finished as `length`.
+    TokenOverrun,
+    /// More logprob alternatives per token than asked: truncated.
+    LogprobAlternatives,
+    /// Logprobs nobody asked for: dropped.
+    UnaskedLogprobs,
+    /// Logprob arrays whose lengths disagree with each other or with the
+    /// tokens they describe: refused.
+    LogprobShape,
+    /// A sequence index outside the request's `n`: refused.
+    SequenceIndex,
+    /// Tokens or a completion for a sequence the worker already completed:
+    /// dropped.
+    AfterCompletion,
+    /// A Generate message with neither a chunk nor a completion: refused.
+    EmptyMessage,
+    /// An embedding whose length disagrees with its dimension, or past the
+    /// dimension cap: refused.
+    EmbeddingShape,
+    /// More data-parallel ranks than `--max-dp-ranks`: registration refused.
+    DpRanks,
+    /// A tokenizer archive past its download cap: refused.
+    TokenizerArchive,
+}
+
+impl ProtocolViolation {
+    /// Every kind, for documentation and tests.
+    pub const ALL: [ProtocolViolation; 10] = [
+        ProtocolViolation::TokenOverrun,
+        ProtocolViolation::LogprobAlternatives,
+        ProtocolViolation::UnaskedLogprobs,
+        ProtocolViolation::LogprobShape,
+        ProtocolViolation::SequenceIndex,
+        ProtocolViolation::AfterCompletion,
+        ProtocolViolation::EmptyMessage,
+        ProtocolViolation::EmbeddingShape,
+        ProtocolViolation::DpRanks,
+        ProtocolViolation::TokenizerArchive,
+    ];
+
+    /// The `kind` label.
+    pub const fn label(self) -> &'static str {
+        match self {
+            ProtocolViolation::TokenOverrun => "token_overrun",
+            ProtocolViolation::LogprobAlternatives => "logprob_alternatives",
+            ProtocolViolation::UnaskedLogprobs => "unasked_logprobs",
+            ProtocolViolation::LogprobShape => "logprob_shape",
+            ProtocolViolation::SequenceIndex => "sequence_index",
+            ProtocolViolation::AfterCompletion => "after_completion",
+            ProtocolViolation::EmptyMessage => "empty_message",
+            ProtocolViolation::EmbeddingShape => "embedding_shape",
+            ProtocolViolation::DpRanks => "dp_ranks",
+            ProtocolViolation::TokenizerArchive => "tokenizer_archive",
+        }
+    }
+}
+
+/// A worker broke the protocol (repaired or refused).
+pub fn record_protocol_violation(worker: &str, kind: ProtocolViolation) {
+    metrics::counter!(WORKER_PROTOCOL_VIOLATIONS, "worker" => worker.to_owned(), "kind" => kind.label())
+        .increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn violation_labels_are_unique_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in ProtocolViolation::ALL {
+            let label = kind.label();
+            assert!(seen.insert(label), "duplicate {label}");
+            assert!(
+                label.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{label}"
+            );
+        }
+    }
 }

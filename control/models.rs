@@ -21,12 +21,13 @@ use std::time::Duration;
 
 use crate::config::RoutingConfig;
 use crate::discovery::{DiscoveryEnv, ModelContext, start_load_polling};
-use crate::engine::Runtime;
+use crate::engine::{Runtime, WorkerTls};
 use crate::error::{Error, ErrorCode, Result};
 use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
 use crate::router::{RetryConfig, Router, RouterParts};
+use crate::shutdown::RequestTasks;
 use crate::workers::{Lifecycle, WorkerRegistry, WorkerRole, WorkerSet, WorkerSpec, WorkerStatus};
 
 /// How often a model without a discovered context looks for a ready worker.
@@ -100,6 +101,10 @@ pub struct ModelTableConfig {
     pub default_runtime: Runtime,
     /// How a model is discovered from its first ready worker.
     pub env: DiscoveryEnv,
+    /// Where the routers' leg supervisors and engine aborts run.
+    pub tasks: RequestTasks,
+    /// How `grpcs://` workers are dialled.
+    pub worker_tls: WorkerTls,
 }
 
 /// The models of an IGW gateway.
@@ -159,7 +164,8 @@ impl ModelTable {
             WorkerSet::default(),
             config.lifecycle,
             Arc::clone(&config.env.lanes) as _,
-        );
+        )
+        .with_worker_tls(config.worker_tls.clone());
         let entry = Arc::new(ModelEntry {
             registry: Arc::new(registry),
             runtime,
@@ -215,6 +221,7 @@ impl ModelTable {
                 retry: entry.retry,
                 request_timeout: self.config.routing.request_timeout,
                 media: context.media.clone(),
+                tasks: self.config.tasks.clone(),
             }))
         });
         Ok(Arc::clone(router))

@@ -4,10 +4,13 @@
 //! model, assembles the router for the chosen mode (or the model table for
 //! an IGW fleet), starts health probes and the metrics listener, and serves
 //! the HTTP API (and, without control-plane keys, the admin routes on their
-//! own listener) until SIGTERM or Ctrl-C; then stops the data plane.
+//! own listener) until SIGTERM or Ctrl-C. Then it shuts down in the phases
+//! `shutdown` describes, stops the data plane and releases the tensor lanes
+//! (removing the gateway's `/dev/shm` names), and returns: exit code 0.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use smg_dataplane::runtime::{CorePlan, DataPlane, confine_current_thread};
@@ -17,11 +20,13 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState, Fleet};
 use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
 use crate::discovery::{DiscoveryEnv, ModelContext, discover, start_load_polling};
-use crate::engine::{Engine, EngineClient, Runtime};
+use crate::engine::{Engine, EngineClient, Runtime, WorkerTls, check_worker_tls};
 use crate::lanes::{TensorLanes, open_rdma};
 use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
 use crate::router::{Router, RouterParts};
+use crate::shutdown::{RequestTasks, Shutdown};
+use crate::tls::{ReloadableCert, load_worker_tls, reload_on_sighup};
 use crate::workers::{
     Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_circuit_probe,
     spawn_health_checks,
@@ -49,14 +54,26 @@ async fn build_router(
     mode: Mode,
     fleet: &[WorkerAddress],
     env: &DiscoveryEnv,
+    tasks: &RequestTasks,
+    worker_tls: &WorkerTls,
 ) -> anyhow::Result<Router> {
     let first_url = &fleet.first().context("no workers")?.url;
+    // A TLS failure says why before an RPC can only say "transport error".
+    for address in fleet {
+        discover(
+            "the TLS check",
+            &address.url,
+            check_worker_tls(&address.url, worker_tls),
+        )
+        .await
+        .context("no TLS session with a worker (see --ca-cert-path, --client-cert-path, --client-key-path)")?;
+    }
     let runtime = match config.runtime {
         Some(runtime) => runtime,
         None => discover(
             "runtime detection",
             first_url,
-            EngineClient::detect(first_url, config.lifecycle.connections),
+            EngineClient::detect_with_tls(first_url, config.lifecycle.connections, worker_tls),
         )
         .await?
         .runtime(),
@@ -72,8 +89,9 @@ async fn build_router(
     let workers = WorkerSet::default();
     for address in fleet {
         let (url, role) = (&address.url, address.role);
-        let client = EngineClient::with_connections(url, runtime, config.lifecycle.connections)
-            .with_context(|| format!("bad worker URL {url}"))?;
+        let client =
+            EngineClient::with_connections(url, runtime, config.lifecycle.connections, worker_tls)
+                .with_context(|| format!("bad worker URL {url}"))?;
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (address.bootstrap_port, needs_bootstrap) {
             (Some(port), _) => Some(port),
@@ -87,7 +105,10 @@ async fn build_router(
         };
         let ranks = if dp_aware {
             let load = discover("GetLoads", url, client.loads()).await?;
-            u32::try_from(load.dp_rank_count).unwrap_or(0).max(1)
+            config
+                .lifecycle
+                .dp_ranks(url, &load)
+                .map_err(|err| anyhow::anyhow!("{err}"))?
         } else {
             1
         };
@@ -137,6 +158,7 @@ async fn build_router(
         retry: routing.retry_for(None),
         request_timeout: routing.request_timeout,
         media,
+        tasks: tasks.clone(),
     }))
 }
 
@@ -157,14 +179,31 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
         source: config.model.clone(),
         media: config.media.clone(),
         dataplane: dataplane.clone(),
-        lanes,
+        lanes: Arc::clone(&lanes),
     };
     let served = serve_with(config, env, metrics).await;
-    // In-flight images finish or fail; the cores' threads join. (The shm
-    // pools went, their files with them, once no request held a slot.)
+    // In-flight images finish or fail; the cores' threads join.
     let stopping = dataplane.clone();
     drop(dataplane);
     let _ = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
+    let served_to_the_end = served.is_ok();
+    if served_to_the_end {
+        tracing::info!("shutdown: data plane stopped");
+    }
+    // The shm pools remove their names (slots, and names workers left
+    // behind) as the last holder drops them.
+    match Arc::try_unwrap(lanes) {
+        Ok(lanes) => {
+            drop(lanes);
+            if served_to_the_end {
+                tracing::info!("shutdown: tensor lanes released");
+            }
+        }
+        Err(lanes) => tracing::warn!(
+            holders = Arc::strong_count(&lanes) - 1,
+            "the tensor lanes are still held; their shm names go when the process ends"
+        ),
+    }
     served
 }
 
@@ -173,6 +212,21 @@ async fn serve_with(
     env: DiscoveryEnv,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
 ) -> anyhow::Result<()> {
+    // Certificates first: a bad file fails start-up before any discovery.
+    let tls = match &config.listen.tls {
+        Some(files) => {
+            let cert = ReloadableCert::load(files)
+                .context("HTTPS certificate (--tls-cert-path, --tls-key-path)")?;
+            let acceptor = cert.acceptor()?;
+            reload_on_sighup(cert).context("cannot watch SIGHUP for certificate reloads")?;
+            Some(acceptor)
+        }
+        None => None,
+    };
+    let worker_tls = load_worker_tls(&config.worker_tls)
+        .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
+    let shutdown = Shutdown::new();
+    let tasks = shutdown.tasks();
     let (fleet, label) = match &config.fleet {
         FleetConfig::Igw => {
             let table = ModelTable::new(ModelTableConfig {
@@ -180,11 +234,13 @@ async fn serve_with(
                 lifecycle: config.lifecycle,
                 default_runtime: config.runtime.unwrap_or(Runtime::TokenSpeed),
                 env: env.clone(),
+                tasks: tasks.clone(),
+                worker_tls: worker_tls.clone(),
             });
             (Fleet::Models(Arc::new(table)), "igw")
         }
         FleetConfig::Static { mode, workers } => {
-            let router = build_router(&config, *mode, workers, &env).await?;
+            let router = build_router(&config, *mode, workers, &env, tasks, &worker_tls).await?;
             let registry = WorkerRegistry::new(
                 router.model().name.clone(),
                 router.runtime(),
@@ -192,7 +248,8 @@ async fn serve_with(
                 router.workers().clone(),
                 config.lifecycle,
                 Arc::clone(&env.lanes) as _,
-            );
+            )
+            .with_worker_tls(worker_tls.clone());
             let fleet = Fleet::Single {
                 router: Arc::new(router),
                 registry: Arc::new(registry),
@@ -204,7 +261,8 @@ async fn serve_with(
     let state = Arc::new(
         AppState::of(fleet)
             .with_aliases(config.routing.aliases.clone())
-            .with_admission(config.admission.clone()),
+            .with_admission(config.admission.clone())
+            .with_shutdown(&shutdown),
     );
 
     let listen = &config.listen;
@@ -243,41 +301,61 @@ async fn serve_with(
     };
     warn_if_exposed(&config, http_addr, admin_addr);
 
-    let shutdown = CancellationToken::new();
+    // Installed before the ready line: from then on a signal drains.
+    let signals = crate::shutdown::os_signals();
     let settings = |name| api::ListenerSettings {
         name,
         limits: front.limits,
+        tls: tls.clone(),
     };
     let admin_served = admin.map(|listener| {
         tokio::spawn(api::serve(
             listener,
             api::admin_app(Arc::clone(&state), front),
             settings("admin"),
-            shutdown.clone(),
+            shutdown.listener(),
         ))
     });
-    tokio::spawn(api::serve_metrics(metrics_listener, metrics));
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown_signal().await;
-            shutdown.cancel();
-        }
-    });
-    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
-    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, "smg serving");
-    api::serve(
+    let metrics_stop = CancellationToken::new();
+    let metrics_served = tokio::spawn(api::serve_metrics(
+        metrics_listener,
+        metrics,
+        Arc::clone(&state),
+        metrics_stop.clone(),
+    ));
+    let public = api::serve(
         http,
         api::app(Arc::clone(&state), front),
         settings("public"),
-        shutdown,
-    )
-    .await?;
-    if let Some(served) = admin_served {
-        served.await??;
+        shutdown.listener(),
+    );
+    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
+    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, https = tls.is_some(), "smg serving");
+    let (served, ending) =
+        tokio::join!(public, shutdown.run(signals, config.shutdown.grace_period));
+    served?;
+    if let Some(admin) = admin_served {
+        admin.await??;
     }
+    // The probes go last: until here they answered 503.
+    metrics_stop.cancel();
+    if tokio::time::timeout(METRICS_STOP_WAIT, metrics_served)
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown: the metrics listener did not close in time");
+    }
+    drop(state);
+    tracing::info!(
+        cut = ending.cut,
+        immediate = ending.immediate,
+        "shutdown: every listener closed"
+    );
     Ok(())
 }
+
+/// How long the metrics listener's last scrapes may take at shutdown.
+const METRICS_STOP_WAIT: Duration = Duration::from_secs(2);
 
 /// Warns when a route group is reachable beyond loopback without a key.
 fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) {
@@ -294,20 +372,4 @@ fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) 
             "admin routes (/workers) are open to anyone who reaches {admin}: configure --control-plane-api-keys"
         );
     }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = terminate.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutting down");
 }

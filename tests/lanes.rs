@@ -15,7 +15,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -23,6 +22,7 @@ use smg_shared::tensor::DType;
 use support::media::{
     chat, expected, image_url, images_dir, messages, metric, metrics_text, processor,
 };
+use support::shm::ShmDir;
 use support::{Gateway, SimWorker};
 
 /// Large enough for the shm lane (over 64 KiB as bf16), small enough to fit
@@ -33,82 +33,6 @@ const SMALL: &str = "tiny_20x20.png";
 /// Larger than a test slot: a one-off file.
 const LARGE: &str = "photo_640x480.jpg";
 const SLOT_BYTES: &str = "262144";
-
-/// A shm directory of the test's own, removed (or unmounted) on drop.
-struct ShmDir {
-    path: PathBuf,
-    mounted: bool,
-}
-
-impl ShmDir {
-    /// A fresh directory inside /dev/shm (same tmpfs, same namespace).
-    fn in_dev_shm() -> Self {
-        let path = PathBuf::from(format!(
-            "/dev/shm/smg-lanes-test-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        std::fs::create_dir(&path).unwrap();
-        Self {
-            path,
-            mounted: false,
-        }
-    }
-
-    /// A tmpfs of `bytes` of its own, when this process may mount one.
-    fn small_tmpfs(bytes: u64) -> Option<Self> {
-        let path = std::env::temp_dir().join(format!(
-            "smg-lanes-tmpfs-{}-{:016x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        std::fs::create_dir(&path).ok()?;
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&path)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if !mounted {
-            let _ = std::fs::remove_dir(&path);
-            return None;
-        }
-        Some(Self {
-            path,
-            mounted: true,
-        })
-    }
-
-    fn arg(&self) -> String {
-        self.path.display().to_string()
-    }
-
-    /// Names in the directory created by the gateway with process id `pid`.
-    fn names_of(&self, pid: u32) -> Vec<String> {
-        let prefix = format!("smg-{pid}-");
-        let mut names: Vec<String> = std::fs::read_dir(&self.path)
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter_map(|entry| entry.file_name().into_string().ok())
-            .filter(|name| name.starts_with(&prefix))
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-impl Drop for ShmDir {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = std::process::Command::new("umount")
-                .arg(&self.path)
-                .status();
-            let _ = std::fs::remove_dir(&self.path);
-        } else {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
 
 /// An EPD fleet whose encoder records what it received.
 struct Fleet {

@@ -22,6 +22,7 @@ use axum::routing::{get, post};
 use futures::{Stream, StreamExt};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 pub use super::state::AppState;
@@ -152,21 +153,37 @@ pub fn refusal(err: &Error) -> Response {
     error_response(err)
 }
 
-/// Serves Prometheus `/metrics` on its own listener.
-pub async fn serve_metrics(listener: TcpListener, handle: PrometheusHandle) {
-    let app = HttpRouter::new().route(
-        "/metrics",
-        get(move || {
-            let handle = handle.clone();
-            async move {
-                (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    handle.render(),
-                )
-            }
-        }),
-    );
-    if let Err(err) = axum::serve(listener, app).await {
+/// Serves Prometheus `/metrics` and the probes (`/health`, `/liveness`,
+/// `/readiness`) on their own listener until `stop`. It is not drained with
+/// the others: through a shutdown it answers `/readiness` 503 while the
+/// public listener refuses connections.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    state: SharedState,
+    stop: CancellationToken,
+) {
+    let app = HttpRouter::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let handle = handle.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        handle.render(),
+                    )
+                }
+            }),
+        )
+        .route("/health", get(health))
+        .route("/liveness", get(liveness))
+        .route("/readiness", get(readiness))
+        .with_state(state);
+    if let Err(err) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
         tracing::error!(%err, "metrics listener failed");
     }
 }

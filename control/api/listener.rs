@@ -23,8 +23,18 @@
 //!   `--max-header-size` with a JSON 431; hyper's read buffer, at twice that
 //!   size, refuses anything larger with a bodiless 431 before it is parsed.
 //! - Sockets get TCP_NODELAY, so the first token is never held back by
-//!   Nagle; on shutdown the listener stops accepting and every connection
-//!   finishes its requests (streams included) before `serve` returns.
+//!   Nagle.
+//! - With TLS (`crate::tls`), each connection first completes its
+//!   handshake, within the head timeout counted from the accept (a client
+//!   that stalls its handshake is a slowloris too); the clock then watches
+//!   the session's plaintext. A connection over the cap is closed without
+//!   an answer: a TLS client could not read a plaintext one.
+//! - On shutdown (`crate::shutdown`) the listener stops accepting and closes
+//!   its socket, and every connection finishes its requests (streams
+//!   included) and closes, until the cut drops those still open. `serve`
+//!   returns once every connection has ended. Connections, and the tasks
+//!   hyper spawns for HTTP/2 streams, run on the shutdown's request tasks,
+//!   so it can wait for all of them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,18 +48,20 @@ use axum::body::{Body, HttpBody};
 use axum::extract::ConnectInfo;
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::HttpLimits;
 use crate::error::{Error, ErrorCode};
 use crate::metrics;
+use crate::shutdown::{ListenerShutdown, RequestTasks};
 
 /// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -287,13 +299,14 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// A socket that tells its connection's clock when bytes arrive.
-struct WatchedStream {
-    stream: TcpStream,
+/// A socket (or the plaintext of a TLS session) that tells its
+/// connection's clock when bytes arrive.
+struct WatchedStream<S> {
+    stream: S,
     state: Arc<ConnState>,
 }
 
-impl AsyncRead for WatchedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -312,7 +325,7 @@ impl AsyncRead for WatchedStream {
     }
 }
 
-impl AsyncWrite for WatchedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -343,21 +356,55 @@ impl AsyncWrite for WatchedStream {
 }
 
 /// How a listener serves its connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct ListenerSettings {
     /// `public` or `admin`: the metrics label.
     pub name: &'static str,
     pub limits: HttpLimits,
+    /// HTTPS: the TLS handshake each connection starts with.
+    pub tls: Option<TlsAcceptor>,
 }
 
-/// Serves `app` on `listener` until `shutdown` is cancelled, then waits for
-/// every connection to finish its requests.
+impl std::fmt::Debug for ListenerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerSettings")
+            .field("name", &self.name)
+            .field("limits", &self.limits)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// hyper's executor for the tasks of HTTP/2 streams: the request tasks, so
+/// the shutdown waits for (and the cut reaches) those too.
+#[derive(Debug, Clone)]
+struct TrackedExecutor(RequestTasks);
+
+impl<F> hyper::rt::Executor<F> for TrackedExecutor
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, task: F) {
+        self.0.spawn(task);
+    }
+}
+
+/// Serves `app` on `listener` until the shutdown drains it: then closes the
+/// socket and waits for every connection to end (on its own, or at the
+/// cut).
 pub async fn serve(
     listener: TcpListener,
     app: axum::Router,
     settings: ListenerSettings,
-    shutdown: CancellationToken,
+    shutdown: ListenerShutdown,
 ) -> std::io::Result<()> {
+    let ListenerShutdown {
+        draining,
+        cut,
+        open,
+        tasks,
+    } = shutdown;
     let limits = settings.limits;
     let max = limits.max_connections.clamp(1, u32::MAX as usize);
     let connections = Arc::new(Semaphore::new(max));
@@ -366,7 +413,7 @@ pub async fn serve(
         header_read: limits.header_read_timeout,
         keep_alive: limits.keep_alive_timeout,
     };
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TrackedExecutor(tasks.clone()));
     builder
         .http1()
         .keep_alive(true)
@@ -384,11 +431,15 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = shutdown.cancelled() => break,
+            () = draining.cancelled() => break,
         };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             metrics::record_refusal(ErrorCode::TooManyConnections.as_str());
-            if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+            // A TLS client could not read a plaintext answer, and a
+            // handshake is too dear to spend on a refusal: it is closed.
+            if settings.tls.is_none()
+                && let Ok(permit) = Arc::clone(&refusals).try_acquire_owned()
+            {
                 tokio::spawn(async move {
                     refuse(stream).await;
                     drop(permit);
@@ -400,26 +451,31 @@ pub async fn serve(
             tracing::debug!(%err, "cannot set TCP_NODELAY");
         }
         metrics::record_connections(settings.name, max - connections.available_permits());
-        let builder = builder.clone();
-        let app = app.clone();
-        let shutdown = shutdown.clone();
+        let connection = Connection {
+            peer,
+            app: app.clone(),
+            builder: builder.clone(),
+            listener: settings.name,
+            state: ConnState::new(timeouts),
+            stop: Stop {
+                draining: draining.clone(),
+                cut: cut.clone(),
+            },
+        };
+        let tls = settings.tls.clone();
         let connections = Arc::clone(&connections);
-        tokio::spawn(async move {
-            serve_connection(
-                stream,
-                peer,
-                app,
-                builder,
-                timeouts,
-                settings.name,
-                shutdown,
-            )
-            .await;
+        tasks.spawn(async move {
+            match tls {
+                None => connection.serve(stream).await,
+                Some(acceptor) => connection.serve_tls(stream, acceptor).await,
+            }
             drop(permit);
             metrics::record_connections(settings.name, max - connections.available_permits());
         });
     }
     drop(listener);
+    drop(open);
+    tracing::info!(listener = settings.name, "listener closed");
     // Every connection holds a permit until it ends.
     let _all = connections
         .acquire_many(u32::try_from(max).unwrap_or(u32::MAX))
@@ -477,17 +533,78 @@ async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
 }
 
-/// Serves one connection under its clock.
-async fn serve_connection(
-    stream: TcpStream,
+/// When a connection must close: once idle (`draining`), or now (`cut`).
+#[derive(Debug)]
+struct Stop {
+    draining: CancellationToken,
+    cut: CancellationToken,
+}
+
+/// One accepted connection and what it is served with.
+struct Connection {
     peer: SocketAddr,
     app: axum::Router,
-    builder: auto::Builder<TokioExecutor>,
-    timeouts: ConnTimeouts,
+    builder: auto::Builder<TrackedExecutor>,
     listener: &'static str,
-    shutdown: CancellationToken,
-) {
-    let state = ConnState::new(timeouts);
+    /// Its clock, started at the accept (a TLS handshake counts against
+    /// the first head's time).
+    state: Arc<ConnState>,
+    stop: Stop,
+}
+
+impl Connection {
+    /// Completes the TLS handshake, within the head timeout counted from
+    /// the accept, then serves the session's plaintext.
+    async fn serve_tls(self, stream: TcpStream, acceptor: TlsAcceptor) {
+        let Some((deadline, _)) = self.state.deadline() else {
+            return;
+        };
+        let handshake = tokio::select! {
+            done = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => done,
+            () = self.stop.cut.cancelled() => return,
+        };
+        match handshake {
+            Ok(Ok(session)) => self.serve(session).await,
+            Ok(Err(err)) => {
+                tracing::debug!(peer = %self.peer, %err, "TLS handshake failed");
+                metrics::record_connection_closed(self.listener, "tls_handshake");
+            }
+            Err(_) => {
+                tracing::debug!(peer = %self.peer, "TLS handshake too slow; closing the connection");
+                metrics::record_connection_closed(self.listener, "header_read");
+            }
+        }
+    }
+
+    /// Serves the connection's HTTP under its clock.
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            peer,
+            app,
+            builder,
+            listener,
+            state,
+            stop,
+        } = self;
+        serve_connection(stream, peer, app, builder, listener, state, stop).await;
+    }
+}
+
+/// Serves one connection under its clock.
+async fn serve_connection<S>(
+    stream: S,
+    peer: SocketAddr,
+    app: axum::Router,
+    builder: auto::Builder<TrackedExecutor>,
+    listener: &'static str,
+    state: Arc<ConnState>,
+    stop: Stop,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(WatchedStream {
         stream,
         state: Arc::clone(&state),
@@ -540,9 +657,16 @@ async fn serve_connection(
                 }
                 Some(Expiry::KeepAlive) | None => {}
             },
-            () = shutdown.cancelled(), if !closing => {
+            () = stop.draining.cancelled(), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
+            }
+            () = stop.cut.cancelled() => {
+                // Dropping the connection drops its responses, and with
+                // them their engine streams: their legs are aborted.
+                tracing::debug!(%peer, "shutdown: dropping the connection");
+                metrics::record_connection_closed(listener, "shutdown");
+                return;
             }
         }
     }

@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::admission::{Admission, AdmissionConfig};
 use crate::error::{Error, ErrorCode, Result};
 use crate::models::ModelTable;
 use crate::pipeline::prepare::ServedModel;
 use crate::router::Router;
+use crate::shutdown::RequestTasks;
 use crate::workers::{BreakerConfig, Lifecycle, WorkerRegistry, WorkerSpec, WorkerStatus};
 
 /// The routers a gateway serves with.
@@ -41,6 +44,11 @@ pub struct AppState {
     pub started: Instant,
     /// Admission control of the inference routes.
     pub admission: Arc<Admission>,
+    /// Where handlers run work that outlives them (SSE producers), so the
+    /// shutdown can wait for it.
+    pub tasks: RequestTasks,
+    /// Cancelled when the gateway is shutting down: readiness answers 503.
+    pub unready: CancellationToken,
 }
 
 impl AppState {
@@ -58,6 +66,7 @@ impl AppState {
                 dp_aware: false,
                 connections: crate::engine::ConnectionConfig::default(),
                 max_in_flight: None,
+                max_dp_ranks: Lifecycle::DEFAULT_MAX_DP_RANKS,
             },
             crate::lanes::TensorLanes::inline() as _,
         );
@@ -77,7 +86,16 @@ impl AppState {
             aliases: HashMap::new(),
             started: Instant::now(),
             admission: Admission::new(AdmissionConfig::default()),
+            tasks: RequestTasks::new(),
+            unready: CancellationToken::new(),
         }
+    }
+
+    /// Takes part in `shutdown`: its request tasks, and its readiness.
+    pub fn with_shutdown(mut self, shutdown: &crate::shutdown::Shutdown) -> Self {
+        self.tasks = shutdown.tasks().clone();
+        self.unready = shutdown.unready();
+        self
     }
 
     pub fn with_admission(mut self, config: AdmissionConfig) -> Self {
@@ -180,6 +198,9 @@ impl AppState {
 
     /// `/readiness`: whether the gateway can serve, and the details.
     pub fn readiness(&self) -> (bool, serde_json::Value) {
+        if self.unready.is_cancelled() {
+            return (false, serde_json::json!({"status": "shutting_down"}));
+        }
         match &self.fleet {
             Fleet::Single { router, .. } => {
                 let roles: serde_json::Map<String, serde_json::Value> = router

@@ -4,7 +4,10 @@
 //! protocol it speaks: this module picks the generated stub, converts
 //! requests and replies with `convert`, and turns every gRPC status and
 //! transport failure into the control plane's [`Error`], naming the worker
-//! and saying how far the call got ([`Reach`]).
+//! and saying how far the call got ([`Reach`]). It is also where the
+//! worker's answers are first trusted, so it holds them to what was asked
+//! (`bounds`: tokens per sequence, logprob alternatives, sequence indices)
+//! and caps what it downloads (the tokenizer archive).
 //!
 //! Calls go over the worker's connection pool (`pool`): connections open
 //! lazily and reconnect with backoff, so creating a client does no I/O and
@@ -12,7 +15,9 @@
 //! (HTTP/2 GOAWAY above its last stream id, REFUSED_STREAM, or a
 //! connection hyper closed before sending) is sent again at once on a fresh
 //! connection: the worker cannot have started it, so this is safe even
-//! while the request's other legs run.
+//! while the request's other legs run. `grpcs://` workers are dialled over
+//! TLS as [`WorkerTls`] says (with a client certificate for workers that
+//! ask for one): every pooled connection makes its own TLS session.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -26,13 +31,16 @@ use sha2::{Digest as _, Sha256};
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
+use super::bounds::{Admitted, OutputBounds, Violation};
 use super::convert::{sglang, tokenspeed};
 use super::pool::{ConnectionConfig, Lease, Pool};
+use super::tls::WorkerTls;
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
 };
 use crate::error::{Error, ErrorCode, Reach, Result};
+use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
 use crate::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
@@ -42,6 +50,12 @@ use crate::proto::{self, common, sglang_scheduler as sg, tokenspeed_scheduler as
 /// a fresh connection, before it fails (as `worker_unavailable`, charging
 /// nobody).
 const MAX_RESENDS: u32 = 3;
+
+/// The largest tokenizer archive the gateway downloads from a worker. Real
+/// ones (a `tokenizer.json` of at most tens of MiB, compressed, and a few
+/// small JSON files) stay far below; the cap stops a worker from streaming
+/// an archive of any size into the gateway's memory.
+pub const MAX_TOKENIZER_ARCHIVE_BYTES: usize = 128 * 1024 * 1024;
 
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
@@ -127,27 +141,35 @@ fn classify(status: &Status) -> Failure {
 
 impl EngineClient {
     /// A client of the worker at `url` (`grpc://host:port`, `http://host:port`
-    /// or `host:port`) speaking `runtime`, with default connection settings.
-    /// Does no I/O: connections open on first use. Must be called inside a
-    /// tokio runtime.
+    /// or `host:port`; `grpcs://host:port` over TLS with the public roots)
+    /// speaking `runtime`, with default connection settings. Does no I/O:
+    /// connections open on first use. Must be called inside a tokio runtime.
     pub fn new(url: &str, runtime: Runtime) -> Result<Self> {
-        Self::with_connections(url, runtime, ConnectionConfig::default())
+        Self::new_with_tls(url, runtime, &WorkerTls::default())
     }
 
-    /// As [`EngineClient::new`], connecting as `connections` says.
+    /// As [`EngineClient::new`], dialling `grpcs://` URLs as `tls` says.
+    pub fn new_with_tls(url: &str, runtime: Runtime, tls: &WorkerTls) -> Result<Self> {
+        Self::with_connections(url, runtime, ConnectionConfig::default(), tls)
+    }
+
+    /// As [`EngineClient::new`], connecting as `connections` says and
+    /// dialling `grpcs://` URLs as `tls` says: each of the pool's
+    /// connections to such a worker is a TLS session made with `tls`.
     pub fn with_connections(
         url: &str,
         runtime: Runtime,
         connections: ConnectionConfig,
+        tls: &WorkerTls,
     ) -> Result<Self> {
-        let uri = dial_uri(url)?;
+        let (uri, secure) = dial_uri(url)?;
         // The channels spawn their connection tasks on the current runtime.
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::internal(
                 "an EngineClient must be created inside a tokio runtime",
             ));
         }
-        let pool = Pool::new(url, &uri, connections)
+        let pool = Pool::new(url, &uri, connections, secure.then_some(tls))
             .map_err(|why| Error::invalid_parameter("url", format!("worker URL {url:?}: {why}")))?;
         Ok(Self {
             url: Arc::from(url),
@@ -160,7 +182,16 @@ impl EngineClient {
     /// speaks: TokenSpeed's `GetModelInfo` first, SGLang's when the worker
     /// answers UNIMPLEMENTED.
     pub async fn detect(url: &str, connections: ConnectionConfig) -> Result<Self> {
-        let client = Self::with_connections(url, Runtime::TokenSpeed, connections)?;
+        Self::detect_with_tls(url, connections, &WorkerTls::default()).await
+    }
+
+    /// As [`EngineClient::detect`], dialling `grpcs://` URLs as `tls` says.
+    pub async fn detect_with_tls(
+        url: &str,
+        connections: ConnectionConfig,
+        tls: &WorkerTls,
+    ) -> Result<Self> {
+        let client = Self::with_connections(url, Runtime::TokenSpeed, connections, tls)?;
         let probe = client
             .call_with_status(|channel| async move {
                 ts_scheduler(channel)
@@ -275,7 +306,16 @@ impl EngineClient {
     /// Starts a Generate call. Fails here if the request cannot be expressed
     /// in the worker's protocol or the worker cannot be reached or refuses
     /// the call; later failures arrive in the stream.
+    ///
+    /// The events are held to what the request asked for
+    /// ([`OutputBounds`]): a sequence past its budget is cut there and the
+    /// call aborted on the worker, surplus logprob alternatives are dropped,
+    /// and what cannot be repaired ends the stream with
+    /// `worker_protocol_violation`; each violation is counted against the
+    /// worker.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
+        let bounds = OutputBounds::for_request(&request);
+        let request_id = request.request_id.clone();
         match self.runtime {
             Runtime::TokenSpeed => {
                 let request = tokenspeed::generate_request(request)?;
@@ -287,7 +327,7 @@ impl EngineClient {
                     .await?;
                 Ok(event_stream(
                     responses,
-                    self.clone(),
+                    self.watch(request_id, bounds),
                     lease,
                     tokenspeed::event,
                 ))
@@ -300,8 +340,22 @@ impl EngineClient {
                         async move { sg_scheduler(channel).generate(request).await }
                     })
                     .await?;
-                Ok(event_stream(responses, self.clone(), lease, sglang::event))
+                Ok(event_stream(
+                    responses,
+                    self.watch(request_id, bounds),
+                    lease,
+                    sglang::event,
+                ))
             }
+        }
+    }
+
+    fn watch(&self, request_id: String, bounds: OutputBounds) -> Watch {
+        Watch {
+            client: self.clone(),
+            request_id,
+            bounds,
+            warned: false,
         }
     }
 
@@ -440,7 +494,8 @@ impl EngineClient {
     }
 
     /// The worker's tokenizer files as one zip archive, checked against the
-    /// sha256 the worker sends on the last chunk.
+    /// sha256 the worker sends on the last chunk; refused (and the download
+    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`].
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
         let (mut chunks, lease) = match self.runtime {
             Runtime::TokenSpeed => {
@@ -464,6 +519,17 @@ impl EngineClient {
         loop {
             match chunks.message().await {
                 Ok(Some(chunk)) => {
+                    if archive.len().saturating_add(chunk.data.len()) > MAX_TOKENIZER_ARCHIVE_BYTES
+                    {
+                        // Dropping `chunks` cancels the download.
+                        return Err(self.violation(&Violation {
+                            kind: ProtocolViolation::TokenizerArchive,
+                            detail: format!(
+                                "its tokenizer archive is larger than the \
+                                 {MAX_TOKENIZER_ARCHIVE_BYTES} bytes the gateway accepts"
+                            ),
+                        }));
+                    }
                     archive.extend_from_slice(&chunk.data);
                     checksum = chunk.sha256;
                 }
@@ -488,13 +554,29 @@ impl EngineClient {
                 async move { sg_scheduler(channel).embed(request).await }
             })
             .await?;
-        sglang::embedding(response).map_err(|why| self.worker_error(why))
+        sglang::embedding(response).map_err(|violation| self.violation(&violation))
     }
 
     fn worker_error(&self, why: String) -> Error {
         Error::new(
             ErrorCode::WorkerError,
             format!("worker {}: {why}", self.url),
+        )
+        .with_worker(Arc::clone(&self.url))
+    }
+
+    /// Counts `violation` against this worker and makes it the error.
+    fn violation(&self, violation: &Violation) -> Error {
+        crate::metrics::record_protocol_violation(&self.url, violation.kind);
+        tracing::warn!(
+            worker = %self.url,
+            kind = violation.kind.label(),
+            "{}",
+            violation.detail
+        );
+        Error::new(
+            ErrorCode::WorkerProtocolViolation,
+            format!("worker {}: {}", self.url, violation.detail),
         )
         .with_worker(Arc::clone(&self.url))
     }
@@ -576,20 +658,24 @@ impl Engine for EngineClient {
     }
 }
 
-/// The plaintext `http://host:port` URI tonic dials for a worker URL given
-/// as `grpc://host:port`, `http://host:port` or `host:port`.
-fn dial_uri(url: &str) -> Result<String> {
+/// The URI tonic dials for a worker URL, and whether it is over TLS:
+/// `http://host:port` for `grpc://host:port`, `http://host:port` or
+/// `host:port`; `https://host:port` for `grpcs://host:port` or
+/// `https://host:port`.
+pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
     let invalid = |why: &str| {
         Error::invalid_parameter(
             "url",
             format!(
-                "worker URL {url:?} {why}; expected grpc://host:port, http://host:port or host:port"
+                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port, \
+                 http://host:port or host:port"
             ),
         )
     };
-    let authority = match url.split_once("://") {
-        None => url,
-        Some(("grpc" | "http", rest)) => rest.strip_suffix('/').unwrap_or(rest),
+    let (authority, secure) = match url.split_once("://") {
+        None => (url, false),
+        Some(("grpc" | "http", rest)) => (rest.strip_suffix('/').unwrap_or(rest), false),
+        Some(("grpcs" | "https", rest)) => (rest.strip_suffix('/').unwrap_or(rest), true),
         Some((scheme, _)) => return Err(invalid(&format!("has unsupported scheme {scheme:?}"))),
     };
     let authority: http::uri::Authority = authority
@@ -598,7 +684,8 @@ fn dial_uri(url: &str) -> Result<String> {
     if authority.port_u16().is_none() {
         return Err(invalid("has no port"));
     }
-    Ok(format!("http://{authority}"))
+    let scheme = if secure { "https" } else { "http" };
+    Ok((format!("{scheme}://{authority}"), secure))
 }
 
 /// Checks an archive against the lowercase (or uppercase) hex sha256 the
@@ -664,53 +751,158 @@ impl Progress {
     }
 }
 
+/// What holds one Generate call's events to its request: the bounds, and
+/// the client and id to abort the call with when the gateway cuts it.
+struct Watch {
+    client: EngineClient,
+    request_id: String,
+    bounds: OutputBounds,
+    /// Whether a repaired violation was logged already (one line per call,
+    /// however many messages repeat it; the metric counts every one).
+    warned: bool,
+}
+
+impl Watch {
+    fn worker(&self) -> &Arc<str> {
+        &self.client.url
+    }
+
+    /// Checks `event`: what to pass on, or the error that ends the stream.
+    fn admit(&mut self, event: GenerateEvent) -> Result<Admitted> {
+        match self.bounds.admit(event) {
+            Ok(admitted) => {
+                if let Some(violation) = &admitted.repaired {
+                    crate::metrics::record_protocol_violation(self.worker(), violation.kind);
+                    if !std::mem::replace(&mut self.warned, true) {
+                        tracing::warn!(
+                            worker = %self.worker(),
+                            request_id = %self.request_id,
+                            kind = violation.kind.label(),
+                            "{}",
+                            violation.detail
+                        );
+                    }
+                }
+                Ok(admitted)
+            }
+            Err(violation) => Err(self.client.violation(&violation)),
+        }
+    }
+
+    /// The gateway cut every sequence still open: tells the worker to stop
+    /// the call (dropping the stream cancels it too, but an engine that
+    /// ignores cancellation hears an Abort).
+    fn abort_on_worker(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, request_id) = (self.client.clone(), self.request_id.clone());
+        runtime.spawn(async move {
+            let reason = "the worker went past the tokens the request asked for";
+            if let Err(err) = client.abort(&request_id, reason).await {
+                tracing::debug!(%err, %request_id, worker = client.url(), "abort failed");
+            }
+        });
+    }
+}
+
 /// The state of a Generate stream being read.
 struct Reading<M> {
     responses: Streaming<M>,
-    client: EngineClient,
+    watch: Watch,
     /// Counts the stream on its connection until the stream is dropped.
     lease: Lease,
     to_event: fn(M) -> Option<GenerateEvent>,
     progress: Progress,
+    /// A completion the gateway made for a cut sequence, passed on next.
+    pending: Option<GenerateEvent>,
 }
 
-/// Converts a protocol's Generate responses into events; the first failure
-/// is the last item.
+/// What reading the stream gave: an event to pass on, the end, or an
+/// error (after which the stream ends).
+enum Step {
+    Event(GenerateEvent),
+    End,
+    Failed(Error),
+}
+
+impl<M> Reading<M> {
+    async fn step(&mut self) -> Step {
+        if let Some(event) = self.pending.take() {
+            self.progress.record(&event);
+            return Step::Event(event);
+        }
+        if self.watch.bounds.cut_any() && self.watch.bounds.all_done() {
+            // Every sequence has its end; what the worker still sends is
+            // past what was asked.
+            self.watch.abort_on_worker();
+            return Step::End;
+        }
+        loop {
+            let message = match self.responses.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    return match self.progress.interruption(self.watch.worker()) {
+                        Some(error) => Step::Failed(error),
+                        None => Step::End,
+                    };
+                }
+                Err(status) => {
+                    let failure = stream_failure(&status);
+                    return Step::Failed(self.watch.client.failure(&status, failure, &self.lease));
+                }
+            };
+            let Some(event) = (self.to_event)(message) else {
+                let violation = Violation {
+                    kind: ProtocolViolation::EmptyMessage,
+                    detail: "a Generate message carried neither a chunk nor a completion"
+                        .to_owned(),
+                };
+                return Step::Failed(self.watch.client.violation(&violation));
+            };
+            let admitted = match self.watch.admit(event) {
+                Ok(admitted) => admitted,
+                Err(error) => return Step::Failed(error),
+            };
+            self.pending = admitted.cut;
+            if let Some(event) = admitted.event {
+                self.progress.record(&event);
+                return Step::Event(event);
+            }
+            if let Some(event) = self.pending.take() {
+                self.progress.record(&event);
+                return Step::Event(event);
+            }
+            // Dropped: read on.
+        }
+    }
+}
+
+/// Converts a protocol's Generate responses into events held to the
+/// request's bounds; the first failure is the last item.
 fn event_stream<M: Send + 'static>(
     responses: Streaming<M>,
-    client: EngineClient,
+    watch: Watch,
     lease: Lease,
     to_event: fn(M) -> Option<GenerateEvent>,
 ) -> EventStream {
     let reading = Reading {
         responses,
-        client,
+        watch,
         lease,
         to_event,
         progress: Progress::default(),
+        pending: None,
     };
     Box::pin(futures::stream::unfold(
         Some(reading),
         |reading| async move {
             let mut reading = reading?;
-            let failure = match reading.responses.message().await {
-                Ok(Some(message)) => match (reading.to_event)(message) {
-                    Some(event) => {
-                        reading.progress.record(&event);
-                        return Some((Ok(event), Some(reading)));
-                    }
-                    None => reading.client.worker_error(
-                        "a Generate message carried neither a chunk nor a completion".to_owned(),
-                    ),
-                },
-                Ok(None) => reading.progress.interruption(&reading.client.url)?,
-                Err(status) => {
-                    reading
-                        .client
-                        .failure(&status, stream_failure(&status), &reading.lease)
-                }
-            };
-            Some((Err(failure), None))
+            match reading.step().await {
+                Step::Event(event) => Some((Ok(event), Some(reading))),
+                Step::End => None,
+                Step::Failed(error) => Some((Err(error), None)),
+            }
         },
     ))
 }
@@ -720,21 +912,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn worker_urls_dial_plain_http() {
+    fn worker_urls_dial_plain_http_and_grpcs_dials_tls() {
         let cases = [
-            ("grpc://10.0.0.1:50051", Some("http://10.0.0.1:50051")),
-            ("http://10.0.0.1:50051", Some("http://10.0.0.1:50051")),
-            ("http://worker-3:50051/", Some("http://worker-3:50051")),
-            ("127.0.0.1:9", Some("http://127.0.0.1:9")),
-            ("[::1]:50051", Some("http://[::1]:50051")),
-            ("https://10.0.0.1:50051", None),
+            (
+                "grpc://10.0.0.1:50051",
+                Some(("http://10.0.0.1:50051", false)),
+            ),
+            (
+                "http://10.0.0.1:50051",
+                Some(("http://10.0.0.1:50051", false)),
+            ),
+            (
+                "http://worker-3:50051/",
+                Some(("http://worker-3:50051", false)),
+            ),
+            ("127.0.0.1:9", Some(("http://127.0.0.1:9", false))),
+            ("[::1]:50051", Some(("http://[::1]:50051", false))),
+            (
+                "grpcs://worker-3:50051",
+                Some(("https://worker-3:50051", true)),
+            ),
+            (
+                "https://10.0.0.1:50051/",
+                Some(("https://10.0.0.1:50051", true)),
+            ),
+            ("grpcs://worker-3", None),
+            ("ftp://10.0.0.1:50051", None),
             ("10.0.0.1", None),
             ("grpc://10.0.0.1:50051/path", None),
             ("", None),
         ];
         for (url, expected) in cases {
             match (dial_uri(url), expected) {
-                (Ok(uri), Some(expected)) => assert_eq!(uri, expected, "{url}"),
+                (Ok((uri, secure)), Some((expected, tls))) => {
+                    assert_eq!((uri.as_str(), secure), (expected, tls), "{url}");
+                }
                 (Err(err), None) => {
                     assert_eq!(err.code, ErrorCode::InvalidParameter, "{url}");
                     assert_eq!(err.param.as_deref(), Some("url"));

@@ -187,20 +187,23 @@ pub(crate) struct RankLoad {
     pub cache_hit_rate: f64,
 }
 
-/// Sums per-rank loads into one worker load: counts and throughput add up;
-/// the ratios (token usage, cache hit rate) are averaged over the ranks.
-/// `dp_rank_count` is the worker's own count, or the number of ranks it
-/// reported when it leaves the count at 0.
+/// Sums per-rank loads into one worker load: counts and throughput add up
+/// (saturating: a worker's numbers must not overflow the gateway's
+/// arithmetic); the ratios (token usage, cache hit rate) are averaged over
+/// the ranks. `dp_rank_count` is the worker's own count, or the number of
+/// ranks it reported when it leaves the count at 0.
 pub(crate) fn sum_ranks(dp_rank_count: i32, ranks: impl IntoIterator<Item = RankLoad>) -> Load {
     let mut total = Load::default();
     let mut reported = 0i32;
     for rank in ranks {
-        reported += 1;
-        total.running_requests += rank.running_requests;
-        total.waiting_requests += rank.waiting_requests;
-        total.used_tokens += rank.used_tokens;
-        total.max_total_tokens += rank.max_total_tokens;
-        total.waiting_uncached_tokens += rank.waiting_uncached_tokens;
+        reported = reported.saturating_add(1);
+        total.running_requests = total.running_requests.saturating_add(rank.running_requests);
+        total.waiting_requests = total.waiting_requests.saturating_add(rank.waiting_requests);
+        total.used_tokens = total.used_tokens.saturating_add(rank.used_tokens);
+        total.max_total_tokens = total.max_total_tokens.saturating_add(rank.max_total_tokens);
+        total.waiting_uncached_tokens = total
+            .waiting_uncached_tokens
+            .saturating_add(rank.waiting_uncached_tokens);
         total.gen_throughput += rank.gen_throughput;
         total.token_usage += rank.token_usage;
         total.cache_hit_rate += rank.cache_hit_rate;
@@ -395,5 +398,11 @@ mod tests {
         assert_eq!(load.dp_rank_count, 2, "counted when the worker says 0");
         assert_eq!(sum_ranks(8, [rank(1, 0.1, 0.1)]).dp_rank_count, 8);
         assert_eq!(sum_ranks(0, []), Load::default());
+
+        let huge = RankLoad {
+            running_requests: i32::MAX,
+            ..rank(0, 0.0, 0.0)
+        };
+        assert_eq!(sum_ranks(0, [huge, huge]).running_requests, i32::MAX);
     }
 }

@@ -5,12 +5,15 @@
 //! go (see `proto/`); everything above this module uses only the types here,
 //! so a pipeline stage never matches on the runtime.
 
+mod bounds;
 mod client;
 mod convert;
 mod pool;
+mod tls;
 
-pub use client::{EngineClient, EventStream};
+pub use client::{EngineClient, EventStream, MAX_TOKENIZER_ARCHIVE_BYTES};
 pub use pool::ConnectionConfig;
+pub use tls::{WorkerTls, check_worker_tls};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -216,6 +219,11 @@ pub struct GenerateRequest {
     pub kv_bootstrap: Option<KvBootstrap>,
     pub encode_bootstrap: Vec<EncodeBootstrap>,
     pub data_parallel_rank: Option<i32>,
+    /// Tokens per sequence the gateway accepts from the worker: the asked
+    /// `max_new_tokens`, else the context left after the prompt. Never sent
+    /// (the worker gets `sampling.max_new_tokens` as asked); `None` holds
+    /// the stream to `sampling.max_new_tokens` alone.
+    pub output_budget: Option<u32>,
 }
 
 /// Which stop ended a sequence.

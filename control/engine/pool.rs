@@ -36,6 +36,13 @@
 //! - Epochs: a lease records the pool's epoch. The first connection-level
 //!   failure reported by a call leased at the current epoch advances it;
 //!   failures of calls leased before that are the same death seen again.
+//! - TLS (`grpcs://` workers): the pool's connector makes each
+//!   connection's TLS session itself, with the [`WorkerTls`] rustls config
+//!   (roots, client certificate, ALPN h2), and hands hyper the decrypted
+//!   stream, so the SETTINGS are read as on a plaintext connection. tonic
+//!   dials an `http://` endpoint (its own connector would otherwise wrap
+//!   TLS again) whose origin is the `https://` URI, so requests say
+//!   `:scheme https`. A failed handshake fails the connect: backoff applies.
 
 use std::io;
 use std::pin::Pin;
@@ -45,9 +52,14 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::tls::{WorkerTls, server_name};
 
 /// How the gateway connects to each worker (`--worker-*` connection flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +69,8 @@ pub struct ConnectionConfig {
     /// Streams a connection takes before another opens, unless the server
     /// advertises a lower `SETTINGS_MAX_CONCURRENT_STREAMS`.
     pub streams_per_connection: u32,
-    /// How long establishing a TCP connection may take.
+    /// How long establishing a connection (TCP, and the TLS handshake for
+    /// `grpcs://` workers) may take.
     pub connect_timeout: Duration,
     /// HTTP/2 ping interval, also while idle: engines tolerate 30 s
     /// (wire.md), and it finds dead connections before a request does.
@@ -94,11 +107,42 @@ const UNLIMITED: u32 = u32::MAX;
 pub(super) struct Pool {
     url: Arc<str>,
     endpoint: Endpoint,
-    /// `host:port`, as dialled.
-    authority: Arc<str>,
+    /// Where and how each connection is made.
+    target: Arc<Target>,
     config: ConnectionConfig,
     slots: RwLock<Vec<Arc<Slot>>>,
     epoch: AtomicU64,
+}
+
+/// Where a worker's connections go: its `host:port`, and for a `grpcs://`
+/// worker the TLS session each connection makes first.
+struct Target {
+    authority: String,
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("authority", &self.authority)
+            .field("tls", &self.tls.as_ref().map(|(_, name)| name))
+            .finish()
+    }
+}
+
+impl Target {
+    /// A TCP connection to the worker, inside a TLS session if it wants one.
+    async fn connect(&self) -> io::Result<Wire> {
+        let stream = TcpStream::connect(self.authority.as_str()).await?;
+        stream.set_nodelay(true)?;
+        match &self.tls {
+            None => Ok(Wire::Plain(stream)),
+            Some((connector, name)) => {
+                let session = connector.connect(name.clone(), stream).await?;
+                Ok(Wire::Tls(Box::new(session)))
+            }
+        }
+    }
 }
 
 /// One connection at a time, and its stream count.
@@ -149,22 +193,45 @@ impl Drop for Lease {
 }
 
 impl Pool {
-    /// A pool for the worker at `url`, dialling `uri` (`http://host:port`).
-    /// Does no I/O; must be called inside a tokio runtime.
-    pub(super) fn new(url: &str, uri: &str, config: ConnectionConfig) -> Result<Self, String> {
+    /// A pool for the worker at `url`, dialling `uri` (`http://host:port`,
+    /// or `https://host:port` with `tls`: every connection is then a TLS
+    /// session made as `tls` says). Does no I/O; must be called inside a
+    /// tokio runtime.
+    pub(super) fn new(
+        url: &str,
+        uri: &str,
+        config: ConnectionConfig,
+        tls: Option<&WorkerTls>,
+    ) -> Result<Self, String> {
         let parsed: Uri = uri.parse().map_err(|err| format!("{err}"))?;
         let authority = parsed
             .authority()
-            .map(|authority| Arc::from(authority.as_str()))
+            .map(|authority| authority.as_str().to_owned())
             .ok_or_else(|| "no host:port".to_owned())?;
-        let endpoint = Endpoint::from(parsed)
+        let tls = match tls {
+            None => None,
+            Some(tls) => {
+                let name = server_name(&authority)?;
+                let config = tls.rustls_config()?;
+                Some((TlsConnector::from(Arc::new(config)), name))
+            }
+        };
+        // tonic's own connector would wrap an `https://` endpoint in TLS
+        // again: it dials `http://`, and requests carry the real origin.
+        let dialled: Uri = format!("http://{authority}")
+            .parse()
+            .map_err(|err| format!("{err}"))?;
+        let mut endpoint = Endpoint::from(dialled)
             .http2_keep_alive_interval(config.keepalive_interval)
             .keep_alive_timeout(config.keepalive_timeout)
             .keep_alive_while_idle(true);
+        if tls.is_some() {
+            endpoint = endpoint.origin(parsed);
+        }
         let pool = Self {
             url: Arc::from(url),
             endpoint,
-            authority,
+            target: Arc::new(Target { authority, tls }),
             config: ConnectionConfig {
                 max_connections: config.max_connections.max(1),
                 streams_per_connection: config.streams_per_connection.max(1),
@@ -198,10 +265,10 @@ impl Pool {
 
     /// A lazily connecting channel whose connections `link` dials.
     fn channel(&self, link: &Arc<Link>) -> Channel {
-        let (link, authority) = (Arc::clone(link), Arc::clone(&self.authority));
+        let (link, target) = (Arc::clone(link), Arc::clone(&self.target));
         let connector = tower::service_fn(move |_: Uri| {
-            let (link, authority) = (Arc::clone(&link), Arc::clone(&authority));
-            async move { link.dial(&authority).await }
+            let (link, target) = (Arc::clone(&link), Arc::clone(&target));
+            async move { link.dial(&target).await }
         });
         self.endpoint.connect_with_connector_lazy(connector)
     }
@@ -303,7 +370,7 @@ impl Pool {
 impl Link {
     /// Dials a new connection for the slot's channel, unless the slot is in
     /// backoff after a failed connect.
-    async fn dial(self: Arc<Self>, authority: &str) -> io::Result<TokioIo<Sniffed>> {
+    async fn dial(self: Arc<Self>, target: &Target) -> io::Result<TokioIo<Sniffed>> {
         let now = Instant::now();
         if let Some(until) = self.backoff().until.filter(|&until| until > now) {
             crate::metrics::record_worker_connect(&self.url, "backoff");
@@ -316,9 +383,7 @@ impl Link {
             ));
         }
         let connected =
-            match tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(authority))
-                .await
-            {
+            match tokio::time::timeout(self.config.connect_timeout, target.connect()).await {
                 Ok(connected) => connected,
                 Err(_) => Err(io::Error::new(
                     io::ErrorKind::TimedOut,
@@ -327,7 +392,6 @@ impl Link {
             };
         match connected {
             Ok(stream) => {
-                stream.set_nodelay(true)?;
                 *self.backoff() = Backoff::default();
                 self.advertised.store(UNLIMITED, Ordering::Relaxed);
                 crate::metrics::record_worker_connect(&self.url, "connected");
@@ -365,11 +429,77 @@ impl Backoff {
     }
 }
 
+/// A connection to a worker: plain TCP, or a TLS session over it.
+#[derive(Debug)]
+enum Wire {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Wire {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
+            Wire::Tls(session) => Pin::new(session.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Wire {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Wire::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
+            Wire::Tls(session) => Pin::new(session.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Wire::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            Wire::Tls(session) => Pin::new(session.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Wire::Plain(stream) => stream.is_write_vectored(),
+            Wire::Tls(session) => session.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Plain(stream) => Pin::new(stream).poll_flush(cx),
+            Wire::Tls(session) => Pin::new(session.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Wire::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
+            Wire::Tls(session) => Pin::new(session.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
 /// A connection whose first frame from the server, its SETTINGS, is read
-/// for `SETTINGS_MAX_CONCURRENT_STREAMS` on the way to hyper.
+/// for `SETTINGS_MAX_CONCURRENT_STREAMS` on the way to hyper (inside the
+/// TLS session, for a `grpcs://` worker).
 #[derive(Debug)]
 pub(super) struct Sniffed {
-    stream: TcpStream,
+    stream: Wire,
     link: Arc<Link>,
     /// The bytes read so far, until the first frame is complete.
     head: Option<Vec<u8>>,
@@ -536,7 +666,7 @@ mod tests {
     }
 
     fn pool(config: ConnectionConfig) -> Pool {
-        Pool::new("grpc://127.0.0.1:1", "http://127.0.0.1:1", config).expect("pool")
+        Pool::new("grpc://127.0.0.1:1", "http://127.0.0.1:1", config, None).expect("pool")
     }
 
     #[tokio::test]

@@ -28,6 +28,7 @@ use crate::engine::{EventStream, MediaItem};
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 use crate::mode::Mode;
+use crate::shutdown::RequestTasks;
 use crate::tokenizer::Tokenizer;
 use crate::workers::{Worker, WorkerSet};
 
@@ -39,6 +40,8 @@ pub struct AttemptContext<'a> {
     pub workers: &'a WorkerSet,
     pub policies: &'a RolePolicies,
     pub tokenizer: &'a Tokenizer,
+    /// Where leg supervisors and engine aborts run.
+    pub tasks: &'a RequestTasks,
     /// The engine calls' id for this attempt: `<request id>-<attempt>`.
     pub engine_request_id: String,
     /// When the whole request (all attempts) must be done.
@@ -192,7 +195,7 @@ async fn run_stage(
         StageKind::RequestExecution => {
             let plan = earlier(&mut state.plan, stage, "execution plan")?;
             let legs_started = Instant::now();
-            state.events = Some(execute(plan).await?);
+            state.events = Some(execute(plan, cx.tasks).await?);
             if cx.mode != Mode::Regular {
                 metrics::record_pd_legs_start(cx.mode.metrics_label(), legs_started.elapsed());
             }

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::engine::{Engine, EventStream, GenerateEvent, GenerateRequest, MediaItem};
 use crate::error::{Error, ErrorCode, Result};
+use crate::shutdown::RequestTasks;
 use crate::workers::LoadGuard;
 use smg_dataplane::lanes::TensorLease;
 
@@ -118,19 +119,44 @@ fn encode_call(call: EncodeCall) -> SideCall {
 }
 
 /// Aborts a leg on the worker unless disarmed (the leg finished on its own).
-#[derive(Debug)]
+/// The abort runs on the request tasks, so a shutdown that drops the leg
+/// waits for it to be sent.
 struct AbortOnDrop {
     client: Arc<dyn Engine>,
     request_id: String,
     armed: bool,
+    tasks: RequestTasks,
+    /// The leg's event stream, once handed over: kept open until the abort
+    /// is answered, so the worker gets the Abort while the request still
+    /// runs instead of racing the stream's cancellation.
+    stream: Option<EventStream>,
+}
+
+impl std::fmt::Debug for AbortOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortOnDrop")
+            .field("request_id", &self.request_id)
+            .field("armed", &self.armed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl AbortOnDrop {
-    fn new(leg: &Leg) -> Self {
+    fn new(leg: &Leg, tasks: &RequestTasks) -> Self {
         Self {
             client: Arc::clone(&leg.client),
             request_id: leg.request.request_id.clone(),
             armed: true,
+            tasks: tasks.clone(),
+            stream: None,
+        }
+    }
+
+    /// Keeps the leg's `stream` open until the abort (if one is sent) is
+    /// answered.
+    fn hold(&mut self, stream: EventStream) {
+        if self.armed {
+            self.stream = Some(stream);
         }
     }
 }
@@ -142,16 +168,19 @@ impl Drop for AbortOnDrop {
         }
         let client = Arc::clone(&self.client);
         let request_id = std::mem::take(&mut self.request_id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(err) = client
-                    .abort(&request_id, "gateway cancelled the request")
-                    .await
-                {
-                    tracing::debug!(%err, %request_id, worker = client.url(), "abort failed");
+        let stream = self.stream.take();
+        self.tasks.spawn_abort(async move {
+            let _open_until_answered = stream;
+            match client
+                .abort(&request_id, "gateway cancelled the request")
+                .await
+            {
+                Ok(_) => tracing::debug!(%request_id, worker = client.url(), "leg aborted"),
+                Err(err) => {
+                    tracing::debug!(%err, %request_id, worker = client.url(), "abort failed")
                 }
-            });
-        }
+            }
+        });
     }
 }
 
@@ -159,7 +188,7 @@ impl Drop for AbortOnDrop {
 ///
 /// Returns an error without any stream when a leg fails to start; the other
 /// legs are aborted first.
-pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
+pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventStream> {
     let ExecutionPlan {
         primary,
         prefill,
@@ -167,8 +196,8 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
         guards,
         leases,
     } = plan;
-    let mut primary_abort = AbortOnDrop::new(&primary);
-    let mut prefill_abort = prefill.as_ref().map(AbortOnDrop::new);
+    let mut primary_abort = AbortOnDrop::new(&primary, tasks);
+    let mut prefill_abort = prefill.as_ref().map(|leg| AbortOnDrop::new(leg, tasks));
 
     let primary_sequences = primary.request.sampling.n.max(1);
     let primary_url: Arc<str> = Arc::from(primary.client.url());
@@ -195,7 +224,7 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
     }
 
     let (sender, receiver) = mpsc::channel(32);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let _guards = guards;
         let _leases = leases;
         let mut side: FuturesUnordered<SideCall> = encodes.into_iter().map(encode_call).collect();
@@ -216,6 +245,10 @@ pub async fn execute(plan: ExecutionPlan) -> Result<EventStream> {
             }
         }
         // Dropping the abort guards here aborts legs that did not finish.
+        primary_abort.hold(primary_stream);
+        if let (Some(guard), Some(stream)) = (prefill_abort.as_mut(), prefill_stream) {
+            guard.hold(stream);
+        }
         drop(primary_abort);
         drop(prefill_abort);
     });
@@ -247,6 +280,18 @@ impl LoneLeg {
             abort.armed &= !finished;
         }
         self.guards.clear();
+    }
+}
+
+impl Drop for LoneLeg {
+    /// Dropped before its end (the client went away, the shutdown cut it):
+    /// the abort guard keeps the worker's stream open until the Abort is
+    /// answered.
+    fn drop(&mut self) {
+        if let Some(mut abort) = self.abort.take() {
+            let events = std::mem::replace(&mut self.events, Box::pin(futures::stream::empty()));
+            abort.hold(events);
+        }
     }
 }
 

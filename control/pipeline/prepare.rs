@@ -39,6 +39,10 @@ pub struct PreparedRequest {
     /// attempts may still send it.
     pub leases: Vec<Option<TensorLease>>,
     pub sampling: Sampling,
+    /// Tokens each sequence may have: `max_tokens` when asked, else what the
+    /// context holds after the prompt. The engine client holds the worker's
+    /// answer to it (`GenerateRequest::output_budget`).
+    pub output_budget: u32,
     pub stop_strings: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -149,6 +153,11 @@ pub async fn prepare(
         )
         .with_param("max_tokens"));
     }
+    let output_budget = output_budget(
+        spec.sampling.max_new_tokens,
+        model.max_context_length,
+        input_ids.len(),
+    );
     let mut sampling = spec.sampling;
     for stop in &spec.stop_strings {
         if let Some(id) = tokenizer.single_token(stop)
@@ -168,6 +177,7 @@ pub async fn prepare(
         media: media_items,
         leases,
         sampling,
+        output_budget,
         stop_strings: spec.stop_strings,
         stream: spec.stream,
         include_usage: spec.include_usage,
@@ -175,4 +185,25 @@ pub async fn prepare(
         echo: spec.echo,
         routing_key,
     })
+}
+
+/// How many tokens each sequence may have: `max_tokens` when asked, else
+/// what a context of `context` tokens holds after a prompt of `prompt`.
+fn output_budget(max_tokens: Option<u32>, context: u32, prompt: usize) -> u32 {
+    max_tokens.unwrap_or_else(|| {
+        let left = u64::from(context).saturating_sub(prompt as u64);
+        u32::try_from(left).unwrap_or(u32::MAX)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_budget_is_max_tokens_else_the_context_left() {
+        assert_eq!(output_budget(Some(16), 4096, 100), 16);
+        assert_eq!(output_budget(None, 4096, 100), 3996);
+        assert_eq!(output_budget(None, 4096, 5000), 0);
+    }
 }

@@ -476,6 +476,7 @@ pub fn build_plan(
         return_logprob: request.logprobs.is_some(),
         top_logprobs_num: request.logprobs.map_or(0, |k| k as i32),
         media,
+        output_budget: Some(request.output_budget),
         ..Default::default()
     };
     let leases = request.leases.iter().flatten().cloned().collect();

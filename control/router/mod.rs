@@ -34,6 +34,7 @@ use crate::pipeline::spec::{GenerationSpec, InputItem};
 use crate::pipeline::stages::{RolePolicies, pick};
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
 use crate::policies::SelectionRequest;
+use crate::shutdown::RequestTasks;
 use crate::tokenizer::Tokenizer;
 use crate::workers::{Worker, WorkerRole, WorkerSet};
 
@@ -80,6 +81,9 @@ pub struct RouterParts {
     pub request_timeout: Duration,
     /// Image intake and preprocessing; `None` for text-only models.
     pub media: Option<MediaPlanner>,
+    /// Where leg supervisors and engine aborts run (the shutdown waits for
+    /// them).
+    pub tasks: RequestTasks,
 }
 
 /// One router, parameterized by its mode.
@@ -371,6 +375,7 @@ impl Router {
             workers: &self.parts.workers,
             policies: &self.parts.policies,
             tokenizer: &self.parts.tokenizer,
+            tasks: &self.parts.tasks,
             engine_request_id: engine_request_id(
                 request.client_request_id.as_deref(),
                 &request.request_id,

@@ -356,6 +356,7 @@ mod in_process {
             retry,
             request_timeout: timeout,
             media: None,
+            tasks: crate::shutdown::RequestTasks::new(),
         })
     }
 
@@ -392,6 +393,7 @@ mod in_process {
             model: "fixture".into(),
             request_id: "chatcmpl-test".into(),
             client_request_id: None,
+            output_budget: 16,
             input_ids: vec![10, 11, 12, 13],
             prompt_text: String::new(),
             leases: vec![None; media.len()],

@@ -8,7 +8,9 @@
 //! request; per-sequence state lives in an [`IncrementalDecoder`] and a
 //! [`StopMatcher`].
 //!
-//! - `files.rs` reads the files from a directory or an archive.
+//! - `files.rs` reads the files from a directory or an archive, bounded
+//!   (regular files only, a byte and entry budget): a worker may supply
+//!   either.
 //! - `chat_template.rs` renders prompts the way `transformers` does.
 //! - `python_compat.rs` supplies the Python behaviours templates rely on.
 //! - `detokenizer.rs` streams ids back to text without splitting characters.
@@ -41,7 +43,7 @@ use tokenizers::PostProcessor;
 
 use crate::error::{Error, Result};
 use chat_template::ChatTemplate;
-use files::ModelFiles;
+use files::{Links, ModelFiles};
 use segments::SegmentEncoder;
 
 /// The special tokens `transformers` exposes to chat templates by name.
@@ -84,8 +86,18 @@ impl Tokenizer {
     /// Loads `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`,
     /// `special_tokens_map.json`, `generation_config.json` and `config.json`
     /// from a model directory. Only `tokenizer.json` is required.
+    /// Symlinks are followed (to regular files only): this is the
+    /// operator's directory.
     pub fn from_model_dir(dir: &Path) -> Result<Self> {
-        Self::from_files(ModelFiles::from_dir(dir)?)
+        Self::from_files(ModelFiles::from_dir(dir, Links::Follow)?)
+    }
+
+    /// Loads the same files from a directory a worker advertised (its
+    /// `tokenizer_path`): regular files only, no symlinks, size-capped,
+    /// never blocking on a FIFO. Blocking file I/O: run it off the async
+    /// runtime.
+    pub fn from_worker_dir(dir: &Path) -> Result<Self> {
+        Self::from_files(ModelFiles::from_dir(dir, Links::Refuse)?)
     }
 
     /// Loads the same files from a zip archive (what a worker's

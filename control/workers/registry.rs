@@ -26,8 +26,11 @@ use super::{
     BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
     spawn_circuit_probe, spawn_probe_loop, worker_id,
 };
-use crate::engine::{ConnectionConfig, Engine, EngineClient, Runtime, ServerInfo};
+use crate::engine::{
+    ConnectionConfig, Engine, EngineClient, Load, Runtime, ServerInfo, WorkerTls, check_worker_tls,
+};
 use crate::error::{Error, ErrorCode, Result};
+use crate::metrics::ProtocolViolation;
 
 /// How long a registration waits for the worker's discovery RPCs.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +52,37 @@ pub struct Lifecycle {
     /// Most requests one worker holds at once (`--worker-max-in-flight`);
     /// `None`: no limit.
     pub max_in_flight: Option<usize>,
+    /// The most data-parallel ranks one engine may bring
+    /// (`--max-dp-ranks`): each becomes a worker with its own probes and
+    /// load, so an engine reporting 50,000 must be refused, not obeyed.
+    pub max_dp_ranks: u32,
+}
+
+impl Lifecycle {
+    /// `--max-dp-ranks`'s default: beyond the largest data-parallel
+    /// deployments behind one engine endpoint.
+    pub const DEFAULT_MAX_DP_RANKS: u32 = 256;
+
+    /// How many logical workers the engine at `url` becomes under
+    /// `--dp-aware`, from its `GetLoads` answer: one per data-parallel rank
+    /// (at least one), refused past [`Lifecycle::max_dp_ranks`] as the
+    /// engine's protocol violation.
+    pub fn dp_ranks(&self, url: &str, load: &Load) -> Result<u32> {
+        let ranks = u32::try_from(load.dp_rank_count).unwrap_or(0).max(1);
+        if ranks <= self.max_dp_ranks {
+            return Ok(ranks);
+        }
+        crate::metrics::record_protocol_violation(url, ProtocolViolation::DpRanks);
+        Err(Error::new(
+            ErrorCode::WorkerProtocolViolation,
+            format!(
+                "worker {url} reports {ranks} data-parallel ranks; at most {} are accepted \
+                 (--max-dp-ranks)",
+                self.max_dp_ranks
+            ),
+        )
+        .with_worker(url))
+    }
 }
 
 /// A worker to register.
@@ -168,6 +202,8 @@ pub struct WorkerRegistry {
     set: WorkerSet,
     lifecycle: Lifecycle,
     lanes: Arc<dyn LaneDirectory>,
+    /// How registered `grpcs://` workers are dialled.
+    tls: WorkerTls,
     jobs: Mutex<HashMap<String, Job>>,
     draining: Mutex<HashMap<String, Arc<Worker>>>,
 }
@@ -190,9 +226,17 @@ impl WorkerRegistry {
             set,
             lifecycle,
             lanes,
+            tls: WorkerTls::default(),
             jobs: Mutex::default(),
             draining: Mutex::default(),
         }
+    }
+
+    /// Dials registered `grpcs://` workers as `tls` says (by default: the
+    /// public roots, no client certificate).
+    pub fn with_worker_tls(mut self, tls: WorkerTls) -> Self {
+        self.tls = tls;
+        self
     }
 
     pub fn model(&self) -> &str {
@@ -239,8 +283,12 @@ impl WorkerRegistry {
                 format!("this gateway serves {:?}, not {model:?}", self.model),
             ));
         }
-        let client =
-            EngineClient::with_connections(&spec.url, self.runtime, self.lifecycle.connections)?;
+        let client = EngineClient::with_connections(
+            &spec.url,
+            self.runtime,
+            self.lifecycle.connections,
+            &self.tls,
+        )?;
         let id = worker_id(client.url());
         {
             let mut jobs = self.jobs();
@@ -294,6 +342,9 @@ impl WorkerRegistry {
         bootstrap_port: Option<u16>,
         lane_override: Option<WorkerLaneOverride>,
     ) -> std::result::Result<(), String> {
+        check_worker_tls(client.url(), &self.tls)
+            .await
+            .map_err(|err| err.to_string())?;
         let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
         let port = match (bootstrap_port, needs_bootstrap) {
             (Some(port), _) => Some(port),
@@ -313,7 +364,11 @@ impl WorkerRegistry {
                 .await
                 .map_err(|_| "GetLoads timed out".to_owned())?
                 .map_err(|err| format!("GetLoads failed: {err}"))?;
-            Some(u32::try_from(load.dp_rank_count).unwrap_or(0).max(1))
+            Some(
+                self.lifecycle
+                    .dp_ranks(client.url(), &load)
+                    .map_err(|err| err.message)?,
+            )
         } else {
             None
         };
@@ -529,4 +584,56 @@ pub fn advertised_bootstrap_port(info: &ServerInfo) -> Option<u16> {
     .flatten()
     .find_map(serde_json::Value::as_u64)
     .and_then(|port| u16::try_from(port).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lifecycle(max_dp_ranks: u32) -> Lifecycle {
+        Lifecycle {
+            health: None,
+            breaker: BreakerConfig::default(),
+            probe_timeout: Duration::from_secs(1),
+            dp_aware: true,
+            connections: ConnectionConfig::default(),
+            max_in_flight: None,
+            max_dp_ranks,
+        }
+    }
+
+    fn reporting(dp_rank_count: i32) -> Load {
+        Load {
+            dp_rank_count,
+            ..Load::default()
+        }
+    }
+
+    #[test]
+    fn an_engine_brings_its_ranks_up_to_the_cap() {
+        let lifecycle = lifecycle(8);
+        let cases = [
+            (0, Some(1)),
+            (-3, Some(1)),
+            (1, Some(1)),
+            (8, Some(8)),
+            (9, None),
+        ];
+        for (reported, expected) in cases {
+            let ranks = lifecycle.dp_ranks("grpc://w:1", &reporting(reported));
+            match expected {
+                Some(expected) => assert_eq!(ranks, Ok(expected), "{reported}"),
+                None => {
+                    let err = ranks.expect_err("past the cap");
+                    assert_eq!(err.code, ErrorCode::WorkerProtocolViolation);
+                    assert_eq!(err.worker.as_deref(), Some("grpc://w:1"));
+                    assert!(err.message.contains("--max-dp-ranks"), "{err}");
+                }
+            }
+        }
+        let refused = lifecycle
+            .dp_ranks("w", &reporting(50_000))
+            .expect_err("50k");
+        assert!(refused.message.contains("50000"), "{refused}");
+    }
 }

@@ -91,7 +91,7 @@ pub struct WorkerTransport {
 
 /// Worker URLs compare without scheme and trailing slash.
 pub fn normalize_url(url: &str) -> String {
-    let bare = ["grpc://", "http://", "https://"]
+    let bare = ["grpc://", "grpcs://", "http://", "https://"]
         .iter()
         .find_map(|scheme| url.strip_prefix(scheme))
         .unwrap_or(url);

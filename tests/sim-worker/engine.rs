@@ -95,6 +95,8 @@ pub struct EngineConfig {
     pub faults: Faults,
     /// How tensors are taken in (including the never-unlink fault).
     pub intake: crate::tensor::Intake,
+    /// Protocol promises to break (`--hostile`).
+    pub hostile: crate::hostile::Hostility,
     pub bootstrap_timeout: Duration,
     pub default_max_new_tokens: u32,
     pub max_running_requests: u32,
@@ -102,6 +104,10 @@ pub struct EngineConfig {
     /// Each Generate call's request id is appended here, one per line
     /// (tests check the ids the gateway sends).
     pub request_log: Option<std::path::PathBuf>,
+    /// Each Abort call is appended here before it is answered, one line
+    /// per call: `<request id> running|unknown` (tests check that the
+    /// gateway aborted a leg, as opposed to merely closing its stream).
+    pub abort_log: Option<std::path::PathBuf>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -335,14 +341,19 @@ fn unix_seconds() -> u64 {
 /// Appends `request_id` as a line of `path` (one `write` call, so lines
 /// of concurrent calls do not interleave).
 fn log_request_id(path: &std::path::Path, request_id: &str) {
+    log_line(path, request_id);
+}
+
+/// Appends `line` to the file at `path`.
+fn log_line(path: &std::path::Path, line: &str) {
     use std::io::Write;
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .and_then(|mut file| file.write_all(format!("{request_id}\n").as_bytes()));
+        .and_then(|mut file| file.write_all(format!("{line}\n").as_bytes()));
     if let Err(err) = written {
-        tracing::warn!(path = %path.display(), %err, "cannot log the request id");
+        tracing::warn!(path = %path.display(), %err, "cannot write the log line");
     }
 }
 
@@ -578,15 +589,24 @@ impl Engine {
     async fn sequence(&self, context: &SequenceContext<'_>, index: u32) -> Result<(), Stop> {
         let sampling = context.sampling;
         let faults = &self.config.faults;
-        let max_new_tokens = sampling
-            .max_new_tokens
-            .unwrap_or(self.config.default_max_new_tokens);
+        let hostile = &self.config.hostile;
+        // Hostile: past max_new_tokens, EOS and stop ids alike.
+        let overrun = hostile.overrun_tokens.is_some();
+        let max_new_tokens = hostile.overrun_tokens.unwrap_or(
+            sampling
+                .max_new_tokens
+                .unwrap_or(self.config.default_max_new_tokens),
+        );
+        let ignore_eos = sampling.ignore_eos || overrun;
+        let wire_index = index.saturating_add(hostile.sequence_index);
         let mut script = Script::new(self, &context.prompt_digest, index);
         let mut output_ids: Vec<u32> = Vec::new();
         let mut generated = Gauge::add(&self.counters.used_tokens, 0);
-        let vocab = self.model.vocab_size;
+        let logprobs = |tokens: &[u32], first_position: usize, top_k: u32| {
+            self.logprobs(tokens, first_position, top_k)
+        };
         let complete = |output_ids: &[u32], finish_reason, matched_token_id| Complete {
-            index,
+            index: wire_index,
             output_ids: output_ids.to_vec(),
             finish_reason,
             prompt_tokens: context.prompt_tokens,
@@ -596,7 +616,7 @@ impl Engine {
             logprobs: sampling
                 .logprobs
                 .filter(|_| !context.stream)
-                .map(|top_k| SimLogprobs::for_tokens(output_ids, 0, top_k, vocab)),
+                .map(|top_k| logprobs(output_ids, 0, top_k)),
         };
         let finish = loop {
             let produced = output_ids.len() as u32;
@@ -629,8 +649,8 @@ impl Engine {
                 break complete(&output_ids, "abort", None);
             }
 
-            let may_stop = produced >= sampling.min_new_tokens;
-            let natural_end = may_stop && !sampling.ignore_eos && script.at_natural_end(produced);
+            let may_stop = produced >= sampling.min_new_tokens && !overrun;
+            let natural_end = may_stop && !ignore_eos && script.at_natural_end(produced);
             let token = if natural_end {
                 self.model.eos_token_ids[0]
             } else {
@@ -641,20 +661,20 @@ impl Engine {
             self.counters.note_generated(1);
             if context.stream {
                 let chunk = Chunk {
-                    index,
+                    index: wire_index,
                     token_ids: vec![token],
                     prompt_tokens: context.prompt_tokens,
                     completion_tokens: output_ids.len() as u32,
                     cached_tokens: context.cached_tokens,
-                    logprobs: sampling.logprobs.map(|top_k| {
-                        SimLogprobs::for_tokens(&[token], output_ids.len() - 1, top_k, vocab)
-                    }),
+                    logprobs: sampling
+                        .logprobs
+                        .map(|top_k| logprobs(&[token], output_ids.len() - 1, top_k)),
                 };
                 if context.sender.send(Ok(Event::Chunk(chunk))).await.is_err() {
                     return Err(Stop::ClientGone);
                 }
             }
-            let is_eos = !sampling.ignore_eos && self.model.eos_token_ids.contains(&token);
+            let is_eos = !ignore_eos && self.model.eos_token_ids.contains(&token);
             if may_stop && (is_eos || sampling.stop_token_ids.contains(&token)) {
                 break complete(&output_ids, "stop", Some(token));
             }
@@ -668,6 +688,20 @@ impl Engine {
             return Err(Stop::ClientGone);
         }
         Ok(())
+    }
+
+    /// The logprobs reported for `tokens`: as [`SimLogprobs::for_tokens`]
+    /// describes, unless hostile mode sends more alternatives than asked or
+    /// fewer values than tokens.
+    fn logprobs(&self, tokens: &[u32], first_position: usize, top_k: u32) -> SimLogprobs {
+        let hostile = &self.config.hostile;
+        let top_k = hostile.logprob_alternatives.unwrap_or(top_k);
+        let mut logprobs =
+            SimLogprobs::for_tokens(tokens, first_position, top_k, self.model.vocab_size);
+        if hostile.short_logprobs {
+            logprobs.token_logprobs.pop();
+        }
+        logprobs
     }
 
     async fn decode_step_delay(&self, cancel: &CancellationToken) {
@@ -711,13 +745,18 @@ impl Engine {
 
     /// Cancels a running request; true when it was found.
     pub fn abort(&self, request_id: &str) -> bool {
-        match lock(&self.running).get(request_id) {
+        let found = match lock(&self.running).get(request_id) {
             Some(cancel) => {
                 cancel.cancel();
                 true
             }
             None => false,
+        };
+        if let Some(path) = &self.config.abort_log {
+            let outcome = if found { "running" } else { "unknown" };
+            log_line(path, &format!("{request_id} {outcome}"));
         }
+        found
     }
 
     pub fn flush_cache(&self) {

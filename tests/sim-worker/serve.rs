@@ -10,15 +10,23 @@
 //! refused and the client must resend them) or abruptly (the socket closes
 //! under every stream). The server can also advertise
 //! `SETTINGS_MAX_CONCURRENT_STREAMS` as engines do, and accept slowly.
+//!
+//! With `--tls-cert-path` each connection is a TLS session first (rustls,
+//! ALPN h2; with `--client-ca-path` the client must present a certificate
+//! chaining to that CA), and the faults play on the HTTP/2 connection inside
+//! it: an abrupt end drops the session without a close_notify.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tonic::service::Routes;
@@ -43,13 +51,56 @@ pub struct ConnectionFaults {
 
 /// HTTP/2 keepalive pings, as the gateway and engines use them.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a client may take over its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `routes` on `listener` until `shutdown` resolves; then ends every
-/// connection gracefully and waits for their streams to finish.
+/// The server's TLS: the PEM certificate chain `cert` and its PEM `key`;
+/// with `client_ca` (PEM), clients must present a certificate chaining to
+/// it (mTLS). HTTP/2 only, by ALPN, as gRPC servers do.
+pub fn tls_server_config(
+    cert: &[u8],
+    key: &[u8],
+    client_ca: Option<&[u8]>,
+) -> Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                roots
+                    .add(cert.context("a client CA certificate")?)
+                    .context("a client CA certificate")?;
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .context("the client CA")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let chain = CertificateDer::pem_slice_iter(cert)
+        .collect::<Result<Vec<_>, _>>()
+        .context("the certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key).context("the private key")?;
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .context("the certificate and key")?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Serves `routes` on `listener` (over TLS when `tls` is given) until
+/// `shutdown` resolves; then ends every connection gracefully and waits for
+/// their streams to finish.
 pub async fn serve(
     listener: TcpListener,
     routes: Routes,
     faults: ConnectionFaults,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     let (stop, stopping) = watch::channel(false);
@@ -68,10 +119,11 @@ pub async fn serve(
         };
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
-        connections.spawn(serve_connection(
+        connections.spawn(accept_connection(
             socket,
             routes.clone(),
             faults,
+            tls.clone(),
             stopping.clone(),
         ));
     }
@@ -80,12 +132,14 @@ pub async fn serve(
     Ok(())
 }
 
-/// One connection, ended as `faults` say.
-async fn serve_connection(
+/// One accepted socket: the accept delay, the TLS handshake if any, then
+/// its HTTP/2 connection.
+async fn accept_connection(
     socket: TcpStream,
     routes: Routes,
     faults: ConnectionFaults,
-    mut stopping: watch::Receiver<bool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stopping: watch::Receiver<bool>,
 ) {
     if let Err(err) = socket.set_nodelay(true) {
         tracing::debug!(%err, "cannot set TCP_NODELAY");
@@ -93,6 +147,25 @@ async fn serve_connection(
     if !faults.accept_delay.is_zero() {
         tokio::time::sleep(faults.accept_delay).await;
     }
+    let Some(tls) = tls else {
+        return serve_connection(socket, routes, faults, stopping).await;
+    };
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(socket)).await {
+        Ok(Ok(session)) => serve_connection(session, routes, faults, stopping).await,
+        Ok(Err(err)) => tracing::info!(%err, "TLS handshake failed"),
+        Err(_) => tracing::info!("TLS handshake timed out"),
+    }
+}
+
+/// One connection, ended as `faults` say.
+async fn serve_connection<I>(
+    io: I,
+    routes: Routes,
+    faults: ConnectionFaults,
+    mut stopping: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let taken = Arc::new(AtomicU32::new(0));
     let enough = Arc::new(Notify::new());
     let service = {
@@ -112,7 +185,7 @@ async fn serve_connection(
         .max_concurrent_streams(faults.max_concurrent_streams)
         // Engines allow 256 MiB messages; big frames make them cheaper.
         .max_frame_size(1 << 20);
-    let connection = builder.serve_connection(TokioIo::new(socket), service);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut ending = false;
     let mut age = faults

@@ -99,6 +99,9 @@ impl Worker {
     /// The tokenizer archive, chunked, with its sha256 on the last chunk.
     pub fn tokenizer_chunks(&self) -> ResponseStream<common::GetTokenizerChunk> {
         const CHUNK: usize = 64 * 1024;
+        if let Some(bytes) = self.engine.config.hostile.archive_bytes {
+            return zero_archive(bytes, CHUNK);
+        }
         let (zip, sha) = &self.engine.model.tokenizer_zip;
         let pieces: Vec<&[u8]> = zip.chunks(CHUNK).collect();
         let last = pieces.len().saturating_sub(1);
@@ -131,6 +134,38 @@ impl Worker {
             (true, format!("{} worker ready", self.engine.role().name()))
         }
     }
+}
+
+/// Hostile: `total` zero bytes as an "archive" in `chunk`-byte pieces, made
+/// as they are sent (the worker holds one piece, whatever `total`), with
+/// the sha256 of all of it on the last piece.
+fn zero_archive(total: u64, chunk: usize) -> ResponseStream<common::GetTokenizerChunk> {
+    use sha2::Digest as _;
+    let piece = bytes::Bytes::from(vec![0u8; chunk]);
+    let state = (0u64, sha2::Sha256::new());
+    Box::pin(futures::stream::unfold(Some(state), move |state| {
+        let piece = piece.clone();
+        async move {
+            let (sent, mut hasher) = state?;
+            let len = usize::try_from((total - sent).min(chunk as u64)).unwrap_or(chunk);
+            let data = piece.slice(..len);
+            hasher.update(&data);
+            let sent = sent + len as u64;
+            if sent < total {
+                let message = common::GetTokenizerChunk {
+                    data,
+                    sha256: String::new(),
+                };
+                return Some((Ok(message), Some((sent, hasher))));
+            }
+            let sha256 = hasher
+                .finalize()
+                .iter()
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            Some((Ok(common::GetTokenizerChunk { data, sha256 }), None))
+        }
+    }))
 }
 
 fn disaggregation_mode(worker: &Worker) -> &'static str {

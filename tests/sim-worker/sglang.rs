@@ -177,7 +177,9 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
         // A deterministic unit vector derived from the input.
         let digest = crate::digest::prompt_digest(&input_ids, &[]);
         let mut rng = StdRng::from_seed(digest);
-        let dim = self.0.engine.model.hidden_size.max(1);
+        let dim = (self.0.engine.config.hostile.embedding_dim)
+            .unwrap_or(self.0.engine.model.hidden_size)
+            .max(1);
         let raw: Vec<f32> = (0..dim).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let norm = raw
             .iter()
@@ -223,9 +225,15 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
     ) -> Result<Response<sg::GetModelInfoResponse>, Status> {
         let model = &self.0.engine.model;
         let path = model.model_path.display().to_string();
+        let tokenizer_path = self
+            .0
+            .engine
+            .config
+            .hostile
+            .advertised_tokenizer_path(path.clone());
         Ok(Response::new(sg::GetModelInfoResponse {
             model_path: path.clone(),
-            tokenizer_path: path,
+            tokenizer_path,
             is_generation: true,
             preferred_sampling_params: String::new(),
             weight_version: "default".to_owned(),
@@ -268,6 +276,7 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
         _request: Request<sg::GetLoadsRequest>,
     ) -> Result<Response<sg::GetLoadsResponse>, Status> {
         let loads = self.0.engine.loads();
+        let hostile = &self.0.engine.config.hostile;
         let load = sg::SchedulerLoad {
             dp_rank: 0,
             num_running_reqs: loads.running,
@@ -309,7 +318,7 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
         Ok(Response::new(sg::GetLoadsResponse {
             timestamp: service::now_rfc3339(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            dp_rank_count: ranks.len() as i32,
+            dp_rank_count: hostile.dp_ranks.unwrap_or(ranks.len() as i32),
             aggregate: Some(sg::AggregateMetrics {
                 total_running_reqs: load.num_running_reqs,
                 total_waiting_reqs: load.num_waiting_reqs,

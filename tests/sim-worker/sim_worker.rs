@@ -6,11 +6,13 @@
 //! received (token ids, tensor bytes, shapes, dtypes; see `digest`), takes part
 //! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes,
 //! `/dev/shm` or the RDMA lane's loopback arena like a real worker, follows a simple timing model, and injects
-//! faults on request. When it is listening it prints one line to stdout:
+//! faults on request (and, with `--hostile`, breaks the protocol's promises
+//! as a buggy or compromised engine could; see `hostile`). When it is listening it prints one line to stdout:
 //! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
 
 mod digest;
 mod engine;
+mod hostile;
 mod model;
 mod remote;
 mod rendezvous;
@@ -38,6 +40,7 @@ use tokio::net::TcpListener;
 use tonic::service::Routes;
 
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
+use crate::hostile::{Hostility, Misbehaviour};
 use crate::model::ModelFacts;
 use crate::serve::ConnectionFaults;
 use crate::service::Worker;
@@ -81,6 +84,18 @@ struct Args {
     /// Overrides the advertised `/dev/shm` identity (`"<boot_id>:<st_dev>"`).
     #[arg(long)]
     shm_namespace_id: Option<String>,
+
+    /// Serve gRPC over TLS with this PEM certificate chain (needs
+    /// --tls-key-path); the gateway dials it as `grpcs://`.
+    #[arg(long, value_name = "FILE", requires = "tls_key_path")]
+    tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_path")]
+    tls_key_path: Option<PathBuf>,
+    /// Require clients to present a certificate signed by this PEM CA
+    /// (mTLS; needs --tls-cert-path).
+    #[arg(long, value_name = "FILE", requires = "tls_cert_path")]
+    client_ca_path: Option<PathBuf>,
 
     /// No simulated compute time at all (overhead benchmarks).
     #[arg(long)]
@@ -176,6 +191,12 @@ struct Args {
     /// Fault: report unhealthy in HealthCheck while this file exists.
     #[arg(long, value_name = "PATH")]
     unhealthy_while_exists: Option<std::path::PathBuf>,
+    /// Misbehave like a buggy or compromised engine (repeatable):
+    /// `overrun-tokens=N`, `logprobs=N`, `short-logprobs`,
+    /// `sequence-index=N`, `dp-ranks=N`, `archive-bytes=N`,
+    /// `tokenizer-path=DIR`, `embedding-dim=N`.
+    #[arg(long, value_name = "MISBEHAVIOUR", value_parser = Misbehaviour::parse)]
+    hostile: Vec<Misbehaviour>,
 
     /// Read shm tensors from this directory instead of /dev/shm (and
     /// advertise its namespace).
@@ -187,6 +208,10 @@ struct Args {
     /// Append each Generate call's request id to this file, one per line.
     #[arg(long, value_name = "FILE")]
     request_log: Option<PathBuf>,
+    /// Append each Abort call's request id and whether it was running
+    /// (`ID running|unknown`) to this file, before answering it.
+    #[arg(long, value_name = "FILE")]
+    abort_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -201,6 +226,20 @@ impl Args {
             max_concurrent_streams: self.max_concurrent_streams,
             accept_delay: Duration::from_millis(self.accept_delay_ms),
         }
+    }
+
+    /// The TLS the gRPC server speaks, if any: its certificate, and the CA
+    /// client certificates must chain to (mTLS).
+    fn tls_acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert_path, &self.tls_key_path) else {
+            return Ok(None);
+        };
+        let read = |path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        let client_ca = self.client_ca_path.as_ref().map(read).transpose()?;
+        let config = serve::tls_server_config(&read(cert)?, &read(key)?, client_ca.as_deref())?;
+        Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
     }
 
     fn engine_config(&self) -> EngineConfig {
@@ -234,11 +273,13 @@ impl Args {
                 keep_shm_names: self.keep_shm_names,
                 size_only: self.skip_tensor_bytes,
             },
+            hostile: Hostility::new(&self.hostile),
             bootstrap_timeout: Duration::from_millis(self.bootstrap_timeout_ms),
             default_max_new_tokens: self.default_max_new_tokens,
             max_running_requests: self.max_running_requests,
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
+            abort_log: self.abort_log.clone(),
         }
     }
 }
@@ -320,6 +361,7 @@ async fn main() -> Result<()> {
     };
 
     let limit = proto::MAX_MESSAGE_BYTES;
+    let tls = args.tls_acceptor().context("TLS setup")?;
     let routes = match args.protocol {
         Protocol::Tokenspeed => {
             let service = tokenspeed::TokenSpeed(worker);
@@ -357,7 +399,14 @@ async fn main() -> Result<()> {
         "simulated worker serving"
     );
 
-    serve::serve(grpc, routes, args.connection_faults(), shutdown_signal()).await?;
+    serve::serve(
+        grpc,
+        routes,
+        args.connection_faults(),
+        tls,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 

@@ -258,10 +258,16 @@ impl ts::token_speed_scheduler_server::TokenSpeedScheduler for TokenSpeed {
     ) -> Result<Response<ts::GetModelInfoResponse>, Status> {
         let model = &self.0.engine.model;
         let path = model.model_path.display().to_string();
+        let tokenizer_path = self
+            .0
+            .engine
+            .config
+            .hostile
+            .advertised_tokenizer_path(path.clone());
         let vision = model.supports_vision;
         Ok(Response::new(ts::GetModelInfoResponse {
             model_path: path.clone(),
-            tokenizer_path: path,
+            tokenizer_path,
             served_model_name: model.served_model_name.clone(),
             model_type: model.model_type.clone(),
             architectures: model.architectures.clone(),
@@ -333,7 +339,7 @@ impl ts::token_speed_scheduler_server::TokenSpeedScheduler for TokenSpeed {
         Ok(Response::new(ts::GetLoadsResponse {
             timestamp: service::now_rfc3339(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
-            dp_rank_count: 1,
+            dp_rank_count: self.0.engine.config.hostile.dp_ranks.unwrap_or(1),
             aggregate: Some(ts::AggregateMetrics {
                 total_running_reqs: load.num_running_reqs,
                 total_waiting_reqs: load.num_waiting_reqs,

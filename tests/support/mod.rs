@@ -15,6 +15,7 @@ use std::time::Duration;
 pub mod digest;
 pub mod media;
 pub mod proxy;
+pub mod shm;
 
 /// How long a worker may take to print its ready line.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -209,22 +210,22 @@ pub struct Gateway {
 
 /// The flags every test gateway starts with: loopback, ephemeral ports,
 /// the fixture model.
-fn launch_command() -> Command {
+fn launch_command(model: Option<&std::path::Path>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
-    command
-        .args([
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--prometheus-port",
-            "0",
-            "--admin-port",
-            "0",
-        ])
-        .arg("--model-path")
-        .arg(model_dir());
+    command.args([
+        "launch",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--admin-port",
+        "0",
+    ]);
+    if let Some(model) = model {
+        command.arg("--model-path").arg(model);
+    }
     command
 }
 
@@ -232,7 +233,14 @@ impl Gateway {
     /// Starts `smg launch --host 127.0.0.1 --port 0 --prometheus-port 0
     /// --admin-port 0 --model-path <fixture>` plus `args`.
     pub fn start(args: &[&str]) -> Gateway {
-        let mut command = launch_command();
+        Gateway::start_with_model(Some(&model_dir()), args)
+    }
+
+    /// Starts `smg launch` as [`Gateway::start`] does, with `--model-path
+    /// <model>` only when given (without it the tokenizer comes from the
+    /// workers).
+    pub fn start_with_model(model: Option<&std::path::Path>, args: &[&str]) -> Gateway {
+        let mut command = launch_command(model);
         command.args(["--log-level", "warn"]).args(args);
         command.stderr(Stdio::inherit());
         Self::spawn(command)
@@ -241,7 +249,7 @@ impl Gateway {
     /// As [`Gateway::start`], with its log (filtered by `rust_log`) written
     /// to `log` instead of the test's stderr.
     pub fn start_logged(args: &[&str], rust_log: &str, log: &std::path::Path) -> Gateway {
-        let mut command = launch_command();
+        let mut command = launch_command(Some(&model_dir()));
         command.args(args).env("RUST_LOG", rust_log);
         command.stderr(std::fs::File::create(log).expect("log file"));
         Self::spawn(command)
@@ -273,10 +281,29 @@ impl Gateway {
         self.child.id()
     }
 
+    /// Sends `signal` to the gateway process.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the gateway");
+    }
+
+    /// The gateway's exit status once it has exited (`None` while it runs).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("the gateway's status")
+    }
+
+    /// Waits (at most 30 s) for the gateway to exit and returns its status.
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        poll_until("the gateway exits", async || self.exit_status()).await
+    }
+
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
-        let output = launch_command().args(args).output().expect("run smg");
+        let output = launch_command(Some(&model_dir()))
+            .args(args)
+            .output()
+            .expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -46,6 +46,7 @@ use crate::pipeline::respond::{
     CollectedOutput, FinishReason, OutputEvent, OutputStream, Usage, collect,
 };
 use crate::router::Generation;
+use crate::shutdown::RequestTasks;
 use crate::tokenizer::Tokenizer;
 
 /// The header that pins a conversation to a worker under sticky policies.
@@ -180,7 +181,7 @@ async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: &[u8]) -
         tokenizer,
     };
     if stream {
-        return stream_response(router_label, info, output, dialect);
+        return stream_response(&state.tasks, router_label, info, output, dialect);
     }
     match collect(output, n).await {
         Ok(collected) => {
@@ -204,13 +205,14 @@ async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: &[u8]) -
 
 /// Streams `output` as `dialect`'s SSE frames.
 fn stream_response<D: Dialect>(
+    tasks: &RequestTasks,
     router_label: &'static str,
     info: GenerationInfo,
     mut output: OutputStream,
     mut dialect: D,
 ) -> Response {
     let endpoint = D::ENDPOINT;
-    let frames = async_frames(move |sender| async move {
+    let frames = async_frames(tasks, move |sender| async move {
         let mut first_token: Option<Instant> = None;
         let mut completion_tokens = 0u32;
         let send_all = |frames: Vec<Bytes>| {
@@ -279,15 +281,27 @@ fn stream_response<D: Dialect>(
     sse_response(frames)
 }
 
-/// A stream of frames produced by a task; the task stops when the response
-/// body (the receiver) is dropped.
-fn async_frames<F, Fut>(producer: F) -> impl futures::Stream<Item = Bytes> + Send + 'static
+/// A stream of frames produced by a task on `tasks`. The task is dropped as
+/// soon as the response body (the receiver) is: a producer waiting for the
+/// engine's next token would otherwise notice only when it has one to send,
+/// and its legs would be aborted that late (or, at shutdown, never).
+fn async_frames<F, Fut>(
+    tasks: &RequestTasks,
+    producer: F,
+) -> impl futures::Stream<Item = Bytes> + Send + 'static
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(producer(sender));
+    let watch = sender.clone();
+    let produce = producer(sender);
+    tasks.spawn(async move {
+        tokio::select! {
+            () = produce => {}
+            () = watch.closed() => {}
+        }
+    });
     tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 

@@ -15,11 +15,13 @@
 use std::collections::HashMap;
 
 use super::{LOAD_SECTIONS, RankLoad, checked_room, json_from_struct};
+use crate::engine::bounds::Violation;
 use crate::engine::{
     Constraint, Embedding, GenerateEvent, GenerateRequest, KvBootstrap, Load, LogProbs, MediaItem,
     Modality, ModelInfo, Runtime, Sampling, ServerInfo, Tensor, TensorPayload,
 };
 use crate::error::{Error, Result};
+use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler as sg;
 
 /// The values an unset sampling field means: sampling left as the model
@@ -50,6 +52,8 @@ pub(crate) fn generate_request(request: GenerateRequest) -> Result<sg::GenerateR
         kv_bootstrap,
         encode_bootstrap,
         data_parallel_rank,
+        // The gateway's own bound on the answer (engine::bounds).
+        output_budget: _,
     } = request;
     if !encode_bootstrap.is_empty() {
         return Err(Error::internal(
@@ -309,15 +313,30 @@ pub(crate) fn embed_request(request_id: &str, input_ids: Vec<u32>) -> sg::EmbedR
     }
 }
 
-/// The embedding, or an error if its length disagrees with its stated
-/// dimension.
-pub(crate) fn embedding(response: sg::EmbedResponse) -> Result<Embedding, String> {
+/// The widest embedding accepted from a worker. Embedding models' hidden
+/// sizes stay in the thousands (4,096 and 8,192 are common); the cap stops
+/// a worker from making the gateway render millions of floats into JSON.
+pub(crate) const MAX_EMBEDDING_DIM: usize = 65_536;
+
+/// The embedding, or a violation if its length disagrees with its stated
+/// dimension or passes [`MAX_EMBEDDING_DIM`].
+pub(crate) fn embedding(response: sg::EmbedResponse) -> Result<Embedding, Violation> {
+    let shape = |detail: String| Violation {
+        kind: ProtocolViolation::EmbeddingShape,
+        detail,
+    };
     if response.embedding.len() != response.embedding_dim as usize {
-        return Err(format!(
+        return Err(shape(format!(
             "the embedding has {} values but embedding_dim says {}",
             response.embedding.len(),
             response.embedding_dim
-        ));
+        )));
+    }
+    if response.embedding.len() > MAX_EMBEDDING_DIM {
+        return Err(shape(format!(
+            "the embedding has {} dimensions; the gateway accepts at most {MAX_EMBEDDING_DIM}",
+            response.embedding.len()
+        )));
     }
     Ok(Embedding {
         values: response.embedding,
@@ -726,7 +745,24 @@ mod tests {
             embedding: vec![0.6, 0.8],
             prompt_tokens: 4,
         });
-        assert!(bad.is_err());
+        assert_eq!(
+            bad.map_err(|v| v.kind),
+            Err(ProtocolViolation::EmbeddingShape)
+        );
+    }
+
+    #[test]
+    fn embeddings_wider_than_the_cap_are_refused() {
+        let wide = |dim: usize| {
+            embedding(sg::EmbedResponse {
+                embedding_dim: dim as u32,
+                embedding: vec![0.0; dim],
+                prompt_tokens: 1,
+            })
+        };
+        assert!(wide(MAX_EMBEDDING_DIM).is_ok());
+        let refused = wide(MAX_EMBEDDING_DIM + 1).expect_err("too wide");
+        assert_eq!(refused.kind, ProtocolViolation::EmbeddingShape);
     }
 
     #[test]

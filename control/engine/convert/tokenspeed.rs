@@ -31,6 +31,8 @@ pub(crate) fn generate_request(request: GenerateRequest) -> Result<ts::GenerateR
         kv_bootstrap,
         encode_bootstrap,
         data_parallel_rank: _,
+        // The gateway's own bound on the answer (engine::bounds).
+        output_budget: _,
     } = request;
     let kv_bootstrap_info = kv_bootstrap.map(kv_bootstrap_info).transpose()?;
     let encode_bootstrap_info = if encode_bootstrap.is_empty() {
@@ -350,9 +352,15 @@ mod tests {
                 room: 5,
             }],
             data_parallel_rank: Some(3),
+            output_budget: Some(7),
         };
         let wire = generate_request(request).expect("converts");
         assert_eq!(wire.request_id, "r1");
+        assert_eq!(
+            wire.sampling_params.as_ref().and_then(|s| s.max_new_tokens),
+            None,
+            "the gateway's output budget is its own, never sent"
+        );
         assert_eq!(wire.logprob_start_len, Some(-1));
         assert!(wire.stream && wire.return_logprob);
         assert_eq!(wire.top_logprobs_num, 5);

@@ -1,0 +1,83 @@
+//! A shm directory of a test's own: each test gives its gateway and
+//! workers one (a directory in /dev/shm, or a small tmpfs where mounting is
+//! allowed), so tests running in parallel never see each other's files.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// A shm directory of the test's own, removed (or unmounted) on drop.
+pub struct ShmDir {
+    pub path: PathBuf,
+    mounted: bool,
+}
+
+impl ShmDir {
+    /// A fresh directory inside /dev/shm (same tmpfs, same namespace).
+    pub fn in_dev_shm() -> Self {
+        let path = PathBuf::from(format!(
+            "/dev/shm/smg-lanes-test-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&path).expect("shm directory");
+        Self {
+            path,
+            mounted: false,
+        }
+    }
+
+    /// A tmpfs of `bytes` of its own, when this process may mount one.
+    pub fn small_tmpfs(bytes: u64) -> Option<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "smg-lanes-tmpfs-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir(&path).ok()?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success());
+        if !mounted {
+            let _ = std::fs::remove_dir(&path);
+            return None;
+        }
+        Some(Self {
+            path,
+            mounted: true,
+        })
+    }
+
+    pub fn arg(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// Names in the directory created by the gateway with process id `pid`.
+    pub fn names_of(&self, pid: u32) -> Vec<String> {
+        let prefix = format!("smg-{pid}-");
+        let mut names: Vec<String> = std::fs::read_dir(&self.path)
+            .expect("shm directory")
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .filter(|name| name.starts_with(&prefix))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg(&self.path)
+                .status();
+            let _ = std::fs::remove_dir(&self.path);
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
