@@ -390,6 +390,85 @@ async fn grpcs_with_mtls_reaches_the_worker_and_no_client_certificate_is_refused
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pooled_connection_to_a_grpcs_worker_is_an_mtls_session() {
+    // The worker allows 2 streams per connection (SETTINGS, which the pool
+    // can only read inside the TLS session) and ends each connection with a
+    // GOAWAY after 6 streams: a burst needs several connections, and new
+    // ones after the GOAWAYs, each its own mTLS handshake.
+    let pki = Pki::new();
+    let worker_leaf = pki.server("worker");
+    let client = pki.issue("gateway-client", &["smg-gateway"]);
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--decode-ms-per-token",
+            "20",
+            "--max-concurrent-streams",
+            "2",
+            "--goaway-after-streams",
+            "6",
+            "--tls-cert-path",
+            &path(&worker_leaf.cert),
+            "--tls-key-path",
+            &path(&worker_leaf.key),
+            "--client-ca-path",
+            &path(&pki.ca_path),
+        ],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &format!("grpcs://{}", worker.grpc),
+        "--served-model-name",
+        "model",
+        "--worker-connections",
+        "4",
+        "--ca-cert-path",
+        &path(&pki.ca_path),
+        "--client-cert-path",
+        &path(&client.cert),
+        "--client-key-path",
+        &path(&client.key),
+    ]);
+    let chat = async || {
+        support::media::http()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&chat_body())
+            .send()
+            .await
+            .expect("answered")
+            .status()
+    };
+    // One request first, so the first connection's SETTINGS are known.
+    assert_eq!(chat().await, 200);
+    let statuses = bounded(
+        "a burst over grpcs",
+        futures::future::join_all((0..16).map(|_| chat())),
+    )
+    .await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+
+    let text = metrics_text(&gateway).await;
+    let connections = metric(&text, "smg_worker_connections", &[]);
+    let connected = metric(
+        &text,
+        "smg_worker_connects_total",
+        &["outcome=\"connected\""],
+    );
+    let failed = metric(&text, "smg_worker_connects_total", &["outcome=\"failed\""]);
+    println!(
+        "{connections} pooled connections, {connected} TLS sessions, {} failed",
+        failed.abs()
+    );
+    assert!(
+        connections >= 2.0,
+        "the pool read the worker's 2-stream limit through TLS: {connections}"
+    );
+    assert!(connected > connections, "GOAWAYs led to new sessions");
+    assert_eq!(failed, 0.0, "every handshake succeeded");
+}
+
 #[tokio::test]
 async fn unusable_certificate_files_fail_start_up_naming_the_file() {
     let pki = Pki::new();
