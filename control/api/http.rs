@@ -44,8 +44,9 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         BodyLimit(front.limits.max_payload_bytes),
         limits::limit_body,
     );
-    // Inner to the key gate (whose tenant it reads), outer to the handler:
-    // a request waits for its slot before its body is read.
+    // Inner to the key gate (whose tenant it reads), outer to the body
+    // limit (which reads the whole body): a queued request waits for its
+    // slot with its body still in the socket, not in the gateway's memory.
     let admission = from_fn_with_state(Arc::clone(&state), super::admit::admit);
     let gate = |x_api_key| {
         from_fn_with_state(
@@ -59,21 +60,24 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         .route("/generate", post(endpoints::generate))
         .route("/v1/embeddings", post(endpoints::embeddings))
         .route("/v1/classify", post(endpoints::classify))
-        .route_layer(admission.clone())
-        .route("/v1/models", get(endpoints::models))
         .route_layer(body.clone())
+        .route_layer(admission.clone())
+        .route_layer(gate(false));
+    // Not admitted, and without a body.
+    let models = HttpRouter::new()
+        .route("/v1/models", get(endpoints::models))
         .route_layer(gate(false));
     // Anthropic clients send their key in `x-api-key`.
     let messages = HttpRouter::new()
         .route("/v1/messages", post(endpoints::messages))
-        .route_layer(admission)
         .route_layer(body)
+        .route_layer(admission)
         .route_layer(gate(true));
     let open = HttpRouter::new()
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness));
-    let mut router = inference.merge(messages).merge(open);
+    let mut router = inference.merge(models).merge(messages).merge(open);
     if admin_on_public(front) {
         router = router.merge(admin_routes(front, AdminAccess::Keys));
     }
