@@ -1,0 +1,1 @@
+//! Reasoning parsers (filled in by the reasoning parser work).

@@ -1,0 +1,1 @@
+//! Tool-call parsers (filled in by the tool-call parser work).
