@@ -86,9 +86,17 @@ pub struct ChatPrompt {
     /// `{"type": "function", "function": {"name", "description", "parameters"}}`.
     pub tools: Vec<Value>,
     pub tool_choice: ToolChoice,
+    /// False: at most one call (`parallel_tool_calls`).
+    pub parallel_tool_calls: bool,
     /// Extra variables for the chat template (`chat_template_kwargs`, e.g.
-    /// `{"enable_thinking": false}`).
+    /// `{"enable_thinking": false}`, and `reasoning_effort`).
     pub template_kwargs: serde_json::Map<String, Value>,
+    /// OpenAI's `reasoning_effort`: `"none"`/`"minimal"` turn thinking off
+    /// where the model's template can.
+    pub reasoning_effort: Option<String>,
+    /// Reasoning goes to its own field (`reasoning_content`, Anthropic
+    /// `thinking` blocks) rather than into the answer text.
+    pub separate_reasoning: bool,
 }
 
 /// Whether and which tool the model should call.

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::forms::{TextOrList, buffered_option, literal_tag};
 use super::openai::{AssistantRole, FinishReason};
 use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, image_urls};
+use super::tools;
 use super::validate::{CheckedSampling, Limits, SamplingFields};
 use crate::engine::MatchedStop;
 use crate::error::{Error, ErrorCode, Result};
@@ -102,14 +103,41 @@ pub struct Tool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToolChoice {
-    Auto,
+    Auto {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
+    },
     /// Some tool must be called.
-    Any,
+    Any {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
+    },
     /// This tool must be called.
     Tool {
         name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        disable_parallel_tool_use: Option<bool>,
     },
     None,
+}
+
+impl ToolChoice {
+    /// At most one `tool_use` block (`disable_parallel_tool_use: true`).
+    fn disables_parallel_use(&self) -> bool {
+        match self {
+            ToolChoice::Auto {
+                disable_parallel_tool_use,
+            }
+            | ToolChoice::Any {
+                disable_parallel_tool_use,
+            }
+            | ToolChoice::Tool {
+                disable_parallel_tool_use,
+                ..
+            } => *disable_parallel_tool_use == Some(true),
+            ToolChoice::None => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,7 +162,24 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Tool>>,
     #[serde(default, deserialize_with = "buffered_option")]
     pub tool_choice: Option<ToolChoice>,
+    /// Extended thinking: `{"type": "enabled", "budget_tokens"}` or
+    /// `{"type": "disabled"}`.
+    pub thinking: Option<ThinkingConfig>,
     pub metadata: Option<Metadata>,
+}
+
+/// Whether a thinking model should think. Thinking models reason whatever
+/// the client asks unless their chat template has a switch; `disabled`
+/// turns that switch off (as `reasoning_effort: "none"` does on OpenAI's
+/// route). The budget is not enforced: the engines have no thinking budget.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ThinkingConfig {
+    Enabled {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        budget_tokens: Option<u32>,
+    },
+    Disabled,
 }
 
 fn text_of(blocks: &TextOrList<TextBlock>) -> String {
@@ -158,6 +203,23 @@ impl MessagesRequest {
             ));
         }
         let tool_choice = self.resolve_tool_choice()?;
+        let tools: Vec<Value> = self
+            .tools
+            .iter()
+            .flatten()
+            .map(|tool| {
+                let mut function = json!({"name": tool.name, "parameters": tool.input_schema});
+                if let Some(description) = &tool.description {
+                    function["description"] = Value::from(description.as_str());
+                }
+                json!({"type": "function", "function": function})
+            })
+            .collect();
+        let parallel_tool_calls = !self
+            .tool_choice
+            .as_ref()
+            .is_some_and(ToolChoice::disables_parallel_use);
+        let constraint = tools::tool_constraint(&tool_choice, &tools, parallel_tool_calls)?;
         let CheckedSampling {
             sampling,
             stop_strings,
@@ -183,22 +245,17 @@ impl MessagesRequest {
             skip_special_tokens: true,
             spaces_between_special_tokens: true,
             no_stop_trim: false,
-            constraint: None,
+            constraint,
         }
         .check(limits)?;
-        let messages = self.chat_messages()?;
-        let tools = self
-            .tools
-            .iter()
-            .flatten()
-            .map(|tool| {
-                let mut function = json!({"name": tool.name, "parameters": tool.input_schema});
-                if let Some(description) = &tool.description {
-                    function["description"] = Value::from(description.as_str());
-                }
-                json!({"type": "function", "function": function})
-            })
-            .collect();
+        let mut messages = self.chat_messages()?;
+        tools::arguments_as_objects(&mut messages);
+        let reasoning_effort =
+            matches!(self.thinking, Some(ThinkingConfig::Disabled)).then(|| "none".to_owned());
+        let mut template_kwargs = serde_json::Map::new();
+        if let Some(effort) = &reasoning_effort {
+            template_kwargs.insert("reasoning_effort".into(), Value::from(effort.as_str()));
+        }
         Ok(GenerationSpec {
             model: Some(self.model.clone()),
             images: image_urls(&messages),
@@ -206,7 +263,10 @@ impl MessagesRequest {
                 messages,
                 tools,
                 tool_choice,
-                template_kwargs: serde_json::Map::new(),
+                parallel_tool_calls,
+                template_kwargs,
+                reasoning_effort,
+                separate_reasoning: true,
             }),
             sampling,
             stop_strings,
@@ -250,17 +310,17 @@ impl MessagesRequest {
     fn resolve_tool_choice(&self) -> Result<spec::ToolChoice> {
         let tools = self.tools.as_deref().unwrap_or_default();
         Ok(match &self.tool_choice {
-            None | Some(ToolChoice::Auto) if tools.is_empty() => spec::ToolChoice::None,
-            None | Some(ToolChoice::Auto) => spec::ToolChoice::Auto,
+            None | Some(ToolChoice::Auto { .. }) if tools.is_empty() => spec::ToolChoice::None,
+            None | Some(ToolChoice::Auto { .. }) => spec::ToolChoice::Auto,
             Some(ToolChoice::None) => spec::ToolChoice::None,
-            Some(ToolChoice::Any) if tools.is_empty() => {
+            Some(ToolChoice::Any { .. }) if tools.is_empty() => {
                 return Err(Error::invalid_parameter(
                     "tool_choice",
                     "\"any\" requires a non-empty tools",
                 ));
             }
-            Some(ToolChoice::Any) => spec::ToolChoice::Required,
-            Some(ToolChoice::Tool { name }) => {
+            Some(ToolChoice::Any { .. }) => spec::ToolChoice::Required,
+            Some(ToolChoice::Tool { name, .. }) => {
                 if !tools.iter().any(|tool| &tool.name == name) {
                     return Err(Error::invalid_parameter(
                         "tool_choice",

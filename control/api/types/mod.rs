@@ -22,5 +22,6 @@ pub mod forms;
 pub mod openai;
 pub mod parse;
 pub mod sglang;
+pub mod tools;
 pub use crate::pipeline::spec;
 pub mod validate;

@@ -21,6 +21,7 @@ use super::forms::{
     InputItem, JsonText, ListObject, PromptInput, StringOrList, TextOrList, literal_tag,
 };
 use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, image_urls};
+use super::tools;
 use super::validate::{
     CheckedSampling, Limits, SamplingFields, check_inputs, check_top_logprobs, single_constraint,
 };
@@ -340,8 +341,15 @@ pub struct ChatCompletionRequest {
     pub user: Option<String>,
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
+    /// Default true; false allows one call at most.
+    pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<ResponseFormat>,
+    /// `"none"` (or `"minimal"`) turns a thinking model's reasoning off where
+    /// its chat template has a switch; passed to the template as well.
+    pub reasoning_effort: Option<String>,
     // SGLang extensions.
+    /// Default true: reasoning goes to `reasoning_content`, not `content`.
+    pub separate_reasoning: Option<bool>,
     pub top_k: Option<i32>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
@@ -370,13 +378,15 @@ fn output_token_limit(
         .or(max_tokens.map(|value| ("max_tokens", value)))
 }
 
-/// At most one of `response_format`, `regex`, `ebnf`.
+/// At most one of `response_format`, `regex`, `ebnf` and a forced tool call.
 fn openai_constraint(
     response_format: Option<&ResponseFormat>,
     regex: Option<&String>,
     ebnf: Option<&String>,
+    tool_call: Option<Constraint>,
 ) -> Result<Option<Constraint>> {
     single_constraint([
+        ("tool_choice", tool_call),
         (
             "response_format",
             response_format.and_then(ResponseFormat::constraint),
@@ -435,23 +445,32 @@ impl ChatCompletionRequest {
             (!logprobs).then_some("logprobs"),
         )?;
         let tool_choice = self.resolve_tool_choice()?;
+        let tools: Vec<Value> = self
+            .tools
+            .iter()
+            .flatten()
+            .map(to_json)
+            .collect::<Result<_>>()?;
+        let parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         let constraint = openai_constraint(
             self.response_format.as_ref(),
             self.regex.as_ref(),
             self.ebnf.as_ref(),
+            tools::tool_constraint(&tool_choice, &tools, parallel_tool_calls)?,
         )?;
         let CheckedSampling {
             sampling,
             stop_strings,
         } = openai_sampling_fields!(self, constraint).check(limits)?;
 
-        let messages = self.template_messages()?;
-        let tools = self
-            .tools
-            .iter()
-            .flatten()
-            .map(to_json)
-            .collect::<Result<_>>()?;
+        let mut messages = self.template_messages()?;
+        tools::arguments_as_objects(&mut messages);
+        let mut template_kwargs = serde_json::Map::new();
+        if let Some(effort) = &self.reasoning_effort {
+            template_kwargs.insert("reasoning_effort".into(), Value::from(effort.as_str()));
+        }
+        // The client's own variables win over ours.
+        template_kwargs.extend(self.chat_template_kwargs.clone().unwrap_or_default());
         let stream = self.stream.unwrap_or(false);
         Ok(GenerationSpec {
             model: Some(self.model.clone()),
@@ -460,7 +479,10 @@ impl ChatCompletionRequest {
                 messages,
                 tools,
                 tool_choice,
-                template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
+                parallel_tool_calls,
+                template_kwargs,
+                reasoning_effort: self.reasoning_effort.clone(),
+                separate_reasoning: self.separate_reasoning.unwrap_or(true),
             }),
             sampling,
             stop_strings,
@@ -624,6 +646,7 @@ impl CompletionRequest {
             self.response_format.as_ref(),
             self.regex.as_ref(),
             self.ebnf.as_ref(),
+            None,
         )?;
         let CheckedSampling {
             sampling,
@@ -989,9 +1012,11 @@ mod tests {
                 {"type": "image_url", "image_url": {
                     "url": "https://example.com/cat.png", "detail": "high"}},
             ]}),
+            // Past arguments reach the template as a mapping, as the Python
+            // servers hand them to HF templates.
             json!({"role": "assistant", "tool_calls": [
                 {"id": "call_1", "type": "function",
-                 "function": {"name": "lookup", "arguments": "{\"q\":\"cat\"}"}}
+                 "function": {"name": "lookup", "arguments": {"q": "cat"}}}
             ]}),
             json!({"role": "tool", "tool_call_id": "call_1", "content": "a tabby cat"}),
         ];
@@ -1141,6 +1166,56 @@ mod tests {
                 .constraint,
             Some(Constraint::EbnfGrammar("root ::= \"a\"".into()))
         );
+    }
+
+    #[test]
+    fn forced_tool_calls_are_constraints_and_conflict_with_response_format() {
+        let tools = json!([{"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }}]);
+        let with = |extra: Value| {
+            let mut body = json!({
+                "model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "tools": tools,
+            });
+            if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+                body.extend(extra.clone());
+            }
+            chat(body).to_spec(&Limits::default())
+        };
+        let named = with(json!({"tool_choice":
+            {"type": "function", "function": {"name": "get_weather"}}}))
+        .expect("valid");
+        assert_eq!(
+            named.sampling.constraint,
+            Some(Constraint::JsonSchema(
+                r#"{"type":"object","properties":{"city":{"type":"string"}}}"#.into()
+            ))
+        );
+        let required =
+            with(json!({"tool_choice": "required", "parallel_tool_calls": false})).expect("valid");
+        let Some(Constraint::JsonSchema(schema)) = required.sampling.constraint else {
+            panic!("required sends a schema");
+        };
+        let schema: Value = serde_json::from_str(&schema).unwrap();
+        assert_eq!(schema["maxItems"], 1);
+        let auto = with(json!({"tool_choice": "auto", "response_format": {"type": "json_object"}}))
+            .expect("auto forces nothing, so a format is fine");
+        assert_eq!(
+            auto.sampling.constraint,
+            Some(Constraint::JsonSchema(ANY_JSON_OBJECT_SCHEMA.into()))
+        );
+        let clash =
+            with(json!({"tool_choice": "required", "response_format": {"type": "json_object"}}))
+                .unwrap_err();
+        assert_eq!(clash.param.as_deref(), Some("response_format"));
+        assert!(clash.message.contains("tool_choice"), "{}", clash.message);
+        let unknown = with(json!({"tool_choice":
+            {"type": "function", "function": {"name": "nope"}}}))
+        .unwrap_err();
+        assert_eq!(unknown.code.http_status(), 400);
+        assert_eq!(unknown.param.as_deref(), Some("tool_choice"));
     }
 
     #[test]
