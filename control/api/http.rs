@@ -60,6 +60,8 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         .route("/generate", post(endpoints::generate))
         .route("/v1/embeddings", post(endpoints::embeddings))
         .route("/v1/classify", post(endpoints::classify))
+        .route("/v1/tokenize", post(endpoints::tokenize))
+        .route("/v1/detokenize", post(endpoints::detokenize))
         .route_layer(body.clone())
         .route_layer(admission.clone())
         .route_layer(gate(false));

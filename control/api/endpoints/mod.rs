@@ -14,17 +14,21 @@
 //! - `anthropic`: `/v1/messages`;
 //! - `sglang`: `/generate`;
 //! - `embeddings`: `/v1/embeddings` and `/v1/classify` (no generation, no
-//!   stream: they skip the driver).
+//!   stream: they skip the driver);
+//! - `tokenize`: `/v1/tokenize` and `/v1/detokenize` (the gateway's
+//!   tokenizer alone).
 
 mod anthropic;
 mod embeddings;
 mod openai;
 mod sglang;
+mod tokenize;
 
 pub(crate) use anthropic::messages;
 pub(crate) use embeddings::{classify, embeddings};
 pub(crate) use openai::{chat_completions, completions, models};
 pub(crate) use sglang::generate;
+pub(crate) use tokenize::{detokenize, tokenize};
 
 use std::time::Instant;
 

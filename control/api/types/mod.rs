@@ -22,6 +22,7 @@ pub mod forms;
 pub mod openai;
 pub mod parse;
 pub mod sglang;
+pub mod tokenize;
 pub mod tools;
 pub use crate::pipeline::spec;
 pub mod validate;
