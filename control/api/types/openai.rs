@@ -929,6 +929,7 @@ pub struct ModelList {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::engine::Sampling;
