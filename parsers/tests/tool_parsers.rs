@@ -5,3 +5,9 @@ mod tool_common;
 
 #[path = "tool_parsers/json_family.rs"]
 mod json_family;
+
+#[path = "tool_parsers/xml_family.rs"]
+mod xml_family;
+
+#[path = "tool_parsers/pythonic.rs"]
+mod pythonic;

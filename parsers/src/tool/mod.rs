@@ -16,8 +16,10 @@ mod engine;
 mod json_calls;
 mod json_value;
 mod passthrough;
+mod pythonic;
 mod registry;
 mod stream;
+mod xml_calls;
 
 pub use registry::{PARSER_NAMES, UnknownParser, create, detect};
 pub use stream::MAX_HELD_BYTES;

@@ -46,6 +46,8 @@
 use super::engine::Engine;
 use super::json_calls::{JsonCalls, Syntax};
 use super::passthrough::Passthrough;
+use super::pythonic::Pythonic;
+use super::xml_calls::{XmlCalls, XmlSyntax};
 use super::{ToolParser, Tools};
 
 /// Every name [`create`] accepts (`qwen_coder` is an alias of `qwen_xml`).
@@ -86,6 +88,11 @@ pub fn create(name: &str, tools: Tools) -> Result<Box<dyn ToolParser>, UnknownPa
         "deepseek" => json(Syntax::DeepSeek),
         "deepseek31" => json(Syntax::DeepSeek31),
         "kimik2" => json(Syntax::KimiK2),
+        "qwen_xml" | "qwen_coder" => {
+            Box::new(Engine::new(tools, XmlCalls::new(XmlSyntax::QwenXml)))
+        }
+        "glm45_moe" | "glm47_moe" => Box::new(Engine::new(tools, XmlCalls::new(XmlSyntax::Glm))),
+        "pythonic" => Box::new(Engine::new(tools, Pythonic::new())),
         _ => {
             return Err(UnknownParser {
                 name: name.to_owned(),
