@@ -113,7 +113,7 @@ pub fn thinking_preference(
     chat_template_kwargs
         .and_then(|kwargs| kwargs.get(key.as_str()))
         .and_then(Value::as_bool)
-        .or_else(|| match reasoning_effort {
+        .or(match reasoning_effort {
             Some("none" | "minimal") => Some(false),
             _ => None,
         })
@@ -167,12 +167,11 @@ fn generation_prompt_blocks(template: &str) -> Vec<&str> {
             .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         let word = statement.split_whitespace().next().unwrap_or("");
         match (&mut open, word) {
-            (None, "if") => {
+            (None, "if")
                 if statement.contains("add_generation_prompt")
-                    && !statement.contains("not add_generation_prompt")
-                {
-                    open = Some((0, tag_end));
-                }
+                    && !statement.contains("not add_generation_prompt") =>
+            {
+                open = Some((0, tag_end));
             }
             (Some((depth, _)), "if") => *depth += 1,
             (Some((0, text_start)), "endif" | "else" | "elif") => {
