@@ -11,6 +11,19 @@
 use std::fmt;
 use std::sync::Arc;
 
+mod call_object;
+mod engine;
+mod json_calls;
+mod json_value;
+mod passthrough;
+mod pythonic;
+mod registry;
+mod stream;
+mod xml_calls;
+
+pub use registry::{PARSER_NAMES, UnknownParser, create, detect};
+pub use stream::MAX_HELD_BYTES;
+
 /// One function the request offered (`tools[i].function`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolSpec {

@@ -1,0 +1,366 @@
+//! The state every tool parser shares: the text not yet consumed, the call in
+//! progress, and the [`ToolDelta`] being built for the current push.
+//!
+//! Why it exists: the rules that make parsers agree with each other live here
+//! once instead of in each format. Markers are found with [`Stream::scan_text`],
+//! which holds back a chunk-final prefix of a marker (on a UTF-8 boundary);
+//! a call is opened with [`Stream::begin_call`], named with
+//! [`Stream::commit_name`] (which applies the unknown-name policy), fed with
+//! [`Stream::args`] and closed with [`Stream::end_call`] or
+//! [`Stream::fail_call`] (which gives an uncommitted call's text back as
+//! content). A grammar only decides *what* the text means.
+//!
+//! The text of a call is kept from its first byte until its name is accepted,
+//! so that a call that never becomes valid can be returned verbatim; that
+//! retained text is bounded by [`MAX_HELD_BYTES`].
+
+use std::mem;
+
+use super::{CallDelta, ToolDelta, Tools};
+
+/// The most text a parser holds for one call before its name is accepted
+/// (64 KiB). A call whose name has not been accepted within this many bytes is
+/// malformed: its text so far is returned as content.
+pub const MAX_HELD_BYTES: usize = 64 * 1024;
+
+/// The longest function name accepted (bytes).
+pub(crate) const MAX_NAME_BYTES: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallStatus {
+    /// Name not accepted yet: everything since `raw_start` is held.
+    Pending,
+    /// Name sent with this index; arguments stream.
+    Committed(usize),
+    /// The name is not one of the request's tools: the call's text goes to
+    /// content as it is consumed.
+    Rejected,
+}
+
+#[derive(Debug)]
+struct OpenCall {
+    raw_start: usize,
+    status: CallStatus,
+}
+
+/// Result of looking for markers in free text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scan {
+    /// Marker `n` starts at the current position (not consumed).
+    Marker(usize),
+    /// No complete marker: the text before any possible partial marker was
+    /// sent as content.
+    NeedMore,
+}
+
+/// Result of expecting a literal at the current position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Eat {
+    Yes,
+    /// The text so far is a proper prefix of the literal.
+    Partial,
+    No,
+}
+
+#[derive(Debug)]
+pub(crate) struct Stream {
+    buf: String,
+    pos: usize,
+    tools: Tools,
+    delta: ToolDelta,
+    next_index: usize,
+    call: Option<OpenCall>,
+    /// Canonical argument text of the current call not yet put in `delta`.
+    pub(crate) args: String,
+}
+
+impl Stream {
+    pub(crate) fn new(tools: Tools) -> Self {
+        Self {
+            buf: String::new(),
+            pos: 0,
+            tools,
+            delta: ToolDelta::default(),
+            next_index: 0,
+            call: None,
+            args: String::new(),
+        }
+    }
+
+    pub(crate) fn tools(&self) -> &Tools {
+        &self.tools
+    }
+
+    pub(crate) fn append(&mut self, chunk: &str) {
+        self.buf.push_str(chunk);
+    }
+
+    /// The unconsumed text.
+    pub(crate) fn rest(&self) -> &str {
+        self.buf.get(self.pos..).unwrap_or("")
+    }
+
+    /// The unconsumed text and the argument output, borrowed together.
+    pub(crate) fn rest_and_args(&mut self) -> (&str, &mut String) {
+        (self.buf.get(self.pos..).unwrap_or(""), &mut self.args)
+    }
+
+    /// Consumes `n` bytes (a char boundary). A rejected call's text goes to
+    /// content as it is consumed.
+    pub(crate) fn consume(&mut self, n: usize) {
+        let end = (self.pos + n).min(self.buf.len());
+        if let Some(OpenCall {
+            status: CallStatus::Rejected,
+            ..
+        }) = self.call
+        {
+            self.delta.content.push_str(&self.buf[self.pos..end]);
+        }
+        self.pos = end;
+    }
+
+    /// Sends `n` bytes of free text as content.
+    pub(crate) fn content(&mut self, n: usize) {
+        let end = (self.pos + n).min(self.buf.len());
+        self.delta.content.push_str(&self.buf[self.pos..end]);
+        self.pos = end;
+    }
+
+    /// Consumes leading whitespace.
+    pub(crate) fn skip_whitespace(&mut self) {
+        let rest = self.rest();
+        let n = rest.len() - rest.trim_start().len();
+        self.consume(n);
+    }
+
+    /// Consumes `literal` if the text starts with it.
+    pub(crate) fn eat(&mut self, literal: &str) -> Eat {
+        let rest = self.rest();
+        if rest.starts_with(literal) {
+            self.consume(literal.len());
+            Eat::Yes
+        } else if literal.starts_with(rest) {
+            Eat::Partial
+        } else {
+            Eat::No
+        }
+    }
+
+    /// Sends free text as content up to the first of `markers`. With
+    /// `at_end`, nothing is held back.
+    pub(crate) fn scan_text(&mut self, markers: &[&str], at_end: bool) -> Scan {
+        let rest = self.rest();
+        let found = markers
+            .iter()
+            .enumerate()
+            .filter_map(|(n, m)| rest.find(m).map(|at| (at, n)))
+            .min();
+        if let Some((at, n)) = found {
+            self.content(at);
+            return Scan::Marker(n);
+        }
+        let keep = if at_end {
+            0
+        } else {
+            partial_marker_len(rest, markers)
+        };
+        self.content(rest.len() - keep);
+        Scan::NeedMore
+    }
+
+    /// Where the text up to the first of `terminators` ends, if one is in
+    /// sight: `Ok(Some((len, terminator)))`; `Ok(None)` when more text is
+    /// needed; `Err(())` when none appears within `max` bytes.
+    pub(crate) fn find_within(
+        &self,
+        terminators: &[&str],
+        max: usize,
+    ) -> Result<Option<(usize, usize)>, ()> {
+        let rest = self.rest();
+        let found = terminators
+            .iter()
+            .enumerate()
+            .filter_map(|(n, t)| rest.find(t).map(|at| (at, n)))
+            .min();
+        match found {
+            Some((at, n)) if at <= max => Ok(Some((at, n))),
+            Some(_) => Err(()),
+            None if rest.len() > max + terminators.iter().map(|t| t.len()).max().unwrap_or(0) => {
+                Err(())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A call starts at the current position.
+    pub(crate) fn begin_call(&mut self) {
+        self.args.clear();
+        self.call = Some(OpenCall {
+            raw_start: self.pos,
+            status: CallStatus::Pending,
+        });
+    }
+
+    /// The call's name is complete. Returns false when the call is rejected
+    /// (its name is not among the request's tools): its text so far goes to
+    /// content, and so does the rest of it as it is consumed.
+    pub(crate) fn commit_name(&mut self, name: &str) -> bool {
+        let known = self.tools.is_empty() || self.tools.iter().any(|t| t.name == name);
+        let Some(call) = self.call.as_mut() else {
+            return false;
+        };
+        if call.status != CallStatus::Pending {
+            return call.status != CallStatus::Rejected;
+        }
+        if !known {
+            call.status = CallStatus::Rejected;
+            let raw = &self.buf[call.raw_start..self.pos];
+            self.delta.content.push_str(raw);
+            self.args.clear();
+            return false;
+        }
+        let index = self.next_index;
+        self.next_index += 1;
+        call.status = CallStatus::Committed(index);
+        self.delta.calls.push(CallDelta {
+            index,
+            name: Some(name.to_owned()),
+            arguments: mem::take(&mut self.args),
+        });
+        true
+    }
+
+    /// True while the current call's name has not been accepted.
+    pub(crate) fn call_pending(&self) -> bool {
+        matches!(
+            self.call,
+            Some(OpenCall {
+                status: CallStatus::Pending,
+                ..
+            })
+        )
+    }
+
+    /// The current call was committed (its name and arguments were sent).
+    pub(crate) fn call_committed(&self) -> bool {
+        matches!(
+            self.call,
+            Some(OpenCall {
+                status: CallStatus::Committed(_),
+                ..
+            })
+        )
+    }
+
+    /// A pending call holds more than [`MAX_HELD_BYTES`].
+    pub(crate) fn over_cap(&self) -> bool {
+        match &self.call {
+            Some(call) if call.status == CallStatus::Pending => {
+                self.pos - call.raw_start > MAX_HELD_BYTES
+            }
+            _ => false,
+        }
+    }
+
+    /// The current call ended well.
+    pub(crate) fn end_call(&mut self) {
+        self.flush_args();
+        self.call = None;
+    }
+
+    /// The current call cannot continue at the current position. A pending
+    /// call's text is returned as content; a committed call keeps what was
+    /// sent (the grammar has closed its arguments).
+    pub(crate) fn fail_call(&mut self) {
+        if let Some(call) = &self.call {
+            if call.status == CallStatus::Pending {
+                let raw = &self.buf[call.raw_start..self.pos];
+                self.delta.content.push_str(raw);
+                self.args.clear();
+            }
+        }
+        self.flush_args();
+        self.call = None;
+    }
+
+    fn flush_args(&mut self) {
+        match self.call.as_ref().map(|c| c.status) {
+            Some(CallStatus::Pending) => return,
+            Some(CallStatus::Committed(index)) if !self.args.is_empty() => {
+                let arguments = mem::take(&mut self.args);
+                match self.delta.calls.last_mut() {
+                    Some(last) if last.index == index => last.arguments.push_str(&arguments),
+                    _ => self.delta.calls.push(CallDelta {
+                        index,
+                        name: None,
+                        arguments,
+                    }),
+                }
+            }
+            _ => {}
+        }
+        self.args.clear();
+    }
+
+    /// Everything produced since the last call; drops consumed text that is
+    /// no longer needed.
+    pub(crate) fn take_delta(&mut self) -> ToolDelta {
+        self.flush_args();
+        let keep_from = match &self.call {
+            Some(call) if call.status == CallStatus::Pending => call.raw_start,
+            _ => self.pos,
+        };
+        if keep_from > 0 {
+            self.buf.drain(..keep_from);
+            self.pos -= keep_from;
+            if let Some(call) = self.call.as_mut() {
+                call.raw_start = call.raw_start.saturating_sub(keep_from);
+            }
+        }
+        mem::take(&mut self.delta)
+    }
+}
+
+/// The length of the longest suffix of `text` that is a proper prefix of one
+/// of `markers` and starts on a char boundary.
+pub(crate) fn partial_marker_len(text: &str, markers: &[&str]) -> usize {
+    let longest = markers.iter().map(|m| m.len()).max().unwrap_or(0);
+    let from = text.len().saturating_sub(longest.saturating_sub(1));
+    (from..text.len())
+        .filter(|&at| text.is_char_boundary(at))
+        .map(|at| &text[at..])
+        .find(|tail| {
+            markers
+                .iter()
+                .any(|m| m.len() > tail.len() && m.starts_with(tail))
+        })
+        .map_or(0, str::len)
+}
+
+/// A function name as a header format writes it: non-empty, bounded, no
+/// whitespace, quotes or markup.
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && !name.chars().any(|c| {
+            c.is_whitespace()
+                || c.is_control()
+                || matches!(c, '<' | '>' | '"' | '{' | '}' | '[' | ']')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_marker_is_held_on_a_char_boundary() {
+        let markers = ["<tool_call>", "<｜tool▁calls▁begin｜>"];
+        assert_eq!(partial_marker_len("hello <tool", &markers), 5);
+        assert_eq!(partial_marker_len("hello <tool_call", &markers), 10);
+        assert_eq!(partial_marker_len("hello", &markers), 0);
+        assert_eq!(partial_marker_len("x<｜tool", &markers), "<｜tool".len());
+        // A whole marker is not "partial".
+        assert_eq!(partial_marker_len("<tool_call>", &["<tool_call>"]), 0);
+    }
+}
