@@ -1,1 +1,158 @@
-fn main() {}
+//! Tool-parser cost per generated token.
+//!
+//! Each parser streams a realistic response in its own format (a sentence of
+//! text, then two calls whose arguments are ~500 bytes of JSON each) in
+//! token-sized chunks of ~4 bytes, as the detokenizer would feed it. The
+//! throughput is reported in chunks, so `1e9 / (elements per second)` is the
+//! parser's cost in ns per generated token.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use smg_parsers::tool::{ToolSpec, Tools, create};
+
+const INTRO: &str = "Sure, let me look that up for you before answering the question in detail. ";
+
+fn tools() -> Tools {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "query": {"type": "string"},
+            "limit": {"type": "integer"},
+            "filters": {"type": "object"},
+        }
+    });
+    Arc::from(vec![
+        ToolSpec {
+            name: "search".to_owned(),
+            parameters: Some(schema.clone()),
+        },
+        ToolSpec {
+            name: "get_weather".to_owned(),
+            parameters: Some(schema),
+        },
+    ])
+}
+
+/// ~500 bytes of arguments: a long string, a number and a nested object.
+fn query(n: usize) -> String {
+    format!(
+        "call {n}: the quick brown fox jumps over the lazy dog while \\\"quoting\\\" things; ünïcödé text and more words to make this a realistic long argument that a model would write when asked to search the web for recent news about rust parsers, streaming gateways and tool calling formats across many model families"
+    )
+}
+
+fn json_args(n: usize) -> String {
+    format!(
+        "{{\"query\": \"{}\", \"limit\": 25, \"filters\": {{\"lang\": \"en\", \"tags\": [\"rust\", \"llm\", \"streaming\"], \"recent\": true}}}}",
+        query(n)
+    )
+}
+
+/// The XML formats write raw values (no JSON escapes).
+fn raw_query(n: usize) -> String {
+    query(n).replace("\\\"", "\"")
+}
+
+fn response(parser: &str) -> String {
+    let names = ["search", "get_weather"];
+    let calls: Vec<String> = (0..2)
+        .map(|n| {
+            let name = names[n];
+            let args = json_args(n);
+            match parser {
+                "json" => format!("{{\"name\": \"{name}\", \"arguments\": {args}}}"),
+                "qwen" => format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>\n"),
+                "llama" => format!("{{\"name\": \"{name}\", \"parameters\": {args}}}"),
+                "mistral" => format!("[TOOL_CALLS]{name}[ARGS]{args}"),
+                "deepseek" => format!("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>"),
+                "deepseek31" => format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>"),
+                "kimik2" => format!("<|tool_call_begin|>functions.{name}:{n}<|tool_call_argument_begin|>{args}<|tool_call_end|>"),
+                "pythonic" => format!(
+                    "{name}(query=\"{}\", limit=25, filters={{'lang': 'en', 'tags': ['rust', 'llm', 'streaming'], 'recent': True}})",
+                    query(n)
+                ),
+                "qwen_xml" => format!(
+                    "<tool_call>\n<function={name}>\n<parameter=query>\n{}\n</parameter>\n<parameter=limit>\n25\n</parameter>\n<parameter=filters>\n{{\"lang\": \"en\", \"tags\": [\"rust\", \"llm\", \"streaming\"], \"recent\": true}}\n</parameter>\n</function>\n</tool_call>\n",
+                    raw_query(n)
+                ),
+                "glm45_moe" => format!(
+                    "<tool_call>{name}\n<arg_key>query</arg_key>\n<arg_value>{}</arg_value>\n<arg_key>limit</arg_key>\n<arg_value>25</arg_value>\n<arg_key>filters</arg_key>\n<arg_value>{{\"lang\": \"en\", \"tags\": [\"rust\", \"llm\", \"streaming\"], \"recent\": true}}</arg_value>\n</tool_call>",
+                    raw_query(n)
+                ),
+                _ => format!("{{\"name\": \"{name}\", \"arguments\": {args}}}"),
+            }
+        })
+        .collect();
+    match parser {
+        "json" => format!("[{}]", calls.join(", ")),
+        "llama" => format!("{INTRO}<|python_tag|>{}", calls.join("; ")),
+        "pythonic" => format!("{INTRO}[{}]", calls.join(", ")),
+        "deepseek" | "deepseek31" => format!(
+            "{INTRO}<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+            calls.join("\n")
+        ),
+        "kimik2" => format!(
+            "{INTRO}<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
+            calls.join("")
+        ),
+        "passthrough" => format!("{INTRO}{}", calls.join("")),
+        _ => format!("{INTRO}{}", calls.join("")),
+    }
+}
+
+/// ~4-byte chunks on char boundaries.
+fn chunks(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + 4).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push(&text[start..end]);
+        start = end;
+    }
+    out
+}
+
+fn bench(c: &mut Criterion) {
+    let tools = tools();
+    let mut group = c.benchmark_group("tool_parser_stream");
+    for parser in [
+        "passthrough",
+        "json",
+        "qwen",
+        "llama",
+        "mistral",
+        "deepseek",
+        "deepseek31",
+        "kimik2",
+        "pythonic",
+        "qwen_xml",
+        "glm45_moe",
+    ] {
+        let text = response(parser);
+        let pieces = chunks(&text);
+        // The fixture must really contain two calls for this parser.
+        let mut check = create(parser, tools.clone()).expect("known parser");
+        let parsed = smg_parsers::tool::parse_complete(check.as_mut(), &text);
+        if parser != "passthrough" {
+            assert_eq!(parsed.calls.len(), 2, "{parser}: {text}");
+        }
+        group.throughput(Throughput::Elements(pieces.len() as u64));
+        group.bench_function(parser, |b| {
+            b.iter(|| {
+                let mut p = create(parser, tools.clone()).expect("known parser");
+                for piece in &pieces {
+                    black_box(p.push(black_box(piece)));
+                }
+                black_box(p.finish());
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

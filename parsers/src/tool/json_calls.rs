@@ -21,7 +21,7 @@
 use super::call_object::CallObject;
 use super::engine::Grammar;
 use super::json_value::{Dialect, Flow, JsonValue};
-use super::stream::{Eat, MAX_NAME_BYTES, Scan, Stream, valid_name};
+use super::stream::{Eat, MAX_NAME_BYTES, Scan, Stream, peek, valid_name};
 
 /// Which framing the grammar reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,17 +401,6 @@ impl JsonCalls {
         stream.end_call();
         self.state = self.free_state();
         true
-    }
-}
-
-/// Whether `text` starts with `literal` (or is a proper prefix of it).
-fn peek(text: &str, literal: &str) -> Eat {
-    if text.starts_with(literal) {
-        Eat::Yes
-    } else if literal.starts_with(text) {
-        Eat::Partial
-    } else {
-        Eat::No
     }
 }
 

@@ -7,6 +7,49 @@
 //! [`parse_complete`] is just one push of the whole text followed by finish.
 //! So the split-invariance property (any chunking gives the same content and
 //! calls as the whole text) is the only contract a parser has to keep.
+//!
+//! # Module map
+//! - `registry`: [`create`], [`PARSER_NAMES`] and [`detect`] (its doc has the
+//!   detection table).
+//! - `engine` and `stream`: the driver and the state all formats share
+//!   (marker hold-back, call bookkeeping, the policies below).
+//! - `json_value`: the incremental JSON re-serializer arguments stream
+//!   through; `call_object`: the `{"name", "arguments"}` object.
+//! - `json_calls` (json, qwen, llama, mistral, deepseek, deepseek31, kimik2),
+//!   `xml_calls` (qwen_xml, glm45_moe, glm47_moe), `pythonic`, `passthrough`.
+//!
+//! # Streaming rules (every parser)
+//! - Arguments stream as they arrive, string values included (XML values
+//!   too); only a possible closing marker is held back. A number or literal
+//!   is sent once complete.
+//! - Arguments are canonical in both modes: compact JSON, keys in the order
+//!   written, strings and numbers printed as `serde_json` prints them. The
+//!   fragments of a call concatenate to exactly its final arguments; nothing
+//!   is sent that a later byte could contradict.
+//! - A call's name is sent once, on its first fragment, when it is complete
+//!   and accepted.
+//! - Text outside calls is content, in order; a chunk-final prefix of a
+//!   marker is held back until the next chunk decides it.
+//! - At [`ToolParser::finish`], held-back text is content, and a call in
+//!   progress is completed by closing its open string and containers (the
+//!   same happens in a whole-response parse, so the two agree).
+//!
+//! # Unknown names, malformed calls, the buffer cap
+//! - **Unknown name** (tools non-empty and the name is not one of them): no
+//!   call is produced; the call's original text, markers included, is
+//!   returned as content, in place. With no tools, any name is accepted.
+//! - **Malformed before the name is accepted**: the text read since the
+//!   call's first byte is returned as content, and parsing resumes at the
+//!   character that broke it.
+//! - **Malformed after the name was sent**: the call is kept with the
+//!   arguments read so far (their open strings and containers closed), and
+//!   the text from the offending character on is parsed as free text.
+//! - **Cap**: a call is held (not sent) only until its name is accepted; one
+//!   whose name is not accepted within [`MAX_HELD_BYTES`] is malformed. XML
+//!   values held for typing stream as strings past the same cap. Numbers,
+//!   keys and names have their own small bounds, and JSON nesting is limited
+//!   to 64 levels, so hostile output cannot grow a parser's memory without
+//!   limit.
 
 use std::fmt;
 use std::sync::Arc;

@@ -53,7 +53,7 @@ pub(crate) enum Scan {
     NeedMore,
 }
 
-/// Result of expecting a literal at the current position.
+/// Result of expecting a literal at the current position ([`peek`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Eat {
     Yes,
@@ -131,19 +131,6 @@ impl Stream {
         let rest = self.rest();
         let n = rest.len() - rest.trim_start().len();
         self.consume(n);
-    }
-
-    /// Consumes `literal` if the text starts with it.
-    pub(crate) fn eat(&mut self, literal: &str) -> Eat {
-        let rest = self.rest();
-        if rest.starts_with(literal) {
-            self.consume(literal.len());
-            Eat::Yes
-        } else if literal.starts_with(rest) {
-            Eat::Partial
-        } else {
-            Eat::No
-        }
     }
 
     /// Sends free text as content up to the first of `markers`. With
@@ -230,17 +217,6 @@ impl Stream {
         true
     }
 
-    /// True while the current call's name has not been accepted.
-    pub(crate) fn call_pending(&self) -> bool {
-        matches!(
-            self.call,
-            Some(OpenCall {
-                status: CallStatus::Pending,
-                ..
-            })
-        )
-    }
-
     /// The current call was committed (its name and arguments were sent).
     pub(crate) fn call_committed(&self) -> bool {
         matches!(
@@ -272,12 +248,12 @@ impl Stream {
     /// call's text is returned as content; a committed call keeps what was
     /// sent (the grammar has closed its arguments).
     pub(crate) fn fail_call(&mut self) {
-        if let Some(call) = &self.call {
-            if call.status == CallStatus::Pending {
-                let raw = &self.buf[call.raw_start..self.pos];
-                self.delta.content.push_str(raw);
-                self.args.clear();
-            }
+        if let Some(call) = &self.call
+            && call.status == CallStatus::Pending
+        {
+            let raw = &self.buf[call.raw_start..self.pos];
+            self.delta.content.push_str(raw);
+            self.args.clear();
         }
         self.flush_args();
         self.call = None;
@@ -318,6 +294,18 @@ impl Stream {
             }
         }
         mem::take(&mut self.delta)
+    }
+}
+
+/// Whether `text` starts with `literal` ([`Eat::Yes`]), is a proper prefix
+/// of it ([`Eat::Partial`]: wait for more), or neither.
+pub(crate) fn peek(text: &str, literal: &str) -> Eat {
+    if text.starts_with(literal) {
+        Eat::Yes
+    } else if literal.starts_with(text) {
+        Eat::Partial
+    } else {
+        Eat::No
     }
 }
 

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use super::engine::Grammar;
 use super::json_value::push_escaped_str;
+use super::stream::peek;
 use super::stream::{
     Eat, MAX_HELD_BYTES, MAX_NAME_BYTES, Scan, Stream, partial_marker_len, valid_name,
 };
@@ -404,17 +405,6 @@ fn could_be_non_string(text: &str) -> bool {
         || text
             .chars()
             .all(|c| c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E'))
-}
-
-/// Whether `text` starts with `literal` (or is a proper prefix of it).
-fn peek(text: &str, literal: &str) -> Eat {
-    if text.starts_with(literal) {
-        Eat::Yes
-    } else if literal.starts_with(text) {
-        Eat::Partial
-    } else {
-        Eat::No
-    }
 }
 
 impl Grammar for XmlCalls {

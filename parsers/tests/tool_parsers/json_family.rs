@@ -407,6 +407,18 @@ fn deepseek() {
             calls: &[("get_time", "{}")],
         },
         Fixture {
+            name: "no section, fence without a json tag",
+            text: "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```\n{}\n```<｜tool▁call▁end｜>",
+            content: "",
+            calls: &[("get_time", "{}")],
+        },
+        Fixture {
+            name: "escaped quotes and backslashes",
+            text: "<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{\"query\": \"a \\\"b\\\" \\\\ c\"}\n```<｜tool▁call▁end｜>",
+            content: "",
+            calls: &[("search", r#"{"query":"a \"b\" \\ c"}"#)],
+        },
+        Fixture {
             name: "partial marker",
             text: "a <｜tool▁ca",
             content: "a <｜tool▁ca",
@@ -465,6 +477,18 @@ fn deepseek31() {
             calls: &[],
         },
         Fixture {
+            name: "malformed arguments",
+            text: "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>oops<｜tool▁call▁end｜>",
+            content: "oops<｜tool▁call▁end｜>",
+            calls: &[("get_time", "{}")],
+        },
+        Fixture {
+            name: "text after the section",
+            text: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n\nThat's it.",
+            content: "\n\nThat's it.",
+            calls: &[("get_time", "{}")],
+        },
+        Fixture {
             name: "truncated before arguments",
             text: "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>",
             content: "",
@@ -514,6 +538,30 @@ fn kimik2() {
             text: "<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{\"filters\": {\"q\": [\"ü\", 1e2]}}<|tool_call_end|><|tool_calls_section_end|>",
             content: "",
             calls: &[("search", r#"{"filters":{"q":["ü",100.0]}}"#)],
+        },
+        Fixture {
+            name: "call without a section",
+            text: "<|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{}<|tool_call_end|> ok",
+            content: " ok",
+            calls: &[("get_time", "{}")],
+        },
+        Fixture {
+            name: "malformed arguments",
+            text: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>nope<|tool_call_end|><|tool_calls_section_end|>",
+            content: "nope<|tool_call_end|>",
+            calls: &[("get_time", "{}")],
+        },
+        Fixture {
+            name: "text between calls inside the section",
+            text: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{}<|tool_call_end|> note <|tool_call_begin|>functions.search:1<|tool_call_argument_begin|>{\"query\": \"q\"}<|tool_call_end|><|tool_calls_section_end|>",
+            content: " note ",
+            calls: &[("get_time", "{}"), ("search", r#"{"query":"q"}"#)],
+        },
+        Fixture {
+            name: "partial marker at the end",
+            text: "x <|tool_calls_sec",
+            content: "x <|tool_calls_sec",
+            calls: &[],
         },
         Fixture {
             name: "truncated section",
