@@ -23,7 +23,8 @@ use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
     FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
-    PolicyChoice, RoutingConfig, ShutdownConfig, TlsFiles, WorkerAddress, WorkerTlsFiles,
+    ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, TlsFiles, WorkerAddress,
+    WorkerTlsFiles,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
@@ -459,6 +460,26 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub served_model_name: Option<String>,
 
+    /// The tool-call parser for chat output (qwen, qwen_xml, llama,
+    /// pythonic, mistral, deepseek, deepseek31, kimik2, glm45_moe,
+    /// glm47_moe, json, passthrough); default: detected from the model id
+    /// and chat template.
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_parser: Option<String>,
+    /// MODEL=NAME: the tool-call parser of one served model, over
+    /// --tool-call-parser. Repeatable.
+    #[arg(long, value_name = "MODEL=NAME")]
+    pub model_tool_call_parser: Vec<String>,
+    /// The reasoning parser (qwen3, qwen3_thinking, deepseek_r1,
+    /// deepseek_v31, glm45, kimi, kimi_thinking, passthrough); default:
+    /// detected from the model id.
+    #[arg(long, value_name = "NAME")]
+    pub reasoning_parser: Option<String>,
+    /// MODEL=NAME: the reasoning parser of one served model, over
+    /// --reasoning-parser. Repeatable.
+    #[arg(long, value_name = "MODEL=NAME")]
+    pub model_reasoning_parser: Vec<String>,
+
     /// How image tensors reach encode/prefill workers. `auto` (the default)
     /// writes them to `/dev/shm` when every receiving worker shares this
     /// host's shm namespace and sends them inline otherwise.
@@ -704,6 +725,44 @@ pub fn worker_specs(flag: &'static str, values: &[String]) -> Result<Vec<WorkerS
 }
 
 /// Parses `NAME=VALUE` flag values into a map, checking each value.
+/// The parser flags, every name checked against the parsers that exist.
+fn parser_settings(args: &LaunchArgs) -> Result<ParserSettings, ConfigError> {
+    fn known(flag: &'static str, names: &[&str], name: &str) -> Result<String, ConfigError> {
+        if names.contains(&name) {
+            Ok(name.to_owned())
+        } else {
+            Err(ConfigError::new(
+                flag,
+                format!("unknown parser {name:?}; known: {}", names.join(", ")),
+            ))
+        }
+    }
+    let tools = smg_parsers::tool::PARSER_NAMES;
+    let reasoning = smg_parsers::reasoning::PARSER_NAMES;
+    Ok(ParserSettings {
+        tool_call_parser: args
+            .tool_call_parser
+            .as_deref()
+            .map(|name| known("tool-call-parser", tools, name))
+            .transpose()?,
+        reasoning_parser: args
+            .reasoning_parser
+            .as_deref()
+            .map(|name| known("reasoning-parser", reasoning, name))
+            .transpose()?,
+        model_tool_call_parsers: named_values(
+            "model-tool-call-parser",
+            &args.model_tool_call_parser,
+            |name| known("model-tool-call-parser", tools, name).map_err(|err| err.to_string()),
+        )?,
+        model_reasoning_parsers: named_values(
+            "model-reasoning-parser",
+            &args.model_reasoning_parser,
+            |name| known("model-reasoning-parser", reasoning, name).map_err(|err| err.to_string()),
+        )?,
+    })
+}
+
 pub fn named_values<T>(
     flag: &'static str,
     values: &[String],
@@ -1341,6 +1400,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             fleet,
             worker_tls,
             runtime: args.runtime.map(RuntimeArg::runtime),
+            parsers: parser_settings(&args)?,
             model: ModelSource {
                 model_path: args.model_path,
                 tokenizer_path: args.tokenizer_path,

@@ -12,6 +12,7 @@
 //! module adds only what belongs to no single subsystem (listeners, the
 //! fleet, where the model comes from, logging).
 
+pub use crate::pipeline::parsing::ParserSettings;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub struct GatewayConfig {
     /// fleets) or TokenSpeed unless a registration says otherwise (IGW).
     pub runtime: Option<Runtime>,
     pub model: ModelSource,
+    /// How chat output is parsed into reasoning and tool calls.
+    pub parsers: ParserSettings,
     pub routing: RoutingConfig,
     pub lifecycle: Lifecycle,
     pub lanes: LaneSettings,

@@ -16,11 +16,12 @@ use std::time::Duration;
 use anyhow::Context;
 use smg_dataplane::runtime::DataPlane;
 
-use crate::config::ModelSource;
+use crate::config::{ModelSource, ParserSettings};
 use crate::engine::{Engine, ModelInfo};
 use crate::lanes::TensorLanes;
 use crate::media::MediaConfig;
 use crate::pipeline::media::MediaPlanner;
+use crate::pipeline::parsing::ModelParsers;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
 use crate::tokenizer::Tokenizer;
@@ -125,6 +126,7 @@ pub struct ModelContext {
 #[derive(Debug, Clone)]
 pub struct DiscoveryEnv {
     pub source: ModelSource,
+    pub parsers: ParserSettings,
     pub media: MediaConfig,
     /// Where the model's images are preprocessed...
     pub dataplane: DataPlane,
@@ -176,6 +178,13 @@ impl DiscoveryEnv {
                     .and_then(model_dir_context_length)
             })
             .unwrap_or(DEFAULT_CONTEXT_LENGTH);
+        let parsers = ModelParsers::resolve(&self.parsers, &name, tokenizer.chat_template_source());
+        tracing::info!(
+            model = %name,
+            tool_call_parser = parsers.tool.as_deref().unwrap_or("none"),
+            reasoning_parser = parsers.reasoning.as_deref().unwrap_or("none"),
+            "output parsers"
+        );
         let model = ServedModel {
             name,
             max_context_length,
@@ -184,6 +193,7 @@ impl DiscoveryEnv {
                 .map(|i| i.vocab_size)
                 .filter(|&n| n > 0)
                 .unwrap_or(tokenizer.vocab_size() as u32),
+            parsers,
         };
 
         let media = match source.tokenizer_dir() {

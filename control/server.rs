@@ -177,6 +177,7 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
     let lanes = TensorLanes::start(&config.lanes, dataplane.threads(), open_rdma(&config.lanes));
     let env = DiscoveryEnv {
         source: config.model.clone(),
+        parsers: config.parsers.clone(),
         media: config.media.clone(),
         dataplane: dataplane.clone(),
         lanes: Arc::clone(&lanes),

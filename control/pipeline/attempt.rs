@@ -210,6 +210,14 @@ async fn run_stage(
                 stop_strings: request.stop_strings.clone(),
                 no_stop_trim: request.sampling.no_stop_trim,
                 deadline: cx.deadline,
+                parsing: request.parsing.clone(),
+                stop_token_ids: request
+                    .sampling
+                    .stop_token_ids
+                    .iter()
+                    .chain(cx.tokenizer.eos_token_ids())
+                    .copied()
+                    .collect(),
             };
             let mut output = process(events, options);
             // Wait for the first event: an error here is still retryable.

@@ -10,6 +10,7 @@
 pub mod attempt;
 pub mod execution;
 pub mod media;
+pub mod parsing;
 pub mod prepare;
 pub mod request_context;
 pub mod respond;

@@ -13,6 +13,7 @@ use smg_dataplane::lanes::TensorLease;
 
 use super::Endpoint;
 use super::media::MediaPlanner;
+use super::parsing::{ModelParsers, OutputParsing};
 
 /// The model a router serves, as clients name it.
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct ServedModel {
     pub name: String,
     pub max_context_length: u32,
     pub vocab_size: u32,
+    /// How its chat output is parsed into reasoning and tool calls.
+    pub parsers: ModelParsers,
 }
 
 /// A request after Preparation.
@@ -48,6 +51,9 @@ pub struct PreparedRequest {
     pub include_usage: bool,
     pub logprobs: Option<u32>,
     pub echo: bool,
+    /// How the output is split into reasoning, text and tool calls; `None`
+    /// for plain text.
+    pub parsing: Option<OutputParsing>,
     /// `X-SMG-Routing-Key`, for sticky policies.
     pub routing_key: Option<String>,
 }
@@ -167,6 +173,14 @@ pub async fn prepare(
         }
     }
     sampling.n = sampling.n.max(1);
+    // Anthropic's messages show text only until its dialect writes thinking
+    // and tool_use blocks.
+    let parsing = match &spec.prompt {
+        Prompt::Chat(chat) if endpoint == Endpoint::ChatCompletions => {
+            OutputParsing::for_request(&model.parsers, chat)
+        }
+        _ => None,
+    };
     Ok(PreparedRequest {
         endpoint,
         model: model.name.clone(),
@@ -183,6 +197,7 @@ pub async fn prepare(
         include_usage: spec.include_usage,
         logprobs: spec.logprobs,
         echo: spec.echo,
+        parsing,
         routing_key,
     })
 }

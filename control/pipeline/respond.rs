@@ -6,13 +6,15 @@
 //! [`OutputEvent`]s that each API formats its own way (OpenAI chunks,
 //! SGLang's `/generate`, Anthropic events), or collects for a JSON answer.
 //! When every sequence has stopped on a stop string the engine stream is
-//! dropped, which aborts the legs.
+//! dropped, which aborts the legs. Chat requests may also have their text
+//! split into reasoning, answer and tool calls here (see [`super::parsing`]).
 
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 
+use super::parsing::{OutputParsing, ParsedText, SequenceParser, ToolCallDelta};
 use crate::engine::{EventStream, GenerateEvent, LogProbs, MatchedStop};
 use crate::error::{Error, ErrorCode, Result};
 use crate::tokenizer::{IncrementalDecoder, StopMatcher, Tokenizer};
@@ -23,6 +25,8 @@ pub enum FinishReason {
     Stop,
     Length,
     Abort,
+    /// Stopped normally after making tool calls.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -31,6 +35,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 
@@ -54,10 +59,13 @@ pub struct Usage {
 /// What the client is told, dialect-neutral.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputEvent {
-    /// New text of sequence `index`.
+    /// New output of sequence `index`: answer text, and when the request's
+    /// output is parsed, reasoning and tool-call fragments.
     Delta {
         index: u32,
         text: String,
+        reasoning: String,
+        tool_calls: Vec<ToolCallDelta>,
         token_ids: Vec<u32>,
         logprobs: Option<LogProbs>,
     },
@@ -81,14 +89,20 @@ pub struct ResponseOptions {
     pub skip_special_tokens: bool,
     pub stop_strings: Vec<String>,
     pub no_stop_trim: bool,
-    /// The whole request must end by then.
     /// When the request must be done (tokio's clock, so tests can pause it).
     pub deadline: tokio::time::Instant,
+    /// Split the text into reasoning, answer and calls. Markers may be
+    /// special tokens, so the text is then decoded with special tokens kept,
+    /// except `stop_token_ids` (the end-of-sequence tokens among them).
+    pub parsing: Option<OutputParsing>,
+    /// Tokens never shown when special tokens are kept for parsing.
+    pub stop_token_ids: Vec<u32>,
 }
 
 struct Sequence {
     decoder: IncrementalDecoder,
     stops: StopMatcher,
+    parser: Option<SequenceParser>,
     tokens_seen: u32,
     finished: bool,
 }
@@ -96,6 +110,8 @@ struct Sequence {
 struct Processor {
     events: Option<EventStream>,
     sequences: Vec<Sequence>,
+    /// Ids left out of the text (see [`ResponseOptions::stop_token_ids`]).
+    hidden_ids: Vec<u32>,
     pending: std::collections::VecDeque<OutputEvent>,
     usage: Usage,
     deadline: tokio::time::Instant,
@@ -115,42 +131,94 @@ impl Processor {
 
     /// Decodes `ids` of sequence `index` and queues the released text.
     fn push_tokens(&mut self, index: u32, ids: &[u32], logprobs: Option<LogProbs>) -> Result<()> {
+        let shown: std::borrow::Cow<'_, [u32]> = if self.hidden_ids.is_empty() {
+            ids.into()
+        } else {
+            ids.iter()
+                .copied()
+                .filter(|id| !self.hidden_ids.contains(id))
+                .collect::<Vec<_>>()
+                .into()
+        };
         let sequence = self.sequence(index)?;
         if sequence.finished {
             return Ok(());
         }
         sequence.tokens_seen += ids.len() as u32;
-        let text = sequence.decoder.push(ids)?;
+        let text = sequence.decoder.push(&shown)?;
         let outcome = sequence.stops.push(&text);
         if let Some(stop) = outcome.matched_stop {
-            sequence.finished = true;
-            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs);
-            self.pending.push_back(OutputEvent::Finish {
-                index,
-                reason: FinishReason::Stop,
-                matched_stop: Some(MatchedStop::Text(stop)),
-            });
+            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs)?;
+            self.finish_sequence(index, FinishReason::Stop, Some(MatchedStop::Text(stop)))?;
         } else {
-            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs);
+            self.queue_delta(index, outcome.text, ids.to_vec(), logprobs)?;
         }
         Ok(())
     }
 
+    /// Queues new text of sequence `index`, through its parser if it has one.
     fn queue_delta(
         &mut self,
         index: u32,
         text: String,
         token_ids: Vec<u32>,
         logprobs: Option<LogProbs>,
+    ) -> Result<()> {
+        let parsed = match &mut self.sequence(index)?.parser {
+            Some(parser) if !text.is_empty() => parser.push(&text),
+            Some(_) => ParsedText::default(),
+            None => ParsedText {
+                content: text,
+                ..ParsedText::default()
+            },
+        };
+        self.queue_parsed(index, parsed, token_ids, logprobs);
+        Ok(())
+    }
+
+    fn queue_parsed(
+        &mut self,
+        index: u32,
+        parsed: ParsedText,
+        token_ids: Vec<u32>,
+        logprobs: Option<LogProbs>,
     ) {
-        if !text.is_empty() || logprobs.is_some() {
+        if !parsed.is_empty() || logprobs.is_some() {
             self.pending.push_back(OutputEvent::Delta {
                 index,
-                text,
+                text: parsed.content,
+                reasoning: parsed.reasoning,
+                tool_calls: parsed.calls,
                 token_ids,
                 logprobs,
             });
         }
+    }
+
+    /// Ends sequence `index`: what its parser held back goes out, then the
+    /// finish (`tool_calls` when it made calls and stopped normally).
+    fn finish_sequence(
+        &mut self,
+        index: u32,
+        reason: FinishReason,
+        matched_stop: Option<MatchedStop>,
+    ) -> Result<()> {
+        let sequence = self.sequence(index)?;
+        sequence.finished = true;
+        let mut reason = reason;
+        if let Some(parser) = &mut sequence.parser {
+            let tail = parser.finish();
+            if parser.made_calls() && reason == FinishReason::Stop {
+                reason = FinishReason::ToolCalls;
+            }
+            self.queue_parsed(index, tail, Vec::new(), None);
+        }
+        self.pending.push_back(OutputEvent::Finish {
+            index,
+            reason,
+            matched_stop,
+        });
+        Ok(())
     }
 
     fn handle(&mut self, event: GenerateEvent) -> Result<()> {
@@ -188,9 +256,7 @@ impl Processor {
                     self.push_tokens(index, unseen, logprobs)?;
                 }
                 let sequence = self.sequence(index)?;
-                let already_finished = sequence.finished;
-                sequence.finished = true;
-                if already_finished {
+                if sequence.finished {
                     self.usage.completion_tokens += sequence.tokens_seen;
                     return Ok(());
                 }
@@ -201,17 +267,17 @@ impl Processor {
                 }
                 self.usage.completion_tokens += completion_tokens.max(sequence.tokens_seen);
                 let stop_text = released.matched_stop.take();
-                self.queue_delta(index, released.text, Vec::new(), None);
-                self.pending.push_back(OutputEvent::Finish {
+                self.queue_delta(index, released.text, Vec::new(), None)?;
+                let reason = if stop_text.is_some() {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::from_engine(&finish_reason)
+                };
+                self.finish_sequence(
                     index,
-                    reason: if stop_text.is_some() {
-                        FinishReason::Stop
-                    } else {
-                        FinishReason::from_engine(&finish_reason)
-                    },
-                    matched_stop: stop_text.map(MatchedStop::Text).or(matched_stop),
-                });
-                Ok(())
+                    reason,
+                    stop_text.map(MatchedStop::Text).or(matched_stop),
+                )
             }
         }
     }
@@ -265,10 +331,15 @@ impl Processor {
 
 /// Turns a request's engine events into client output events.
 pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
+    let keep_special_tokens = options.parsing.is_some();
     let sequences = (0..options.n.max(1))
         .map(|_| Sequence {
-            decoder: IncrementalDecoder::new(&options.tokenizer, options.skip_special_tokens),
+            decoder: IncrementalDecoder::new(
+                &options.tokenizer,
+                options.skip_special_tokens && !keep_special_tokens,
+            ),
             stops: StopMatcher::new(options.stop_strings.iter().cloned(), options.no_stop_trim),
+            parser: options.parsing.as_ref().map(OutputParsing::sequence),
             tokens_seen: 0,
             finished: false,
         })
@@ -276,6 +347,11 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
     let processor = Processor {
         events: Some(events),
         sequences,
+        hidden_ids: if keep_special_tokens {
+            options.stop_token_ids
+        } else {
+            Vec::new()
+        },
         pending: std::collections::VecDeque::new(),
         usage: Usage::default(),
         deadline: options.deadline,
@@ -304,10 +380,23 @@ fn tail_of(mut report: LogProbs, count: usize) -> LogProbs {
 pub struct CollectedChoice {
     pub index: u32,
     pub text: String,
+    /// Reasoning split off the text (empty when not parsed).
+    pub reasoning: String,
+    /// Whole tool calls, in order (empty when not parsed).
+    pub tool_calls: Vec<CollectedCall>,
     pub token_ids: Vec<u32>,
     pub finish_reason: Option<FinishReason>,
     pub matched_stop: Option<MatchedStop>,
     pub logprobs: Vec<LogProbs>,
+}
+
+/// One whole tool call of a non-streaming response.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CollectedCall {
+    pub id: String,
+    pub name: String,
+    /// JSON text.
+    pub arguments: String,
 }
 
 /// A whole non-streaming response.
@@ -336,6 +425,8 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
             OutputEvent::Delta {
                 index,
                 text,
+                reasoning,
+                tool_calls,
                 token_ids,
                 logprobs,
             } => {
@@ -344,6 +435,19 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
                     .get_or_insert_with(|| started.elapsed());
                 if let Some(choice) = collected.choices.get_mut(index as usize) {
                     choice.text.push_str(&text);
+                    choice.reasoning.push_str(&reasoning);
+                    for call in tool_calls {
+                        if let Some(name) = call.name {
+                            choice.tool_calls.push(CollectedCall {
+                                id: call.id.unwrap_or_default(),
+                                name,
+                                arguments: String::new(),
+                            });
+                        }
+                        if let Some(whole) = choice.tool_calls.get_mut(call.index) {
+                            whole.arguments.push_str(&call.arguments);
+                        }
+                    }
                     choice.token_ids.extend(token_ids);
                     choice.logprobs.extend(logprobs);
                 }

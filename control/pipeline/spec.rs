@@ -112,6 +112,12 @@ pub enum ToolChoice {
     Function(String),
 }
 
+/// The name of an OpenAI-shaped tool (`{"type": "function", "function":
+/// {"name", ...}}`).
+pub fn tool_name(tool: &Value) -> Option<&str> {
+    tool.get("function")?.get("name")?.as_str()
+}
+
 /// The image URLs of OpenAI-shaped messages, in order: every
 /// `{"type": "image_url", "image_url": {"url"}}` part.
 pub(crate) fn image_urls(messages: &[Value]) -> Vec<String> {

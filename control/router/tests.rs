@@ -352,6 +352,7 @@ mod in_process {
                 name: "fixture".into(),
                 max_context_length: 4096,
                 vocab_size: 4007,
+                parsers: Default::default(),
             },
             retry,
             request_timeout: timeout,
@@ -408,6 +409,7 @@ mod in_process {
             include_usage: false,
             logprobs: None,
             echo: false,
+            parsing: None,
             routing_key: None,
         }
     }

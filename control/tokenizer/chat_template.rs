@@ -47,6 +47,9 @@ pub(super) struct ChatTemplate {
     environment: Environment<'static>,
     /// `bos_token`, `eos_token`, ... as template variables.
     special_tokens: JinjaValue,
+    /// The templates' sources, for reading a model's conventions off them
+    /// (its tool-call markup, its thinking switch).
+    sources: String,
 }
 
 /// The error `raise_exception` fails rendering with, so that its message can
@@ -93,6 +96,11 @@ impl ChatTemplate {
         special_tokens: &Map<String, Value>,
     ) -> Result<Self> {
         let mut environment = huggingface_environment()?;
+        let sources = named_sources
+            .iter()
+            .map(|(_, source)| source.as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
         for (name, source) in named_sources {
             environment
                 .add_template_owned(name.clone(), source)
@@ -103,7 +111,13 @@ impl ChatTemplate {
         Ok(Self {
             environment,
             special_tokens: JinjaValue::from(Serde(special_tokens)),
+            sources,
         })
+    }
+
+    /// Every template's source text, joined.
+    pub fn sources(&self) -> &str {
+        &self.sources
     }
 
     /// Renders the prompt for `messages`. A template that refuses the

@@ -232,6 +232,15 @@ impl Tokenizer {
         }
     }
 
+    /// The chat template's source text (all named templates, joined), if the
+    /// model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.loaded
+            .chat_template
+            .as_ref()
+            .map(ChatTemplate::sources)
+    }
+
     /// Renders the prompt for `messages` (OpenAI-style message objects) with
     /// the model's chat template. Fails with `invalid_request` when the model
     /// has no template or the template refuses the conversation.

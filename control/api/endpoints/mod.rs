@@ -46,6 +46,7 @@ use crate::engine::{LogProbs, MatchedStop};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pipeline::Endpoint;
+use crate::pipeline::parsing::ParsedText;
 use crate::pipeline::respond::{
     CollectedOutput, FinishReason, OutputEvent, OutputStream, Usage, collect,
 };
@@ -94,6 +95,19 @@ trait Dialect: Sized + Send + 'static {
     /// Frames before any output (Anthropic's `message_start`).
     fn start(&mut self, _info: &GenerationInfo) -> Vec<Bytes> {
         Vec::new()
+    }
+    /// New output of sequence `index` split into reasoning, text and tool
+    /// calls (see `pipeline::parsing`). Dialects that show only text write
+    /// its text.
+    fn parsed_delta(
+        &mut self,
+        info: &GenerationInfo,
+        index: u32,
+        parsed: ParsedText,
+        token_ids: &[u32],
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
+        self.delta(info, index, parsed.content, token_ids, logprobs)
     }
     /// New text of sequence `index`, the tokens it came from and their
     /// logprobs when the client asked for them.
@@ -238,6 +252,8 @@ fn stream_response<D: Dialect>(
                 Ok(OutputEvent::Delta {
                     index,
                     text,
+                    reasoning,
+                    tool_calls,
                     token_ids,
                     logprobs,
                 }) => {
@@ -245,7 +261,12 @@ fn stream_response<D: Dialect>(
                         first_token = Some(Instant::now());
                         metrics::record_ttft(router_label, info.started.elapsed());
                     }
-                    dialect.delta(&info, index, text, &token_ids, logprobs.as_ref())
+                    let parsed = ParsedText {
+                        content: text,
+                        reasoning,
+                        calls: tool_calls,
+                    };
+                    dialect.parsed_delta(&info, index, parsed, &token_ids, logprobs.as_ref())
                 }
                 Ok(OutputEvent::Finish {
                     index,
@@ -365,6 +386,7 @@ mod fixtures {
                     finish_reason: Some(FinishReason::Length),
                     matched_stop: None,
                     logprobs: vec![report(&[39, 415]), report(&[78, 1009])],
+                    ..Default::default()
                 },
                 CollectedChoice {
                     index: 1,
@@ -373,6 +395,7 @@ mod fixtures {
                     finish_reason: None,
                     matched_stop: None,
                     logprobs: Vec::new(),
+                    ..Default::default()
                 },
             ],
             usage: usage(),

@@ -22,6 +22,7 @@ use super::{Dialect, GenerationInfo, run, sequence_slot};
 use crate::engine::{LogProbs, MatchedStop};
 use crate::error::Result;
 use crate::pipeline::Endpoint;
+use crate::pipeline::parsing::ParsedText;
 use crate::pipeline::respond::{CollectedChoice, CollectedOutput, FinishReason, Usage};
 use crate::tokenizer::Tokenizer;
 
@@ -29,6 +30,7 @@ use crate::tokenizer::Tokenizer;
 pub(super) fn finish_reason(reason: FinishReason) -> openai::FinishReason {
     match reason {
         FinishReason::Length => openai::FinishReason::Length,
+        FinishReason::ToolCalls => openai::FinishReason::ToolCalls,
         FinishReason::Stop | FinishReason::Abort => openai::FinishReason::Stop,
     }
 }
@@ -63,6 +65,23 @@ trait OpenAiShape: Send + 'static {
         text: String,
         logprobs: Option<&LogProbs>,
     ) -> Self::ChunkChoice;
+    /// The chunk choices for new output of sequence `index`; shapes that
+    /// show only text write its text.
+    fn parsed_delta(
+        sequence: &mut Self::Sequence,
+        tokenizer: &Tokenizer,
+        index: u32,
+        parsed: ParsedText,
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Self::ChunkChoice> {
+        vec![Self::delta(
+            sequence,
+            tokenizer,
+            index,
+            parsed.content,
+            logprobs,
+        )]
+    }
     /// The chunk choice that ends sequence `index`.
     fn finish(
         sequence: &mut Self::Sequence,
@@ -116,6 +135,21 @@ impl<S: OpenAiShape> Dialect for OpenAiDialect<S> {
 
     fn for_spec(spec: &GenerationSpec) -> Self {
         Self::new(spec.include_usage)
+    }
+
+    fn parsed_delta(
+        &mut self,
+        info: &GenerationInfo,
+        index: u32,
+        parsed: ParsedText,
+        _token_ids: &[u32],
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
+        let sequence = sequence_slot(&mut self.sequences, index);
+        S::parsed_delta(sequence, &info.tokenizer, index, parsed, logprobs)
+            .into_iter()
+            .map(|choice| Self::chunk(info, vec![choice], None))
+            .collect()
     }
 
     fn delta(
@@ -207,11 +241,66 @@ impl OpenAiShape for ChatShape {
             delta: openai::Delta {
                 role: role_sent.take(),
                 content: Some(text),
+                reasoning_content: None,
                 tool_calls: None,
             },
             logprobs: logprobs.map(|report| logprobs::chat(tokenizer, [report])),
             finish_reason: None,
         }
+    }
+
+    /// Reasoning, then text, then each call fragment, one chunk each (the
+    /// order they were written in, and the shape clients accumulate by
+    /// `index`); the logprobs ride on the first.
+    fn parsed_delta(
+        role_sent: &mut RoleSent,
+        tokenizer: &Tokenizer,
+        index: u32,
+        parsed: ParsedText,
+        logprobs: Option<&LogProbs>,
+    ) -> Vec<openai::ChunkChoice> {
+        let mut deltas = Vec::new();
+        if !parsed.reasoning.is_empty() {
+            deltas.push(openai::Delta {
+                reasoning_content: Some(parsed.reasoning),
+                ..Default::default()
+            });
+        }
+        let calls_only = !parsed.calls.is_empty() && parsed.content.is_empty();
+        if !calls_only && (!parsed.content.is_empty() || deltas.is_empty()) {
+            deltas.push(openai::Delta {
+                content: Some(parsed.content),
+                ..Default::default()
+            });
+        }
+        for call in parsed.calls {
+            let first = call.name.is_some();
+            deltas.push(openai::Delta {
+                tool_calls: Some(vec![openai::ToolCallDelta {
+                    index: call.index as u32,
+                    id: call.id,
+                    kind: first.then(openai::FunctionTag::default),
+                    function: openai::FunctionCallDelta {
+                        name: call.name,
+                        arguments: Some(call.arguments),
+                    },
+                }]),
+                ..Default::default()
+            });
+        }
+        let mut logprobs = logprobs.map(|report| logprobs::chat(tokenizer, [report]));
+        deltas
+            .into_iter()
+            .map(|mut delta| {
+                delta.role = role_sent.take();
+                openai::ChunkChoice {
+                    index,
+                    delta,
+                    logprobs: logprobs.take(),
+                    finish_reason: None,
+                }
+            })
+            .collect()
     }
 
     fn finish(
@@ -223,8 +312,7 @@ impl OpenAiShape for ChatShape {
             index,
             delta: openai::Delta {
                 role: role_sent.take(),
-                content: None,
-                tool_calls: None,
+                ..Default::default()
             },
             logprobs: None,
             finish_reason: Some(reason),
@@ -238,8 +326,25 @@ impl OpenAiShape for ChatShape {
                 .then(|| logprobs::chat(tokenizer, &choice.logprobs)),
             message: openai::AssistantMessage {
                 role: openai::AssistantRole,
-                content: Some(choice.text),
-                tool_calls: None,
+                // Null when the model only called tools (whitespace around
+                // the calls is not an answer).
+                content: (choice.tool_calls.is_empty() || !choice.text.trim().is_empty())
+                    .then_some(choice.text),
+                reasoning_content: (!choice.reasoning.is_empty()).then_some(choice.reasoning),
+                tool_calls: (!choice.tool_calls.is_empty()).then(|| {
+                    choice
+                        .tool_calls
+                        .into_iter()
+                        .map(|call| openai::ToolCall {
+                            id: call.id,
+                            kind: openai::FunctionTag::default(),
+                            function: openai::FunctionCall {
+                                name: call.name,
+                                arguments: call.arguments,
+                            },
+                        })
+                        .collect()
+                }),
             },
             finish_reason: choice.finish_reason.map(finish_reason),
         }
@@ -346,6 +451,7 @@ pub(crate) async fn models(State(state): State<SharedState>) -> Response {
 mod tests {
     //! The exact bytes the OpenAI dialects write, streamed and whole: what
     //! clients parse, pinned byte for byte.
+    use super::super::fixtures::frames as frames_of;
     use super::super::fixtures::{body, collected, frames, info, report, text, usage};
     use super::*;
 
@@ -387,6 +493,67 @@ mod tests {
         assert_eq!(
             body(dialect.json(&info, collected())).await,
             r#"{"id":"req-1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello world"},"logprobs":{"content":[{"token":"H","logprob":-0.5,"bytes":[72],"top_logprobs":[{"token":"H","logprob":-0.5,"bytes":[72]}]},{"token":"ell","logprob":-0.5,"bytes":[101,108,108],"top_logprobs":[{"token":"ell","logprob":-0.5,"bytes":[101,108,108]}]},{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]}]},{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100],"top_logprobs":[{"token":" world","logprob":-0.5,"bytes":[32,119,111,114,108,100]}]}]},"finish_reason":"length"},{"index":1,"message":{"role":"assistant","content":"Hi"},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
+        );
+    }
+
+    #[tokio::test]
+    async fn parsed_chat_output_is_pinned_streamed_and_whole() {
+        use crate::pipeline::parsing::ToolCallDelta;
+        use crate::pipeline::respond::CollectedCall;
+        let info = info();
+        let mut dialect = ChatDialect::new(false);
+        let call = |id: Option<&str>, name: Option<&str>, arguments: &str| ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_owned),
+            name: name.map(str::to_owned),
+            arguments: arguments.to_owned(),
+        };
+        let mut frames = dialect.start(&info);
+        frames.extend(dialect.parsed_delta(
+            &info,
+            0,
+            ParsedText {
+                reasoning: "think".into(),
+                content: "Sure.".into(),
+                calls: vec![call(Some("call_1"), Some("get_weather"), "{\"city\":")],
+            },
+            &[],
+            None,
+        ));
+        frames.extend(dialect.parsed_delta(
+            &info,
+            0,
+            ParsedText {
+                calls: vec![call(None, None, "\"Paris\"}")],
+                ..ParsedText::default()
+            },
+            &[],
+            None,
+        ));
+        frames.extend(dialect.finish(&info, 0, FinishReason::ToolCalls, None));
+        let expected = [
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"think"},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"Sure."},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":"}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"req-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}]}"#,
+        ];
+        assert_eq!(text(frames), frames_of(&expected));
+        let mut whole = collected();
+        whole.choices.truncate(1);
+        let choice = &mut whole.choices[0];
+        choice.text = "\n\n".into();
+        choice.logprobs.clear();
+        choice.reasoning = "think".into();
+        choice.finish_reason = Some(FinishReason::ToolCalls);
+        choice.tool_calls = vec![CollectedCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: "{\"city\":\"Paris\"}".into(),
+        }];
+        assert_eq!(
+            body(dialect.json(&info, whole)).await,
+            r#"{"id":"req-1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"reasoning_content":"think","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":2}}}"#
         );
     }
 

@@ -75,7 +75,8 @@ fn generate_finish(
     length: u32,
 ) -> sglang::GenerateFinishReason {
     match reason {
-        FinishReason::Stop => sglang::GenerateFinishReason::Stop {
+        // `/generate` parses no tool calls; a stop is a stop.
+        FinishReason::Stop | FinishReason::ToolCalls => sglang::GenerateFinishReason::Stop {
             matched: matched.map(Into::into),
         },
         FinishReason::Length => sglang::GenerateFinishReason::Length { length },

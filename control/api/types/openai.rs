@@ -749,6 +749,9 @@ pub struct AssistantMessage {
     pub role: AssistantRole,
     /// Null when the model only called tools.
     pub content: Option<String>,
+    /// A thinking model's reasoning, split off the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
 }
@@ -806,6 +809,9 @@ pub struct Delta {
     pub role: Option<AssistantRole>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A thinking model's reasoning, split off the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
@@ -1406,6 +1412,7 @@ mod tests {
                 message: AssistantMessage {
                     role: AssistantRole,
                     content: Some("A cat.".into()),
+                    reasoning_content: None,
                     tool_calls: None,
                 },
                 logprobs: None,
@@ -1440,6 +1447,7 @@ mod tests {
         let message = AssistantMessage {
             role: AssistantRole,
             content: None,
+            reasoning_content: None,
             tool_calls: Some(vec![ToolCall {
                 id: "call_9".into(),
                 kind: FunctionTag,
@@ -1470,6 +1478,7 @@ mod tests {
                 delta: Delta {
                     role: Some(AssistantRole),
                     content: Some(String::new()),
+                    reasoning_content: None,
                     tool_calls: None,
                 },
                 logprobs: None,

@@ -22,14 +22,9 @@
 use serde_json::{Map, Value, json};
 
 use super::spec::ToolChoice;
+pub use super::spec::tool_name;
 use crate::engine::Constraint;
 use crate::error::{Error, Result};
-
-/// The name of an OpenAI-shaped tool (`{"type": "function", "function":
-/// {"name", ...}}`).
-pub fn tool_name(tool: &Value) -> Option<&str> {
-    tool.get("function")?.get("name")?.as_str()
-}
 
 /// The arguments schema of an OpenAI-shaped tool; any object when absent.
 fn tool_parameters(tool: &Value) -> Value {

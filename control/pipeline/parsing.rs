@@ -1,0 +1,580 @@
+//! Output parsing: a sequence's decoded text becomes reasoning, answer text
+//! and tool calls, for every dialect at once.
+//!
+//! Why it exists: in gRPC mode the engines send token ids only, so a
+//! thinking model's `<think>…</think>` and a tool-calling model's markup come
+//! back as plain text; recovering `reasoning_content` and `tool_calls` is the
+//! gateway's job. It is done once, in ResponseProcessing, on the
+//! dialect-neutral output stream, so OpenAI chat, Anthropic messages (and
+//! the Responses API) format the same parsed events and cannot disagree.
+//!
+//! Per model the parsers are chosen once ([`ModelParsers::resolve`]): an
+//! explicit per-model flag, else the global flag, else detection from the
+//! model id and chat template (`smg_parsers::*::detect`). Per request
+//! ([`OutputParsing::for_request`]):
+//!
+//! - reasoning is split off when the model has a reasoning parser and the
+//!   request did not ask to keep it inline (`separate_reasoning: false`);
+//!   whether the output starts inside a think block follows the template's
+//!   thinking switch and the request's preference;
+//! - tool calls are parsed when the request offers tools and `tool_choice`
+//!   is not `none`: with the model's parser under `auto`, with the `json`
+//!   parser under `required` (the engine was constrained to a JSON array of
+//!   calls), and under a named function the whole output *is* the call's
+//!   arguments (constrained to its schema). Without `parallel_tool_calls`
+//!   only the first call is kept.
+//!
+//! Reasoning is parsed first and only its answer text reaches the tool
+//! parser, so markup inside reasoning is never a call (Kimi's parsers
+//! excepted: a tool section opened inside an unclosed think block ends it). One rule gives the
+//! finish reason, streamed or not: a sequence that made a call and stopped
+//! normally finished with `tool_calls` ([`SequenceParser::made_calls`]).
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use smg_parsers::reasoning::{self, ReasoningOptions, ReasoningParser, ThinkingToggle};
+use smg_parsers::tool::{self, CallDelta, ToolParser, ToolSpec, Tools};
+
+use super::spec::{ChatPrompt, ToolChoice, tool_name};
+
+/// The parsers a model's output goes through, decided once per model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelParsers {
+    /// The tool-call parser under `tool_choice: auto`; `None`: calls stay
+    /// in the text.
+    pub tool: Option<String>,
+    /// The reasoning parser; `None`: reasoning stays in the text.
+    pub reasoning: Option<String>,
+    /// The chat template's thinking switch.
+    pub toggle: ThinkingToggle,
+}
+
+/// A template without a thinking switch.
+const NO_TOGGLE: ThinkingToggle = ThinkingToggle {
+    key: None,
+    default_on: true,
+    prefills_think: false,
+};
+
+impl Default for ModelParsers {
+    fn default() -> Self {
+        Self {
+            tool: None,
+            reasoning: None,
+            toggle: NO_TOGGLE,
+        }
+    }
+}
+
+/// Which parsers read chat output (`--tool-call-parser`,
+/// `--model-tool-call-parser`, `--reasoning-parser`,
+/// `--model-reasoning-parser`); names are checked at start-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParserSettings {
+    pub tool_call_parser: Option<String>,
+    pub reasoning_parser: Option<String>,
+    /// Served model name → tool-call parser, over the global choice.
+    pub model_tool_call_parsers: std::collections::HashMap<String, String>,
+    /// Served model name → reasoning parser, over the global choice.
+    pub model_reasoning_parsers: std::collections::HashMap<String, String>,
+}
+
+impl ModelParsers {
+    /// The parsers of model `name` whose chat template is `template`: the
+    /// per-model flag, else the global flag, else detection. `passthrough`
+    /// chosen explicitly turns parsing off.
+    pub fn resolve(settings: &ParserSettings, name: &str, template: Option<&str>) -> Self {
+        let chosen = |per_model: &std::collections::HashMap<String, String>,
+                      global: &Option<String>,
+                      detected: Option<&'static str>| {
+            per_model
+                .get(name)
+                .cloned()
+                .or_else(|| global.clone())
+                .or_else(|| detected.map(str::to_owned))
+                .filter(|parser| parser != "passthrough")
+        };
+        Self {
+            tool: chosen(
+                &settings.model_tool_call_parsers,
+                &settings.tool_call_parser,
+                tool::detect(name, template),
+            ),
+            reasoning: chosen(
+                &settings.model_reasoning_parsers,
+                &settings.reasoning_parser,
+                reasoning::detect(name),
+            ),
+            toggle: template.map_or(NO_TOGGLE, reasoning::thinking_toggle),
+        }
+    }
+}
+
+/// How calls are read from one request's output.
+#[derive(Debug, Clone, PartialEq)]
+enum CallMode {
+    /// Parse the model's markup with this parser.
+    Parser(String),
+    /// The output is the arguments of this one function.
+    Arguments(String),
+}
+
+/// How calls are named for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallIds {
+    /// `call_` and 24 random hex digits (OpenAI's shape).
+    Random,
+    /// `functions.NAME:N`, N counting every call of the conversation from
+    /// `first` (Kimi-K2 reads its own ids back in the next turn's prompt).
+    Kimi { first: usize },
+}
+
+/// One request's parsing, built in Preparation; each sequence gets fresh
+/// parsers from it ([`OutputParsing::sequence`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputParsing {
+    reasoning: Option<(String, ReasoningOptions)>,
+    calls: Option<(CallMode, Tools)>,
+    call_ids: CallIds,
+    parallel_tool_calls: bool,
+}
+
+impl OutputParsing {
+    /// The parsing `chat` asks of a model with `parsers`; `None` when the
+    /// output is plain text.
+    pub fn for_request(parsers: &ModelParsers, chat: &ChatPrompt) -> Option<Self> {
+        let reasoning = parsers
+            .reasoning
+            .as_ref()
+            .filter(|_| chat.separate_reasoning)
+            .map(|name| {
+                let options = ReasoningOptions {
+                    starts_in_reasoning: reasoning::starts_in_reasoning(
+                        name,
+                        &parsers.toggle,
+                        Some(&chat.template_kwargs),
+                        chat.reasoning_effort.as_deref(),
+                    ),
+                    // Markup inside a think block is never a call, except
+                    // for Kimi models, which open a tool section without
+                    // closing their think block (their calls would be lost).
+                    tool_call_ends_reasoning: name.starts_with("kimi"),
+                };
+                (name.clone(), options)
+            });
+        let mode = match &chat.tool_choice {
+            ToolChoice::None => None,
+            _ if chat.tools.is_empty() => None,
+            ToolChoice::Auto => parsers.tool.clone().map(CallMode::Parser),
+            ToolChoice::Required => Some(CallMode::Parser("json".to_owned())),
+            ToolChoice::Function(name) => Some(CallMode::Arguments(name.clone())),
+        };
+        let call_ids = match &mode {
+            Some(CallMode::Parser(name)) if name == "kimik2" => CallIds::Kimi {
+                first: past_calls(&chat.messages),
+            },
+            _ => CallIds::Random,
+        };
+        let calls = mode.map(|mode| (mode, tool_specs(&chat.tools)));
+        (reasoning.is_some() || calls.is_some()).then(|| Self {
+            reasoning,
+            calls,
+            call_ids,
+            parallel_tool_calls: chat.parallel_tool_calls,
+        })
+    }
+
+    /// Fresh parsers for one sequence. A name the parser crates do not know
+    /// was refused at start-up, so a failure here only drops that parser.
+    pub fn sequence(&self) -> SequenceParser {
+        let reasoning = self.reasoning.as_ref().and_then(|(name, options)| {
+            reasoning::create(name, *options)
+                .inspect_err(|err| tracing::error!(%err, "reasoning parsing is off"))
+                .ok()
+        });
+        let calls = self.calls.as_ref().and_then(|(mode, tools)| match mode {
+            CallMode::Parser(name) => tool::create(name, Arc::clone(tools))
+                .inspect_err(|err| tracing::error!(%err, "tool-call parsing is off"))
+                .ok()
+                .map(Calls::Parsed),
+            CallMode::Arguments(name) => Some(Calls::Arguments {
+                name: name.clone(),
+                started: false,
+            }),
+        });
+        SequenceParser {
+            reasoning,
+            calls,
+            call_ids: self.call_ids,
+            single_call: !self.parallel_tool_calls,
+            calls_made: 0,
+        }
+    }
+}
+
+/// The calls earlier assistant turns made.
+fn past_calls(messages: &[Value]) -> usize {
+    messages
+        .iter()
+        .filter_map(|message| message.get("tool_calls")?.as_array())
+        .map(Vec::len)
+        .sum()
+}
+
+/// A fresh OpenAI-style call id.
+fn random_call_id() -> String {
+    format!("call_{:024x}", rand::random::<u128>() & ((1u128 << 96) - 1))
+}
+
+/// The request's tools as the parsers know them.
+fn tool_specs(tools: &[Value]) -> Tools {
+    tools
+        .iter()
+        .filter_map(|tool| {
+            Some(ToolSpec {
+                name: tool_name(tool)?.to_owned(),
+                parameters: tool
+                    .get("function")
+                    .and_then(|function| function.get("parameters"))
+                    .cloned(),
+            })
+        })
+        .collect()
+}
+
+/// A fragment of one tool call: the first fragment of a call carries its
+/// id and name, later ones append to its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    /// The call's position in the sequence's output: 0, 1, ...
+    pub index: usize,
+    pub id: Option<String>,
+    pub name: Option<String>,
+    /// JSON text to append to the call's arguments.
+    pub arguments: String,
+}
+
+/// What one piece of a sequence's text turned out to be.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedText {
+    pub reasoning: String,
+    pub content: String,
+    pub calls: Vec<ToolCallDelta>,
+}
+
+impl ParsedText {
+    pub fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty() && self.calls.is_empty()
+    }
+}
+
+#[derive(Debug)]
+enum Calls {
+    Parsed(Box<dyn ToolParser>),
+    /// Every byte of the output is the named function's arguments.
+    Arguments {
+        name: String,
+        started: bool,
+    },
+}
+
+/// The parsers of one sequence.
+#[derive(Debug)]
+pub struct SequenceParser {
+    reasoning: Option<Box<dyn ReasoningParser>>,
+    calls: Option<Calls>,
+    call_ids: CallIds,
+    single_call: bool,
+    /// Calls whose first fragment went out.
+    calls_made: usize,
+}
+
+impl SequenceParser {
+    /// Parses the next piece of text.
+    pub fn push(&mut self, text: &str) -> ParsedText {
+        let (reasoning, answer) = match &mut self.reasoning {
+            Some(parser) => {
+                let delta = parser.push(text);
+                (delta.reasoning, delta.content)
+            }
+            None => (String::new(), text.to_owned()),
+        };
+        self.answer(reasoning, &answer, false)
+    }
+
+    /// The text ended: flush what the parsers held back.
+    pub fn finish(&mut self) -> ParsedText {
+        let (reasoning, answer) = match &mut self.reasoning {
+            Some(parser) => {
+                let delta = parser.finish();
+                (delta.reasoning, delta.content)
+            }
+            None => (String::new(), String::new()),
+        };
+        self.answer(reasoning, &answer, true)
+    }
+
+    /// Whether any call went out: the finish reason becomes `tool_calls`.
+    pub fn made_calls(&self) -> bool {
+        self.calls_made > 0
+    }
+
+    /// Runs answer text through the call parser.
+    fn answer(&mut self, reasoning: String, answer: &str, last: bool) -> ParsedText {
+        let mut parsed = ParsedText {
+            reasoning,
+            ..ParsedText::default()
+        };
+        let mut calls: Vec<CallDelta> = Vec::new();
+        match &mut self.calls {
+            None => parsed.content.push_str(answer),
+            Some(Calls::Parsed(parser)) => {
+                let mut delta = if answer.is_empty() {
+                    tool::ToolDelta::default()
+                } else {
+                    parser.push(answer)
+                };
+                if last {
+                    let tail = parser.finish();
+                    delta.content.push_str(&tail.content);
+                    delta.calls.extend(tail.calls);
+                }
+                parsed.content = delta.content;
+                calls = delta.calls;
+            }
+            Some(Calls::Arguments { name, started }) => {
+                if !answer.is_empty() || (last && !*started) {
+                    calls.push(CallDelta {
+                        index: 0,
+                        name: (!std::mem::replace(started, true)).then(|| name.clone()),
+                        arguments: answer.to_owned(),
+                    });
+                }
+            }
+        }
+        if self.single_call {
+            calls.retain(|call| call.index == 0);
+        }
+        parsed.calls = calls
+            .into_iter()
+            .map(|call| {
+                let id = call.name.as_ref().map(|name| {
+                    self.calls_made += 1;
+                    match self.call_ids {
+                        CallIds::Random => random_call_id(),
+                        CallIds::Kimi { first } => {
+                            format!("functions.{name}:{}", first + call.index)
+                        }
+                    }
+                });
+                ToolCallDelta {
+                    index: call.index,
+                    id,
+                    name: call.name,
+                    arguments: call.arguments,
+                }
+            })
+            .collect();
+        parsed
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn chat(tools: Value, choice: ToolChoice) -> ChatPrompt {
+        ChatPrompt {
+            messages: vec![json!({"role": "user", "content": "hi"})],
+            tools: tools.as_array().cloned().unwrap_or_default(),
+            tool_choice: choice,
+            parallel_tool_calls: true,
+            template_kwargs: serde_json::Map::new(),
+            reasoning_effort: None,
+            separate_reasoning: true,
+        }
+    }
+
+    fn weather() -> Value {
+        json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+    }
+
+    fn qwen3() -> ModelParsers {
+        ModelParsers {
+            tool: Some("qwen".into()),
+            reasoning: Some("qwen3".into()),
+            toggle: NO_TOGGLE,
+        }
+    }
+
+    /// Everything a sequence produced, chunk by chunk, then finished.
+    fn run(parser: &mut SequenceParser, chunks: &[&str]) -> ParsedText {
+        let mut all = ParsedText::default();
+        let mut absorb = |part: ParsedText| {
+            all.reasoning.push_str(&part.reasoning);
+            all.content.push_str(&part.content);
+            all.calls.extend(part.calls);
+        };
+        for chunk in chunks {
+            absorb(parser.push(chunk));
+        }
+        absorb(parser.finish());
+        all
+    }
+
+    #[test]
+    fn explicit_choices_beat_detection_and_passthrough_turns_parsing_off() {
+        let detected = ModelParsers::resolve(&ParserSettings::default(), "Qwen/Qwen3-8B", None);
+        assert_eq!(detected.tool.as_deref(), Some("qwen"));
+        assert_eq!(detected.reasoning.as_deref(), Some("qwen3"));
+        let settings = ParserSettings {
+            tool_call_parser: Some("llama".into()),
+            model_tool_call_parsers: [("Qwen/Qwen3-8B".to_owned(), "passthrough".to_owned())]
+                .into(),
+            ..ParserSettings::default()
+        };
+        let off = ModelParsers::resolve(&settings, "Qwen/Qwen3-8B", None);
+        assert_eq!(off.tool, None);
+        let global = ModelParsers::resolve(&settings, "other", None);
+        assert_eq!(global.tool.as_deref(), Some("llama"));
+        let unknown = ModelParsers::resolve(&ParserSettings::default(), "model", None);
+        assert_eq!((unknown.tool, unknown.reasoning), (None, None));
+    }
+
+    #[test]
+    fn reasoning_then_calls_and_markup_inside_reasoning_is_not_a_call() {
+        let parsing =
+            OutputParsing::for_request(&qwen3(), &chat(weather(), ToolChoice::Auto)).unwrap();
+        let mut parser = parsing.sequence();
+        let out = run(
+            &mut parser,
+            &[
+                "<think>maybe <tool_call>{\"name\": \"x\"}</tool_call>",
+                "</think>Sure.<tool_call>\n{\"name\": \"get_weather\", ",
+                "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            ],
+        );
+        assert_eq!(
+            out.reasoning,
+            "maybe <tool_call>{\"name\": \"x\"}</tool_call>"
+        );
+        assert_eq!(out.content, "Sure.");
+        assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+        let arguments: String = out.calls.iter().map(|c| c.arguments.as_str()).collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&arguments).unwrap(),
+            json!({"city": "Paris"})
+        );
+        assert!(parser.made_calls());
+    }
+
+    #[test]
+    fn none_and_no_tools_leave_markup_as_content() {
+        for prompt in [
+            chat(weather(), ToolChoice::None),
+            chat(json!([]), ToolChoice::Auto),
+        ] {
+            let parsing = OutputParsing::for_request(&qwen3(), &prompt).unwrap();
+            let mut parser = parsing.sequence();
+            let out = run(
+                &mut parser,
+                &["<tool_call>{\"name\": \"get_weather\"}</tool_call>"],
+            );
+            assert_eq!(
+                out.content,
+                "<tool_call>{\"name\": \"get_weather\"}</tool_call>"
+            );
+            assert!(out.calls.is_empty());
+            assert!(!parser.made_calls());
+        }
+        let plain = ModelParsers::default();
+        assert_eq!(
+            OutputParsing::for_request(&plain, &chat(json!([]), ToolChoice::None)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_named_function_turns_the_whole_output_into_its_arguments() {
+        let prompt = chat(weather(), ToolChoice::Function("get_weather".into()));
+        let parsing = OutputParsing::for_request(&ModelParsers::default(), &prompt).unwrap();
+        let mut parser = parsing.sequence();
+        let out = run(&mut parser, &["{\"city\": ", "\"Paris\"}"]);
+        assert_eq!(out.content, "");
+        assert_eq!(out.calls.len(), 2);
+        assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+        assert_eq!(out.calls[1].name, None);
+        let arguments: String = out.calls.iter().map(|c| c.arguments.as_str()).collect();
+        assert_eq!(arguments, "{\"city\": \"Paris\"}");
+        // Even an empty output names the call once.
+        let mut empty = parsing.sequence();
+        let out = run(&mut empty, &[]);
+        assert_eq!(out.calls.len(), 1);
+        assert!(empty.made_calls());
+    }
+
+    #[test]
+    fn required_reads_the_constrained_array_and_parallel_off_keeps_one_call() {
+        let mut prompt = chat(weather(), ToolChoice::Required);
+        let array = "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}, \
+                     {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}]";
+        let parsing = OutputParsing::for_request(&ModelParsers::default(), &prompt).unwrap();
+        let out = run(&mut parsing.sequence(), &[array]);
+        let names = out.calls.iter().filter(|c| c.name.is_some()).count();
+        assert_eq!(names, 2);
+        prompt.parallel_tool_calls = false;
+        let parsing = OutputParsing::for_request(&ModelParsers::default(), &prompt).unwrap();
+        let out = run(&mut parsing.sequence(), &[array]);
+        assert!(out.calls.iter().all(|c| c.index == 0));
+        assert_eq!(out.calls.iter().filter(|c| c.name.is_some()).count(), 1);
+    }
+
+    #[test]
+    fn calls_get_ids_once_openai_style_or_kimi_style() {
+        let parsing =
+            OutputParsing::for_request(&qwen3(), &chat(weather(), ToolChoice::Auto)).unwrap();
+        let out = run(
+            &mut parsing.sequence(),
+            &["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"],
+        );
+        let ids: Vec<&str> = out.calls.iter().filter_map(|c| c.id.as_deref()).collect();
+        assert_eq!(ids.len(), 1);
+        assert!(
+            ids[0].starts_with("call_") && ids[0].len() == 5 + 24,
+            "{}",
+            ids[0]
+        );
+        let kimi = ModelParsers {
+            tool: Some("kimik2".into()),
+            ..ModelParsers::default()
+        };
+        let mut prompt = chat(weather(), ToolChoice::Auto);
+        prompt
+            .messages
+            .push(json!({"role": "assistant", "tool_calls": [
+            {"id": "functions.get_weather:0", "type": "function",
+             "function": {"name": "get_weather", "arguments": {}}}]}));
+        let parsing = OutputParsing::for_request(&kimi, &prompt).unwrap();
+        let out = run(
+            &mut parsing.sequence(),
+            &[
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:1\
+               <|tool_call_argument_begin|>{\"city\": \"Rome\"}<|tool_call_end|>\
+               <|tool_calls_section_end|>",
+            ],
+        );
+        assert_eq!(out.calls[0].id.as_deref(), Some("functions.get_weather:1"));
+    }
+
+    #[test]
+    fn separate_reasoning_false_keeps_the_think_block_in_the_text() {
+        let mut prompt = chat(json!([]), ToolChoice::None);
+        prompt.separate_reasoning = false;
+        assert_eq!(OutputParsing::for_request(&qwen3(), &prompt), None);
+    }
+}
