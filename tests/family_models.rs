@@ -44,7 +44,8 @@ fn read_json(family: &str, file: &str) -> Value {
     let path = family_dir(family).join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|err| panic!("{} is not JSON: {err}", path.display()))
+    serde_json::from_str(&text)
+        .unwrap_or_else(|err| panic!("{} is not JSON: {err}", path.display()))
 }
 
 fn load(family: &str) -> Tokenizer {
@@ -121,7 +122,10 @@ fn arguments_sent_as_json_text_render_too() {
             .unwrap_or_else(|err| panic!("{family} does not render string arguments: {err:?}"));
         if JSON_ARGUMENT_FAMILIES.contains(family) {
             for text in &texts {
-                assert!(prompt.contains(text.as_str()), "{family}: {text} in {prompt}");
+                assert!(
+                    prompt.contains(text.as_str()),
+                    "{family}: {text} in {prompt}"
+                );
             }
         }
     }
@@ -157,7 +161,11 @@ fn every_added_token_is_one_id_and_prompts_round_trip() {
             for rendering in conversation["renderings"].as_array().expect("renderings") {
                 let prompt = rendering["prompt"].as_str().expect("a prompt");
                 let ids = tokenizer.encode(prompt, false).expect("encodes");
-                assert_eq!(tokenizer.decode(&ids, false).expect("decodes"), prompt, "{family}");
+                assert_eq!(
+                    tokenizer.decode(&ids, false).expect("decodes"),
+                    prompt,
+                    "{family}"
+                );
             }
         }
     }
