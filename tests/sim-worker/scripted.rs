@@ -61,6 +61,13 @@ impl CompletionScript {
                 continue;
             }
             let number = index + 1;
+            // serde would also read a struct from an array (`["a", "b"]`).
+            if !line.trim_start().starts_with('{') {
+                bail!(
+                    "--script {} line {number}: not a {{\"when\": …, \"text\": …}} object",
+                    path.display()
+                );
+            }
             let Line { when, text } = serde_json::from_str(line).map_err(|err| {
                 // serde_json counts lines within this one line: give the
                 // file's line and the column alone.
@@ -75,7 +82,10 @@ impl CompletionScript {
                 )
             })?;
             let tokens = model.encode(&text).with_context(|| {
-                format!("--script {} line {number}: cannot encode the text", path.display())
+                format!(
+                    "--script {} line {number}: cannot encode the text",
+                    path.display()
+                )
             })?;
             entries.push(Entry {
                 when,
