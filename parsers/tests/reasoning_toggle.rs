@@ -195,3 +195,61 @@ fn where_the_output_starts_for_each_request() {
         );
     }
 }
+
+/// The family fixtures' own templates (tests/fixtures/models, written by
+/// tests/fixtures/make_family_models.py) give their documented switches.
+#[test]
+fn the_family_fixture_templates_give_their_switches() {
+    let off = ThinkingToggle {
+        key: None,
+        default_on: false,
+        prefills_think: false,
+    };
+    let table: &[(&str, ThinkingToggle)] = &[
+        (
+            "qwen3",
+            ThinkingToggle {
+                key: Some(ToggleKey::EnableThinking),
+                default_on: true,
+                prefills_think: false,
+            },
+        ),
+        ("qwen3-coder", off),
+        ("llama3", off),
+        ("mistral", off),
+        (
+            "deepseek-r1",
+            ThinkingToggle {
+                key: None,
+                default_on: false,
+                prefills_think: true,
+            },
+        ),
+        (
+            "deepseek-v3.1",
+            ThinkingToggle {
+                key: Some(ToggleKey::Thinking),
+                default_on: false,
+                prefills_think: true,
+            },
+        ),
+        ("kimi-k2", off),
+        (
+            "glm45",
+            ThinkingToggle {
+                key: Some(ToggleKey::EnableThinking),
+                default_on: true,
+                prefills_think: false,
+            },
+        ),
+    ];
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+    for (family, toggle) in table {
+        let path = models.join(family).join("tokenizer_config.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+        let config: Value = serde_json::from_str(&text).expect("tokenizer_config.json is JSON");
+        let template = config["chat_template"].as_str().expect("a chat template");
+        assert_eq!(thinking_toggle(template), *toggle, "{family}");
+    }
+}

@@ -108,6 +108,8 @@ pub struct EngineConfig {
     /// per call: `<request id> running|unknown` (tests check that the
     /// gateway aborted a leg, as opposed to merely closing its stream).
     pub abort_log: Option<std::path::PathBuf>,
+    /// `--script`: canned completions for matching prompts.
+    pub script: Option<crate::scripted::CompletionScript>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -526,7 +528,14 @@ impl Engine {
             sampling.max_new_tokens = Some(1);
             sampling.min_new_tokens = 0;
         }
+        // A scripted completion for this prompt, decoded with special tokens
+        // kept (decode in PD sees the same prompt ids as prefill).
+        let scripted = self.config.script.as_ref().and_then(|script| {
+            let prompt = self.model.tokenizer.decode(&job.input_ids, false).ok()?;
+            script.completion_for(&prompt)
+        });
         let context = SequenceContext {
+            scripted,
             prompt_digest,
             prompt_tokens,
             cached_tokens,
@@ -599,7 +608,10 @@ impl Engine {
         );
         let ignore_eos = sampling.ignore_eos || overrun;
         let wire_index = index.saturating_add(hostile.sequence_index);
-        let mut script = Script::new(self, &context.prompt_digest, index);
+        let mut script = match &context.scripted {
+            Some(tokens) => Script::scripted(self, tokens),
+            None => Script::new(self, &context.prompt_digest, index),
+        };
         let mut output_ids: Vec<u32> = Vec::new();
         let mut generated = Gauge::add(&self.counters.used_tokens, 0);
         let logprobs = |tokens: &[u32], first_position: usize, top_k: u32| {
@@ -649,33 +661,50 @@ impl Engine {
                 break complete(&output_ids, "abort", None);
             }
 
-            let may_stop = produced >= sampling.min_new_tokens && !overrun;
-            let natural_end = may_stop && !ignore_eos && script.at_natural_end(produced);
-            let token = if natural_end {
-                self.model.eos_token_ids[0]
-            } else {
-                script.next_token()
-            };
-            output_ids.push(token);
-            generated.bump(1);
-            self.counters.note_generated(1);
+            // One event carries `step` tokens: never past max_new_tokens,
+            // and never past a fault's token count (checked above, per event).
+            let step = script
+                .tokens_per_event()
+                .min((max_new_tokens - produced) as usize)
+                .min(self.tokens_before_next_fault(produced));
+            let mut event_tokens = Vec::with_capacity(step);
+            let mut stopped_by = None;
+            for _ in 0..step {
+                let produced = output_ids.len() as u32;
+                let may_stop = produced >= sampling.min_new_tokens && !overrun;
+                let natural_end = may_stop && !ignore_eos && script.at_natural_end(produced);
+                let token = if natural_end {
+                    self.model.eos_token_ids[0]
+                } else {
+                    script.next_token()
+                };
+                output_ids.push(token);
+                event_tokens.push(token);
+                let is_eos = !ignore_eos && self.model.eos_token_ids.contains(&token);
+                if may_stop && (is_eos || sampling.stop_token_ids.contains(&token)) {
+                    stopped_by = Some(token);
+                    break;
+                }
+            }
+            generated.bump(event_tokens.len() as i64);
+            self.counters.note_generated(event_tokens.len() as u64);
             if context.stream {
+                let first_position = output_ids.len() - event_tokens.len();
                 let chunk = Chunk {
                     index: wire_index,
-                    token_ids: vec![token],
+                    logprobs: sampling
+                        .logprobs
+                        .map(|top_k| logprobs(&event_tokens, first_position, top_k)),
+                    token_ids: event_tokens,
                     prompt_tokens: context.prompt_tokens,
                     completion_tokens: output_ids.len() as u32,
                     cached_tokens: context.cached_tokens,
-                    logprobs: sampling
-                        .logprobs
-                        .map(|top_k| logprobs(&[token], output_ids.len() - 1, top_k)),
                 };
                 if context.sender.send(Ok(Event::Chunk(chunk))).await.is_err() {
                     return Err(Stop::ClientGone);
                 }
             }
-            let is_eos = !ignore_eos && self.model.eos_token_ids.contains(&token);
-            if may_stop && (is_eos || sampling.stop_token_ids.contains(&token)) {
+            if let Some(token) = stopped_by {
                 break complete(&output_ids, "stop", Some(token));
             }
         };
@@ -688,6 +717,24 @@ impl Engine {
             return Err(Stop::ClientGone);
         }
         Ok(())
+    }
+
+    /// How many tokens may be produced after `produced` before a fault's
+    /// token count is reached (so one event never jumps over a fault).
+    fn tokens_before_next_fault(&self, produced: u32) -> usize {
+        let faults = &self.config.faults;
+        [
+            faults.exit_after_tokens,
+            faults.fail_after_tokens,
+            faults.drop_after_tokens,
+            faults.stall_after_tokens,
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|&at| at > produced)
+        .map(|at| (at - produced) as usize)
+        .min()
+        .unwrap_or(usize::MAX)
     }
 
     /// The logprobs reported for `tokens`: as [`SimLogprobs::for_tokens`]
@@ -789,6 +836,8 @@ impl Engine {
 }
 
 struct SequenceContext<'a> {
+    /// `--script`: the tokens this prompt's completion is made of.
+    scripted: Option<Arc<[u32]>>,
     prompt_digest: [u8; 32],
     prompt_tokens: u32,
     cached_tokens: u32,
@@ -799,12 +848,18 @@ struct SequenceContext<'a> {
 }
 
 /// The deterministic text of one sequence: the digest header, then filler
-/// words chosen by a generator seeded from the digest and the index.
+/// words chosen by a generator seeded from the digest and the index; or, for
+/// a prompt `--script` matches, the scripted tokens (then filler, if EOS is
+/// ignored).
 struct Script<'a> {
     engine: &'a Engine,
     pending: VecDeque<u32>,
     rng: StdRng,
     natural_length: u32,
+    /// Scripted output cycles through [`crate::scripted::TOKENS_PER_EVENT`];
+    /// other output is streamed one token per event.
+    scripted: bool,
+    events: usize,
 }
 
 impl<'a> Script<'a> {
@@ -822,7 +877,31 @@ impl<'a> Script<'a> {
             pending,
             rng: StdRng::from_seed(seed),
             natural_length,
+            scripted: false,
+            events: 0,
         }
+    }
+
+    fn scripted(engine: &'a Engine, tokens: &[u32]) -> Self {
+        Self {
+            engine,
+            pending: tokens.iter().copied().collect(),
+            rng: StdRng::from_seed([0; 32]),
+            natural_length: tokens.len() as u32,
+            scripted: true,
+            events: 0,
+        }
+    }
+
+    /// How many tokens the next streamed event carries.
+    fn tokens_per_event(&mut self) -> usize {
+        if !self.scripted {
+            return 1;
+        }
+        let sizes = crate::scripted::TOKENS_PER_EVENT;
+        let size = sizes[self.events % sizes.len()];
+        self.events += 1;
+        size
     }
 
     fn at_natural_end(&self, produced: u32) -> bool {

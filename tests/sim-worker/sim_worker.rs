@@ -7,7 +7,9 @@
 //! in PD and EPD rendezvous over real TCP, reads tensors from inline bytes,
 //! `/dev/shm` or the RDMA lane's loopback arena like a real worker, follows a simple timing model, and injects
 //! faults on request (and, with `--hostile`, breaks the protocol's promises
-//! as a buggy or compromised engine could; see `hostile`). When it is listening it prints one line to stdout:
+//! as a buggy or compromised engine could; see `hostile`). With `--script`,
+//! prompts that match get canned completions instead, streamed as the model's
+//! real token ids (see `scripted`). When it is listening it prints one line to stdout:
 //! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
 
 mod digest;
@@ -16,6 +18,7 @@ mod hostile;
 mod model;
 mod remote;
 mod rendezvous;
+mod scripted;
 mod serve;
 mod service;
 mod sglang;
@@ -42,6 +45,7 @@ use tonic::service::Routes;
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
 use crate::hostile::{Hostility, Misbehaviour};
 use crate::model::ModelFacts;
+use crate::scripted::CompletionScript;
 use crate::serve::ConnectionFaults;
 use crate::service::Worker;
 use crate::tensor::{Intake, Recorder};
@@ -81,6 +85,12 @@ struct Args {
     /// The model name to report; defaults to the model directory's name.
     #[arg(long)]
     served_model_name: Option<String>,
+    /// Canned completions: JSON lines `{"when": "<substring of the decoded
+    /// prompt>", "text": "<completion>"}`; the first match wins, a prompt
+    /// nothing matches gets the usual output. A bad file stops the worker
+    /// at start-up.
+    #[arg(long, value_name = "FILE")]
+    script: Option<PathBuf>,
     /// Overrides the advertised `/dev/shm` identity (`"<boot_id>:<st_dev>"`).
     #[arg(long)]
     shm_namespace_id: Option<String>,
@@ -280,6 +290,7 @@ impl Args {
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
             abort_log: self.abort_log.clone(),
+            script: None,
         }
     }
 }
@@ -295,7 +306,18 @@ async fn main() -> Result<()> {
         bail!("SGLang has no encoder protocol: run encode workers with --protocol tokenspeed");
     }
     let model = ModelFacts::load(&args.model_path, args.served_model_name.clone())?;
-    let engine = Arc::new(Engine::new(args.engine_config(), model)?);
+    let mut config = args.engine_config();
+    if let Some(path) = &args.script {
+        match CompletionScript::load(path, &model) {
+            Ok(script) => config.script = Some(script),
+            Err(err) => {
+                // One line, for whoever reads a test's stderr.
+                eprintln!("smg-sim-worker: {err:#}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let engine = Arc::new(Engine::new(config, model)?);
     if let Some(dir) = &args.shm_dir {
         tensor::set_shm_dir(dir.clone());
     }

@@ -80,6 +80,16 @@ pub struct SimWorker {
 impl SimWorker {
     /// Starts `smg-sim-worker --protocol P --role R` plus `extra` flags.
     pub fn start(protocol: &str, role: &str, extra: &[&str]) -> SimWorker {
+        SimWorker::start_with_model(protocol, role, &model_dir(), extra)
+    }
+
+    /// As [`SimWorker::start`], serving the model directory `model`.
+    pub fn start_with_model(
+        protocol: &str,
+        role: &str,
+        model: &std::path::Path,
+        extra: &[&str],
+    ) -> SimWorker {
         let child = Command::new(env!("CARGO_BIN_EXE_smg-sim-worker"))
             .args([
                 "--protocol",
@@ -90,7 +100,7 @@ impl SimWorker {
                 "127.0.0.1",
             ])
             .arg("--model-path")
-            .arg(model_dir())
+            .arg(model)
             .args(["--log-level", "warn"])
             .args(extra)
             .stdout(Stdio::piped())

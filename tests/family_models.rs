@@ -1,0 +1,189 @@
+//! The family test models under `tests/fixtures/models/` load with the
+//! gateway's tokenizer code, keep each family marker as one token, and render
+//! their chat templates exactly as Python's Jinja2 did when the fixtures
+//! were generated (`example.json`, written by
+//! `tests/fixtures/make_family_models.py`), on conversations with tools, tool
+//! calls, tool results and reasoning.
+
+use std::path::PathBuf;
+
+use serde_json::{Map, Value};
+use smg::tokenizer::{ChatTemplateOptions, Tokenizer};
+
+/// Every family directory the generator writes (hand-typed: a family that
+/// goes missing fails here).
+const FAMILIES: &[&str] = &[
+    "qwen3",
+    "qwen3-coder",
+    "llama3",
+    "mistral",
+    "deepseek-r1",
+    "deepseek-v3.1",
+    "kimi-k2",
+    "glm45",
+];
+
+/// Families whose templates write tool-call arguments as one JSON text (the
+/// others write them key by key).
+const JSON_ARGUMENT_FAMILIES: &[&str] = &[
+    "qwen3",
+    "llama3",
+    "mistral",
+    "deepseek-r1",
+    "deepseek-v3.1",
+    "kimi-k2",
+];
+
+fn family_dir(family: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(family)
+}
+
+fn read_json(family: &str, file: &str) -> Value {
+    let path = family_dir(family).join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+    serde_json::from_str(&text)
+        .unwrap_or_else(|err| panic!("{} is not JSON: {err}", path.display()))
+}
+
+fn load(family: &str) -> Tokenizer {
+    Tokenizer::from_model_dir(&family_dir(family))
+        .unwrap_or_else(|err| panic!("{family} does not load: {err:?}"))
+}
+
+fn options(tools: &Value, kwargs: &Value) -> ChatTemplateOptions {
+    ChatTemplateOptions {
+        add_generation_prompt: true,
+        tools: Some(tools.clone()),
+        extra: kwargs.as_object().cloned().unwrap_or_default(),
+    }
+}
+
+fn messages_of(conversation: &Value) -> Vec<Value> {
+    conversation["messages"]
+        .as_array()
+        .expect("example messages are a list")
+        .clone()
+}
+
+#[test]
+fn every_family_renders_its_examples_as_jinja2_did() {
+    for family in FAMILIES {
+        let tokenizer = load(family);
+        let example = read_json(family, "example.json");
+        let conversations = example["conversations"].as_array().expect("conversations");
+        assert_eq!(conversations.len(), 2, "{family}");
+        for conversation in conversations {
+            let messages = messages_of(conversation);
+            for rendering in conversation["renderings"].as_array().expect("renderings") {
+                let expected = rendering["prompt"].as_str().expect("a prompt");
+                let prompt = tokenizer
+                    .apply_chat_template(
+                        &messages,
+                        &options(&example["tools"], &rendering["chat_template_kwargs"]),
+                    )
+                    .unwrap_or_else(|err| panic!("{family} does not render: {err:?}"));
+                assert_eq!(
+                    prompt, expected,
+                    "{family} {} {}",
+                    conversation["name"], rendering["chat_template_kwargs"]
+                );
+            }
+        }
+    }
+}
+
+/// OpenAI clients send a call's arguments as a JSON string: every template
+/// renders that too; JSON-style families write it verbatim.
+#[test]
+fn arguments_sent_as_json_text_render_too() {
+    for family in FAMILIES {
+        let tokenizer = load(family);
+        let example = read_json(family, "example.json");
+        let conversation = &example["conversations"][1];
+        let mut messages = messages_of(conversation);
+        let mut texts = Vec::new();
+        for message in &mut messages {
+            let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for call in calls {
+                let arguments = &mut call["function"]["arguments"];
+                let text = serde_json::to_string(arguments).expect("serializes");
+                *arguments = Value::String(text.clone());
+                texts.push(text);
+            }
+        }
+        assert!(!texts.is_empty(), "{family}: the example has tool calls");
+        let prompt = tokenizer
+            .apply_chat_template(&messages, &options(&example["tools"], &Value::Null))
+            .unwrap_or_else(|err| panic!("{family} does not render string arguments: {err:?}"));
+        if JSON_ARGUMENT_FAMILIES.contains(family) {
+            for text in &texts {
+                assert!(
+                    prompt.contains(text.as_str()),
+                    "{family}: {text} in {prompt}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_added_token_is_one_id_and_prompts_round_trip() {
+    for family in FAMILIES {
+        let tokenizer = load(family);
+        let config = read_json(family, "tokenizer_config.json");
+        let added: &Map<String, Value> = config["added_tokens_decoder"]
+            .as_object()
+            .expect("added_tokens_decoder");
+        assert!(!added.is_empty(), "{family}");
+        for (id, token) in added {
+            let id: u32 = id.parse().expect("a numeric id");
+            let content = token["content"].as_str().expect("content");
+            assert_eq!(tokenizer.token_id(content), Some(id), "{family} {content}");
+            assert_eq!(
+                tokenizer.encode(content, false).expect("encodes"),
+                vec![id],
+                "{family}: {content} is one token"
+            );
+            assert_eq!(
+                tokenizer.is_special(id),
+                token["special"] == Value::Bool(true),
+                "{family} {content}"
+            );
+        }
+        assert!(!tokenizer.eos_token_ids().is_empty(), "{family}");
+        let example = read_json(family, "example.json");
+        for conversation in example["conversations"].as_array().expect("conversations") {
+            for rendering in conversation["renderings"].as_array().expect("renderings") {
+                let prompt = rendering["prompt"].as_str().expect("a prompt");
+                let ids = tokenizer.encode(prompt, false).expect("encodes");
+                assert_eq!(
+                    tokenizer.decode(&ids, false).expect("decodes"),
+                    prompt,
+                    "{family}"
+                );
+            }
+        }
+    }
+}
+
+/// A message the template does not know is refused with the template's own
+/// words, not a crash.
+#[test]
+fn an_unknown_role_is_refused_by_every_template() {
+    for family in FAMILIES {
+        let tokenizer = load(family);
+        let messages = vec![
+            serde_json::json!({"role": "user", "content": "hi"}),
+            serde_json::json!({"role": "narrator", "content": "meanwhile"}),
+        ];
+        let err = tokenizer
+            .apply_chat_template(&messages, &ChatTemplateOptions::default())
+            .expect_err("an unknown role is refused");
+        assert!(format!("{err:?}").contains("narrator"), "{family}: {err:?}");
+    }
+}
