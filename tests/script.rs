@@ -5,8 +5,10 @@
 //! event; a prompt the script does not match gets the usual digest output;
 //! a bad script stops the worker at start-up with a one-line error.
 //!
-//! The gateway does not parse reasoning or tool calls yet, so the raw text
-//! (markers included) is what must arrive. The Qwen3 family fixture is used:
+//! The requests offer no tools and ask for reasoning inline
+//! (`separate_reasoning: false`), so the raw text (markers included) is what
+//! must arrive; `tests/tool_calls.rs` covers the parsed shapes. The Qwen3
+//! family fixture is used:
 //! its `<think>` and `<tool_call>` markers are single, non-special tokens,
 //! so they survive the default `skip_special_tokens` decoding.
 
@@ -97,6 +99,7 @@ fn chat(question: &str, stream: bool) -> Value {
         "messages": [{"role": "user", "content": question}],
         "max_tokens": 200,
         "stream": stream,
+        "separate_reasoning": false,
     })
 }
 

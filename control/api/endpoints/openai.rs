@@ -337,7 +337,7 @@ impl OpenAiShape for ChatShape {
                         .into_iter()
                         .map(|call| openai::ToolCall {
                             id: call.id,
-                            kind: openai::FunctionTag::default(),
+                            kind: openai::FunctionTag,
                             function: openai::FunctionCall {
                                 name: call.name,
                                 arguments: call.arguments,

@@ -1,0 +1,317 @@
+//! Tool calls and reasoning end to end: a scripted Qwen3-style model (the
+//! `qwen3` family fixture and `smg-sim-worker --script`) answers with a think
+//! block and Hermes tool calls, streamed as the fixture tokenizer's own ids,
+//! and the gateway returns OpenAI's shapes: `reasoning_content`,
+//! `tool_calls` with `call_` ids, `finish_reason: "tool_calls"`, the same
+//! calls streamed and whole, in Regular and PD.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use support::{Gateway, SimWorker};
+
+const MODEL_ID: &str = "Qwen/Qwen3-8B";
+
+const WEATHER: &str = "What is the weather in Paris and Rome?";
+const WEATHER_ANSWER: &str = "<think>\nTwo cities: two calls. <tool_call> here is just thought.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"unit\": \"celsius\"}}\n</tool_call>";
+const FOLLOW_UP: &str = "sunny in Paris";
+const FOLLOW_UP_ANSWER: &str =
+    "<think>\nBoth answered.\n</think>\n\nParis is sunny and Rome is 21 °C.";
+
+fn qwen3_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3")
+}
+
+fn script() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("script.jsonl");
+    let lines = [
+        // The follow-up's prompt holds the tool result; it must match first.
+        json!({"when": FOLLOW_UP, "text": FOLLOW_UP_ANSWER}),
+        json!({"when": WEATHER, "text": WEATHER_ANSWER}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&path, text).expect("write the script");
+    let path = path.to_str().expect("UTF-8").to_owned();
+    (dir, path)
+}
+
+fn worker(role: &str, script: &str) -> SimWorker {
+    SimWorker::start_with_model(
+        "tokenspeed",
+        role,
+        &qwen3_dir(),
+        &[
+            "--zero-delay",
+            "--script",
+            script,
+            "--served-model-name",
+            MODEL_ID,
+        ],
+    )
+}
+
+fn gateway(args: &[&str]) -> Gateway {
+    let mut all = args.to_vec();
+    all.extend(["--served-model-name", MODEL_ID]);
+    Gateway::start_with_model(Some(&qwen3_dir()), &all)
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]},
+    }}])
+}
+
+fn request(messages: Value, stream: bool) -> Value {
+    json!({"model": MODEL_ID, "messages": messages, "tools": tools(),
+           "max_tokens": 300, "stream": stream})
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+async fn whole(gateway: &Gateway, body: &Value) -> Value {
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("JSON");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The stream's chunks, parsed.
+async fn chunks(gateway: &Gateway, body: &Value) -> Vec<Value> {
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut text = String::new();
+    let mut bytes = response.bytes_stream();
+    while let Some(piece) = bytes.next().await {
+        text.push_str(std::str::from_utf8(&piece.expect("body")).expect("UTF-8"));
+    }
+    text.split("\n\n")
+        .filter_map(|frame| frame.strip_prefix("data: "))
+        .filter(|payload| *payload != "[DONE]")
+        .map(|payload| serde_json::from_str(payload).expect("a JSON chunk"))
+        .collect()
+}
+
+/// A streamed message put back together as clients do: text and reasoning
+/// concatenated, calls accumulated by `index`.
+struct Assembled {
+    content: String,
+    reasoning: String,
+    /// (id, name, arguments) per index.
+    calls: Vec<(String, String, String)>,
+    finish_reason: String,
+}
+
+fn assemble(chunks: &[Value]) -> Assembled {
+    let mut out = Assembled {
+        content: String::new(),
+        reasoning: String::new(),
+        calls: Vec::new(),
+        finish_reason: String::new(),
+    };
+    for chunk in chunks {
+        let Some(choice) = chunk["choices"].get(0) else {
+            continue;
+        };
+        let delta = &choice["delta"];
+        out.content
+            .push_str(delta["content"].as_str().unwrap_or_default());
+        out.reasoning
+            .push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().expect("index") as usize;
+            if let Some(name) = call["function"]["name"].as_str() {
+                assert_eq!(index, out.calls.len(), "indexes 0..n-1 in order");
+                assert_eq!(call["type"], "function");
+                let id = call["id"].as_str().expect("the first fragment has an id");
+                out.calls
+                    .push((id.to_owned(), name.to_owned(), String::new()));
+            } else {
+                assert!(
+                    call.get("id").is_none() && call.get("type").is_none(),
+                    "{call}"
+                );
+            }
+            let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+            out.calls[index].2.push_str(arguments);
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            out.finish_reason = reason.to_owned();
+        }
+    }
+    out
+}
+
+fn arguments(text: &str) -> Value {
+    serde_json::from_str(text).expect("arguments are JSON")
+}
+
+async fn check_two_turn_tool_loop(gateway: &Gateway) {
+    let first = json!([{"role": "user", "content": WEATHER}]);
+    let body = whole(gateway, &request(first.clone(), false)).await;
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let message = &choice["message"];
+    assert_eq!(
+        message["reasoning_content"],
+        "\nTwo cities: two calls. <tool_call> here is just thought.\n"
+    );
+    // Text before and between the calls is kept.
+    assert_eq!(message["content"], "\n\nLet me check.\n\n");
+    let calls = message["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 2, "{message}");
+    for call in calls {
+        let id = call["id"].as_str().expect("id");
+        assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+    }
+    assert_eq!(
+        arguments(calls[0]["function"]["arguments"].as_str().expect("text")),
+        json!({"city": "Paris"})
+    );
+    assert_eq!(
+        arguments(calls[1]["function"]["arguments"].as_str().expect("text")),
+        json!({"city": "Rome", "unit": "celsius"})
+    );
+
+    // Streamed: the same message, rebuilt from the deltas.
+    let streamed = assemble(&chunks(gateway, &request(first.clone(), true)).await);
+    assert_eq!(streamed.finish_reason, "tool_calls");
+    assert_eq!(streamed.reasoning, message["reasoning_content"]);
+    assert_eq!(streamed.content, message["content"]);
+    assert_eq!(streamed.calls.len(), 2);
+    for ((id, name, args), whole) in streamed.calls.iter().zip(calls) {
+        assert!(id.starts_with("call_"));
+        assert_eq!(name, "get_weather");
+        assert_eq!(args, whole["function"]["arguments"].as_str().expect("text"));
+    }
+
+    // Turn two: the calls and their results go back; the model answers.
+    let mut history = first.as_array().expect("list").clone();
+    history.push(json!({"role": "assistant", "content": message["content"],
+                        "tool_calls": calls}));
+    history.push(json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": FOLLOW_UP}));
+    history.push(json!({"role": "tool", "tool_call_id": calls[1]["id"], "content": "21 °C"}));
+    let body = whole(gateway, &request(Value::Array(history), false)).await;
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{body}");
+    assert_eq!(
+        choice["message"]["content"],
+        "\n\nParis is sunny and Rome is 21 °C."
+    );
+    assert_eq!(choice["message"]["reasoning_content"], "\nBoth answered.\n");
+    assert!(choice["message"].get("tool_calls").is_none());
+}
+
+#[tokio::test]
+async fn regular_mode_serves_a_two_turn_tool_loop() {
+    let (_dir, script) = script();
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    check_two_turn_tool_loop(&gateway).await;
+}
+
+#[tokio::test]
+async fn pd_mode_serves_a_two_turn_tool_loop() {
+    let (_dir, script) = script();
+    let prefill = worker("prefill", &script);
+    let decode = worker("decode", &script);
+    let gateway = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+    ]);
+    check_two_turn_tool_loop(&gateway).await;
+}
+
+#[tokio::test]
+async fn tool_choice_none_and_inline_reasoning_leave_the_text_raw() {
+    let (_dir, script) = script();
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let mut body = request(json!([{"role": "user", "content": WEATHER}]), false);
+    body["tool_choice"] = json!("none");
+    body["separate_reasoning"] = json!(false);
+    let answer = whole(&gateway, &body).await;
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["message"]["content"], WEATHER_ANSWER);
+    assert_eq!(choice["finish_reason"], "stop");
+    assert!(choice["message"].get("tool_calls").is_none());
+    assert!(choice["message"].get("reasoning_content").is_none());
+
+    // The operator can turn both parsers off for the model.
+    drop(gateway);
+    let gateway = gateway_with_flags(
+        &worker,
+        &[
+            "--tool-call-parser",
+            "passthrough",
+            "--reasoning-parser",
+            "passthrough",
+        ],
+    );
+    let answer = whole(
+        &gateway,
+        &request(json!([{"role": "user", "content": WEATHER}]), false),
+    )
+    .await;
+    assert_eq!(answer["choices"][0]["message"]["content"], WEATHER_ANSWER);
+}
+
+fn gateway_with_flags(worker: &SimWorker, flags: &[&str]) -> Gateway {
+    let url = worker.grpc_url();
+    let mut args = vec!["--worker-urls", url.as_str()];
+    args.extend(flags);
+    gateway(&args)
+}
+
+#[tokio::test]
+async fn unknown_parser_names_stop_the_gateway_at_start_up() {
+    let (status, stderr) = Gateway::fail_to_start(&[
+        "--worker-urls",
+        "grpc://127.0.0.1:9",
+        "--tool-call-parser",
+        "hermes2",
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("tool-call-parser") && stderr.contains("qwen"),
+        "{stderr}"
+    );
+    let (status, stderr) = Gateway::fail_to_start(&[
+        "--worker-urls",
+        "grpc://127.0.0.1:9",
+        "--model-reasoning-parser",
+        "m=nope",
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("model-reasoning-parser"), "{stderr}");
+}
