@@ -99,3 +99,81 @@ async fn tokenize_and_detokenize_use_the_models_tokenizer() {
     let (status, shape) = post(&gateway, "/v1/tokenize", json!({"prompt": 5})).await;
     assert_eq!(status, 400, "{shape}");
 }
+
+async fn post_admin(gateway: &Gateway, path: &str, body: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(gateway.admin_url(path))
+        .timeout(Duration::from_secs(30))
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_parse_routes_run_the_output_parsers_on_the_admin_listener() {
+    let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    let text = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let (status, parsed) = post_admin(
+        &gateway,
+        "/parse/function_call",
+        json!({"text": text, "tool_call_parser": "qwen", "tools": tools}),
+    )
+    .await;
+    assert_eq!(status, 200, "{parsed}");
+    assert_eq!(parsed["success"], true);
+    assert_eq!(parsed["remaining_text"], "Checking.");
+    assert_eq!(parsed["tool_calls"][0]["function"]["name"], "get_weather");
+    let arguments: Value = serde_json::from_str(
+        parsed["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .expect("text"),
+    )
+    .expect("JSON arguments");
+    assert_eq!(arguments, json!({"city": "Paris"}));
+
+    let (status, reasoning) = post_admin(
+        &gateway,
+        "/parse/reasoning",
+        json!({"text": "<think>hmm</think>Answer.", "reasoning_parser": "qwen3"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{reasoning}");
+    assert_eq!(reasoning["reasoning_text"], "hmm");
+    assert_eq!(reasoning["normal_text"], "Answer.");
+    let (status, r1) = post_admin(
+        &gateway,
+        "/parse/reasoning",
+        json!({"text": "hmm</think>Answer.", "reasoning_parser": "deepseek_r1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r1}");
+    assert_eq!(r1["reasoning_text"], "hmm");
+
+    let (status, unknown) = post_admin(
+        &gateway,
+        "/parse/function_call",
+        json!({"text": "x", "tool_call_parser": "hermes9"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{unknown}");
+    assert_eq!(unknown["error"]["param"], "tool_call_parser");
+    assert!(
+        unknown["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("qwen"))
+    );
+    // Not on the public listener without control-plane keys.
+    let (status, _) = post(
+        &gateway,
+        "/parse/reasoning",
+        json!({"text": "", "reasoning_parser": "qwen3"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+}

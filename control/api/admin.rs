@@ -7,6 +7,7 @@
 //! | `GET /workers[?model_id=&role=&status=]` | `{"workers": [...]}`, filtered |
 //! | `GET /workers/{id}` | the worker's status; 404 `worker_not_found` |
 //! | `DELETE /workers/{id}` | 202, the worker drains (in-flight requests finish) |
+//! | `POST /parse/function_call`, `POST /parse/reasoning` | see `api::parsers` |
 
 use axum::Json;
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ pub fn routes() -> axum::Router<SharedState> {
     axum::Router::new()
         .route("/workers", get(list).post(register))
         .route("/workers/{id}", get(show).delete(remove))
+        .merge(super::parsers::routes())
 }
 
 async fn register(State(state): State<SharedState>, body: axum::body::Bytes) -> Response {

@@ -12,6 +12,7 @@ mod http;
 mod limits;
 mod listener;
 mod logprobs;
+mod parsers;
 mod request_id;
 mod state;
 pub mod types;
