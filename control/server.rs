@@ -165,6 +165,9 @@ async fn build_router(
 /// Runs the gateway until a shutdown signal. `cores` is the split made at
 /// start-up, before anything was pinned (see [`control_runtime`]).
 pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     tracing::info!(
         dataplane = ?cores.dataplane.iter().map(|c| c.id).collect::<Vec<_>>(),

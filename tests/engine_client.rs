@@ -32,7 +32,7 @@ fn start(runtime: Runtime, role: &str, extra: &[&str]) -> SimWorker {
 }
 
 fn client(worker: &SimWorker, runtime: Runtime) -> EngineClient {
-    EngineClient::new(&worker.url(), runtime).expect("an engine client")
+    EngineClient::new(&worker.grpc_url(), runtime).expect("an engine client")
 }
 
 fn prompt() -> Vec<u32> {
@@ -519,7 +519,7 @@ async fn a_worker_failing_mid_stream_ends_the_stream_with_worker_error() {
         assert!(outcome.completions.is_empty());
         let err = outcome.error();
         assert_eq!(err.code, ErrorCode::WorkerError, "{runtime:?}: {err}");
-        assert!(err.message.contains(&worker.url()), "{err}");
+        assert!(err.message.contains(&worker.grpc_url()), "{err}");
     }
 }
 

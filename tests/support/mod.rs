@@ -111,6 +111,8 @@ impl SimWorker {
         }
     }
 
+    /// The URI a test's own tonic client dials (tonic wants `http://`);
+    /// the gateway takes [`SimWorker::grpc_url`].
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
     }
