@@ -41,7 +41,7 @@ use crate::workers::{
 
 mod compat;
 
-pub use compat::{SMG_FLAGS, SmgFlag, Takes, Treatment};
+pub use compat::{IGNORED_HEADING, SMG_FLAGS, SmgFlag, Takes, Treatment};
 
 /// A value of `--policy` and friends.
 fn policy() -> impl TypedValueParser<Value = PolicyKind> {

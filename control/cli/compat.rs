@@ -512,8 +512,8 @@ pub fn with_smg_flags(launch: Command) -> Command {
             Treatment::Ignored(why) => why.to_owned(),
             Treatment::Refused(_) | Treatment::Coming(_) => String::new(),
         };
-        // Its id is its name: smg's own ids are field names (`worker_urls`),
-        // never hyphenated, so the two cannot meet.
+        // Its id is its name; an id smg's own flags use (their field names)
+        // would be a duplicate clap refuses, which the tests would show.
         let arg = Arg::new(flag.name)
             .long(flag.name)
             .help(help)
