@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use crate::api::{self, AppState, Fleet};
 use crate::config::{FleetConfig, GatewayConfig};
 use crate::discovery::DiscoveryEnv;
-use crate::engine::Runtime;
 use crate::lanes::{TensorLanes, open_rdma};
 use crate::models::{ModelTable, ModelTableConfig};
 use crate::shutdown::Shutdown;
@@ -119,7 +118,7 @@ async fn serve_with(
             let table = ModelTable::new(ModelTableConfig {
                 routing: config.routing.clone(),
                 lifecycle: config.lifecycle,
-                default_runtime: config.runtime.unwrap_or(Runtime::TokenSpeed),
+                default_runtime: config.runtime,
                 env: env.clone(),
                 tasks: tasks.clone(),
                 worker_tls: worker_tls.clone(),

@@ -39,3 +39,93 @@ async fn images_are_served_when_the_tokenizer_comes_from_the_worker() {
         assert!(content.starts_with(&header), "{hostile:?}: {content:?}");
     }
 }
+
+/// `POST /workers` on the admin listener: status and body.
+async fn register(gateway: &Gateway, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let response = reqwest::Client::new()
+        .post(gateway.admin_url("/workers"))
+        .json(&body)
+        .send()
+        .await
+        .expect("answered");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+#[tokio::test]
+async fn an_igw_worker_registered_without_a_runtime_is_probed_for_it() {
+    let worker = SimWorker::start("sglang", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start_with_model(
+        None,
+        &[
+            "--enable-igw",
+            "--health-check-interval-secs",
+            "1",
+            "--health-success-threshold",
+            "1",
+        ],
+    );
+    let (status, body) = register(
+        &gateway,
+        serde_json::json!({"url": worker.grpc_url(), "model_id": "m"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["id"].as_str().expect("an id").to_owned();
+    support::poll_until("the SGLang worker is ready", async || {
+        let status: serde_json::Value = reqwest::get(gateway.admin_url(&format!("/workers/{id}")))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (status["status"] == "ready").then_some(())
+    })
+    .await;
+    let answer = support::poll_until("the model serves", async || {
+        let response = reqwest::Client::new()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4
+            }))
+            .send()
+            .await
+            .ok()?;
+        (response.status() == 200).then_some(response)
+    })
+    .await;
+    let body: serde_json::Value = answer.json().await.expect("JSON");
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("digest=")),
+        "{body}"
+    );
+
+    // A model's first worker that does not answer cannot be probed: the
+    // registration says to give its runtime.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("grpc://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let (status, body) = register(
+        &gateway,
+        serde_json::json!({"url": url, "model_id": "other"}),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "worker_unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"runtime\"")),
+        "{body}"
+    );
+    let (status, body) = register(
+        &gateway,
+        serde_json::json!({"url": url, "model_id": "other", "runtime": "tokenspeed"}),
+    )
+    .await;
+    assert_eq!(status, 202, "with its runtime it registers: {body}");
+}

@@ -201,7 +201,7 @@ impl AppState {
         }
     }
 
-    pub fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
+    pub async fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
         let Some(fleet) = self.fleet() else {
             return Err(Self::starting_error());
         };
@@ -213,7 +213,7 @@ impl AppState {
                 };
                 registry.register(spec)
             }
-            Fleet::Models(table) => table.register(spec),
+            Fleet::Models(table) => table.register(spec).await,
         }
     }
 
