@@ -211,7 +211,7 @@ impl ModelTable {
             .ok_or_else(|| not_ready("its tokenizer is still being discovered".to_owned()))?;
         let mut routers = entry.routers.lock().unwrap_or_else(PoisonError::into_inner);
         let router = routers.entry(mode).or_insert_with(|| {
-            tracing::info!(model, ?mode, "serving a model in a new mode");
+            tracing::info!(model, mode = mode.name(), "serving a model in a new mode");
             Arc::new(Router::new(RouterParts {
                 mode,
                 runtime: entry.runtime,
