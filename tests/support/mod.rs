@@ -224,8 +224,9 @@ pub async fn poll_until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
 #[derive(Debug)]
 pub struct Gateway {
     child: Child,
-    /// Its stdout lines not read yet.
-    lines: mpsc::Receiver<String>,
+    /// Its stdout lines not read yet (in a mutex: a `Gateway` is shared
+    /// across tasks).
+    lines: std::sync::Mutex<mpsc::Receiver<String>>,
     pub http: SocketAddr,
     pub metrics: SocketAddr,
     /// Where the admin routes are served: the admin listener, or `http`
@@ -318,14 +319,18 @@ impl Gateway {
             metrics: field("metrics="),
             admin: field("admin="),
             child,
-            lines,
+            lines: std::sync::Mutex::new(lines),
         }
     }
 
     /// Waits for the `smg ready ...` line (the fleet serves); `None` if the
     /// gateway exited first.
     pub fn ready_line(&self) -> Option<String> {
-        next_line(&self.lines, "smg ready ")
+        let lines = self
+            .lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        next_line(&lines, "smg ready ")
     }
 
     pub fn url(&self, path: &str) -> String {
