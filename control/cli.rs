@@ -798,6 +798,11 @@ pub struct LaunchArgs {
     /// Port of the listener of /metrics and the probes.
     #[arg(long, default_value_t = 29000, help_heading = heading::PROMETHEUS)]
     pub prometheus_port: u16,
+    /// Another port serving the probes (/liveness, /readiness, /health, and
+    /// /metrics as well) on --prometheus-host, for probes configured with
+    /// SMG's dedicated port; unset: none.
+    #[arg(long, value_name = "PORT", help_heading = heading::PROMETHEUS)]
+    pub health_check_port: Option<u16>,
 
     // ==== Logging ====
     /// Least severe level logged (RUST_LOG, when set, wins).
@@ -1407,6 +1412,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             host: args.host.clone(),
             port: args.port,
             metrics_port: args.prometheus_port,
+            probe_port: args.health_check_port,
             admin_host: args.admin_host.clone(),
             admin_port: args.admin_port,
             tls: tls_pair(
@@ -1633,16 +1639,20 @@ fn launch_defaults() -> Result<LaunchArgs, CliError> {
 /// `smg demo`'s flags.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
+    /// The simulated fleet: one regular worker (regular), a prefill and a
+    /// decode worker (pd), or an encode, a prefill and a decode worker (epd).
     #[arg(long, value_parser = PossibleValuesParser::new(["regular", "pd", "epd"]).try_map(|m| DemoMode::from_str(&m)), default_value = "regular")]
     pub mode: DemoMode,
     /// The worker protocol (EPD needs tokenspeed).
     #[arg(long, value_parser = PossibleValuesParser::new(["tokenspeed", "sglang"]), default_value = "tokenspeed")]
     pub protocol: String,
     /// The model directory; defaults to the bundled test model.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     pub model_path: Option<PathBuf>,
+    /// Port of the HTTP API (as `smg launch --port`).
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
+    /// Port of /metrics and the probes (as `smg launch --prometheus-port`).
     #[arg(long, default_value_t = 29000)]
     pub prometheus_port: u16,
     /// Port of the admin listener (as `smg launch --admin-port`).
@@ -2500,6 +2510,19 @@ mod tests {
 
     fn config_ok(line: &str) -> GatewayConfig {
         config(line).expect(line)
+    }
+
+    #[test]
+    fn every_demo_flag_is_described() {
+        let command = command();
+        let demo = command.find_subcommand("demo").expect("demo");
+        for arg in demo.get_arguments() {
+            assert!(
+                arg.get_help().is_some_and(|h| !h.to_string().is_empty()),
+                "demo --{} has no description",
+                arg.get_long().unwrap_or_default()
+            );
+        }
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct ListenConfig {
     pub port: u16,
     pub metrics_host: String,
     pub metrics_port: u16,
+    /// Another listener of the probes (and /metrics) on `metrics_host`
+    /// (`--health-check-port`).
+    pub probe_port: Option<u16>,
     /// The admin listener, opened only when no control-plane key is
     /// configured (with keys, admin routes are served on the public
     /// listener behind them).

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use smg_dataplane::runtime::{CorePlan, DataPlane, confine_current_thread};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -109,6 +109,23 @@ async fn serve_with(
         }
         None => None,
     };
+    // A missing model directory fails now, not once the workers answer.
+    if let Some(dir) = config.model.tokenizer_dir()
+        && !dir.is_dir()
+    {
+        let flag = if config.model.tokenizer_path.is_some() {
+            "--tokenizer-path"
+        } else {
+            "--model-path"
+        };
+        bail!(
+            "{flag} {}: no such local directory (smg reads a model directory; it does not \
+             download from the Hugging Face Hub: fetch it first, e.g. `huggingface-cli download \
+             MODEL --local-dir DIR`, and give DIR; or leave it out to load the tokenizer from \
+             the workers)",
+            dir.display()
+        );
+    }
     let worker_tls = load_worker_tls(&config.worker_tls)
         .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
     let shutdown = Shutdown::new();
@@ -154,6 +171,19 @@ async fn serve_with(
                 listen.metrics_host, listen.metrics_port
             )
         })?;
+    let probe_listener = match listen.probe_port {
+        Some(port) => Some(
+            TcpListener::bind((listen.metrics_host.as_str(), port))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen for probes on {}:{port} (--health-check-port)",
+                        listen.metrics_host
+                    )
+                })?,
+        ),
+        None => None,
+    };
     // Without control-plane keys, admin routes get a listener of their own.
     let admin = if api::admin_on_public(front) {
         None
@@ -193,6 +223,14 @@ async fn serve_with(
         ))
     });
     let metrics_stop = CancellationToken::new();
+    if let Some(listener) = probe_listener {
+        tokio::spawn(api::serve_metrics(
+            listener,
+            metrics.clone(),
+            Arc::clone(&state),
+            metrics_stop.clone(),
+        ));
+    }
     let metrics_served = tokio::spawn(api::serve_metrics(
         metrics_listener,
         metrics,

@@ -102,6 +102,25 @@ async fn the_gateway_serves_before_its_worker_and_is_ready_once_it_answers() {
 }
 
 #[tokio::test]
+async fn smgs_dedicated_probe_port_answers_the_probes_too() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let probe_port = free_port();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--health-check-port",
+        &probe_port.to_string(),
+    ]);
+    for path in ["/readiness", "/liveness", "/health"] {
+        let response = reqwest::get(format!("http://127.0.0.1:{probe_port}{path}"))
+            .await
+            .expect("the probe port answers");
+        assert_eq!(response.status(), 200, "{path}");
+    }
+    drop(gateway);
+}
+
+#[tokio::test]
 async fn pd_is_not_ready_until_its_decode_worker_has_answered_runtime_given_or_not() {
     for runtime in [None, Some("tokenspeed")] {
         let prefill = SimWorker::start("tokenspeed", "prefill", ZERO);
@@ -236,5 +255,27 @@ async fn a_fleet_that_never_answers_stops_the_gateway_after_the_startup_timeout(
     assert!(
         log.contains("--worker-startup-timeout-secs") && log.contains(&url),
         "{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_model_path_that_is_no_local_directory_fails_before_waiting_for_workers() {
+    // SMG also takes Hugging Face ids; smg reads a local directory only, and
+    // says so at once (the worker need not be up for this).
+    let url = format!("grpc://127.0.0.1:{}", free_port());
+    let (status, stderr) = Gateway::fail_to_start_with_model(
+        None,
+        &[
+            "--worker-urls",
+            &url,
+            "--model",
+            "Qwen/Qwen2-VL-7B-Instruct",
+        ],
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--model-path Qwen/Qwen2-VL-7B-Instruct")
+            && stderr.contains("Hugging Face Hub"),
+        "{stderr}"
     );
 }

@@ -130,9 +130,9 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag(
         "health-check-port",
         Value,
-        Refused(
-            "the probes (/liveness, /readiness, /health) are served on the --prometheus-port \
-             listener, apart from the API: point the probes there",
+        differs(
+            "a listener like --prometheus-port's, on --prometheus-host: it serves /metrics too, \
+             on the control plane's runtime",
         ),
     ),
     flag(

@@ -365,10 +365,16 @@ impl Gateway {
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
-        let output = launch_command(Some(&model_dir()))
-            .args(args)
-            .output()
-            .expect("run smg");
+        Self::fail_to_start_with_model(Some(&model_dir()), args)
+    }
+
+    /// As [`Gateway::fail_to_start`], with `--model-path <model>` only when
+    /// given.
+    pub fn fail_to_start_with_model(
+        model: Option<&std::path::Path>,
+        args: &[&str],
+    ) -> (std::process::ExitStatus, String) {
+        let output = launch_command(model).args(args).output().expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),
