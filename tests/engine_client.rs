@@ -203,11 +203,13 @@ async fn detect_tells_tokenspeed_from_sglang_for_every_url_form() {
         (&encoder, Runtime::TokenSpeed),
     ];
     for (worker, runtime) in cases {
-        for url in [
-            format!("grpc://{}", worker.grpc),
-            format!("http://{}", worker.grpc),
-            worker.grpc.to_string(),
-        ] {
+        // An HTTP URL is refused before any dialling: smg speaks gRPC.
+        let http = format!("http://{}", worker.grpc);
+        let refused = EngineClient::detect(&http, Default::default())
+            .await
+            .expect_err("an http:// worker URL is refused");
+        assert!(refused.message.contains("speaks gRPC"), "{refused}");
+        for url in [format!("grpc://{}", worker.grpc), worker.grpc.to_string()] {
             let client = bounded("detect", EngineClient::detect(&url, Default::default()))
                 .await
                 .expect("detected");
