@@ -23,19 +23,25 @@ use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
     FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
-    ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, TlsFiles, WorkerAddress,
-    WorkerTlsFiles,
+    ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, StartupConfig, TlsFiles,
+    WorkerAddress, WorkerTlsFiles,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
 use crate::lanes::LaneSettings;
 use crate::media::MediaConfig;
 use crate::mode::Mode;
-use crate::policies::{CacheAwareConfig, PolicyKind, PolicyTunables};
+use crate::policies::{
+    CacheAwareConfig, ManualConfig, PolicyKind, PolicyTunables, PrefixHashConfig,
+};
 use crate::router::RetryConfig;
 use crate::workers::{
     BreakerConfig, HealthConfig, LaneMode, Lifecycle, WorkerLaneOverride, WorkerRole, normalize_url,
 };
+
+mod compat;
+
+pub use compat::{IGNORED_HEADING, SMG_FLAGS, SmgFlag, Takes, Treatment};
 
 /// A value of `--policy` and friends.
 fn policy() -> impl TypedValueParser<Value = PolicyKind> {
@@ -43,8 +49,10 @@ fn policy() -> impl TypedValueParser<Value = PolicyKind> {
 }
 
 /// smg: a model gateway for LLM serving fleets.
+///
+/// `smg --worker-urls ...` is `smg launch --worker-urls ...`, as in SMG.
 #[derive(Debug, Parser)]
-#[command(name = "smg", version, about)]
+#[command(name = "smg", version, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -52,7 +60,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Start the gateway.
+    /// Start the gateway (the default: a command line that starts with a
+    /// flag is a launch command line).
+    #[command(visible_alias = "start")]
     Launch(Box<LaunchArgs>),
     /// Start a simulated fleet and the gateway in front of it (a demo).
     Demo(DemoArgs),
@@ -118,18 +128,46 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let argv = with_config_file(argv.into_iter().map(Into::into).collect())?;
-    let cli = Cli::try_parse_from(argv)?;
+    let argv = with_launch_implied(argv.into_iter().map(Into::into).collect());
+    let argv = with_config_file(argv)?;
+    let matches = command().try_get_matches_from(argv)?;
+    let cli = Cli::from_arg_matches(&matches)?;
     Ok(match cli.command {
-        Command::Launch(args) => Invocation::Launch(Box::new(GatewayConfig::try_from(*args)?)),
+        Command::Launch(mut args) => {
+            if let Some(launch) = matches.subcommand_matches("launch") {
+                args.smg_warnings = compat::check(launch)
+                    .map_err(|(flag, reason)| ConfigError::new(flag, reason))?;
+            }
+            Invocation::Launch(Box::new(GatewayConfig::try_from(*args)?))
+        }
         Command::Demo(args) => Invocation::Demo(Box::new(args.plan()?)),
     })
+}
+
+/// The whole command line: [`Cli`] with SMG's flags that smg does not
+/// implement added to `launch` (see [`compat`]), so they parse, and are
+/// then warned about or refused by name.
+pub fn command() -> clap::Command {
+    Cli::command().mut_subcommand("launch", compat::with_smg_flags)
+}
+
+/// `argv` with `launch` inserted when it starts with a flag other than
+/// `--help`/`--version`: as in SMG, `smg --worker-urls ...` launches.
+fn with_launch_implied(mut argv: Vec<OsString>) -> Vec<OsString> {
+    let starts_with_flag = argv.get(1).is_some_and(|first| {
+        let first = first.to_string_lossy();
+        first.starts_with('-') && !matches!(first.as_ref(), "-h" | "--help" | "-V" | "--version")
+    });
+    if starts_with_flag {
+        argv.insert(1, "launch".into());
+    }
+    argv
 }
 
 /// `argv` with the keys of its `--config` file (if any) inserted as flags
 /// right after `launch`, skipping those the command line gives itself.
 fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
-    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let matches = command().try_get_matches_from(&argv)?;
     let Some(("launch", launch)) = matches.subcommand() else {
         return Ok(argv);
     };
@@ -142,7 +180,7 @@ fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
     let table: toml::Table = text
         .parse()
         .map_err(|err: toml::de::Error| file_error(err.to_string()))?;
-    let command = Cli::command();
+    let command = command();
     let launch_command = command
         .find_subcommand("launch")
         .ok_or_else(|| file_error("no launch command".to_owned()))?;
@@ -150,7 +188,13 @@ fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
     for (key, value) in &table {
         let arg = launch_command
             .get_arguments()
-            .find(|arg| arg.get_long() == Some(key.as_str()) && key != "config")
+            .find(|arg| {
+                key != "config"
+                    && (arg.get_long() == Some(key.as_str())
+                        || arg
+                            .get_all_aliases()
+                            .is_some_and(|aliases| aliases.contains(&key.as_str())))
+            })
             .ok_or_else(|| {
                 file_error(format!(
                     "unknown key {key:?} (keys are the long flags of smg launch)"
@@ -201,7 +245,7 @@ fn with_config_file(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
     }
     let split = argv
         .iter()
-        .position(|word| word == "launch")
+        .position(|word| word == "launch" || word == "start")
         .map_or(argv.len(), |at| at + 1);
     let mut merged = argv[..split].to_vec();
     merged.extend(flags);
@@ -303,82 +347,380 @@ impl LogLevel {
     }
 }
 
+/// The help headings of `smg launch`, in SMG's order where SMG has them.
+mod heading {
+    pub const GENERAL: &str = "Config file";
+    pub const WORKERS: &str = "Worker configuration";
+    pub const ROUTING: &str = "Routing policy";
+    pub const PD: &str = "PD / EPD disaggregation";
+    pub const IGW: &str = "Several models (IGW)";
+    pub const MODEL: &str = "Model and tokenizer";
+    pub const PARSERS: &str = "Parsers";
+    pub const MEDIA: &str = "Images";
+    pub const LANES: &str = "Tensor lanes";
+    pub const DATAPLANE: &str = "Data plane";
+    pub const CONNECTIONS: &str = "Worker connections";
+    pub const HEALTH: &str = "Health checks";
+    pub const BREAKER: &str = "Circuit breaker";
+    pub const RETRY: &str = "Retries";
+    pub const REQUESTS: &str = "Request handling";
+    pub const ADMISSION: &str = "Rate limiting and admission";
+    pub const AUTH: &str = "Authentication";
+    pub const TLS: &str = "TLS / mTLS";
+    pub const PROMETHEUS: &str = "Prometheus metrics and probes";
+    pub const LOGGING: &str = "Logging";
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
     /// A TOML file of flags, keys spelled like the long flags
     /// (`worker-urls = ["grpc://..."]`, `model-path = "..."`); flags given
     /// on the command line win over it.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = heading::GENERAL)]
     pub config: Option<PathBuf>,
 
-    /// Address the HTTP API listens on.
-    #[arg(long, default_value = "127.0.0.1")]
+    // ==== Worker configuration ====
+    /// Address the HTTP API listens on (loopback unless you say otherwise).
+    #[arg(long, default_value = "127.0.0.1", help_heading = heading::WORKERS)]
     pub host: String,
     /// Port of the HTTP API.
-    #[arg(long, default_value_t = 30000)]
+    #[arg(long, default_value_t = 30000, help_heading = heading::WORKERS)]
     pub port: u16,
+    /// Regular-mode workers: gRPC addresses, `grpc://HOST:PORT` (or
+    /// `grpcs://` for TLS).
+    #[arg(long, num_args = 1.., value_name = "URL", help_heading = heading::WORKERS)]
+    pub worker_urls: Vec<String>,
+    /// The engine protocol the workers speak (`--backend` in SMG); probed
+    /// from the workers when not given.
+    #[arg(long, alias = "backend", value_parser = runtime_arg, value_name = "tokenspeed|sglang", help_heading = heading::WORKERS)]
+    pub runtime: Option<RuntimeArg>,
+    /// How long start-up keeps trying to reach the workers named on the
+    /// command line; until one of each role answers, /readiness is 503.
+    /// Past it, workers still unreachable are given up on (the gateway
+    /// exits if a role then has none).
+    #[arg(long, value_name = "SECS", default_value_t = 1800, help_heading = heading::WORKERS)]
+    pub worker_startup_timeout_secs: u64,
+    /// Pause before the first attempt to reach the workers.
+    #[arg(long, value_name = "SECS", default_value_t = 0, help_heading = heading::WORKERS)]
+    pub worker_startup_delay: u64,
+    /// The longest pause between two attempts to reach a worker at
+    /// start-up (the first retries come after 250 ms, doubling).
+    #[arg(long, value_name = "SECS", default_value_t = 30, help_heading = heading::WORKERS)]
+    pub worker_startup_check_interval: u64,
+    /// One logical worker per data-parallel rank each worker reports; the
+    /// rank goes on requests where the protocol has a field (SGLang).
+    #[arg(long, help_heading = heading::WORKERS)]
+    pub dp_aware: bool,
+    /// The most data-parallel ranks one engine may report under
+    /// `--dp-aware`; an engine reporting more is refused (start-up fails, a
+    /// registration ends `registration_failed`).
+    #[arg(long, value_name = "N", default_value_t = Lifecycle::DEFAULT_MAX_DP_RANKS, help_heading = heading::WORKERS)]
+    pub max_dp_ranks: u32,
 
-    /// The key inference routes require (`Authorization: Bearer KEY`, or
-    /// `x-api-key: KEY` on /v1/messages); its tenant is `default`. Prefer
-    /// the --config file to the command line for keys.
-    #[arg(long, value_name = "KEY")]
-    pub api_key: Option<String>,
-    /// A tenant's inference key, `TENANT:KEY` (repeatable); the tenant
-    /// labels its requests' metrics and logs.
-    #[arg(long, value_name = "TENANT:KEY", action = ArgAction::Append)]
-    pub tenant_api_key: Vec<String>,
-    /// Keys of the admin routes (`/workers`), `ID:NAME:ROLE:KEY` with ROLE
-    /// `admin` or `viewer` (reads only). With keys, admin routes are served
-    /// on the public listener behind them; without, only on the admin
-    /// listener.
-    #[arg(long, num_args = 1.., value_name = "ID:NAME:ROLE:KEY", action = ArgAction::Append)]
-    pub control_plane_api_keys: Vec<String>,
-    /// Address of the admin listener (admin routes without keys).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub admin_host: String,
-    /// Port of the admin listener.
-    #[arg(long, default_value_t = 30001)]
-    pub admin_port: u16,
+    // ==== Routing policy ====
+    /// Routing policy for regular workers (and the default for other roles).
+    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::CacheAware, help_heading = heading::ROUTING)]
+    pub policy: PolicyKind,
+    /// cache_aware: share of the prompt (0 to 1) that must match a worker's
+    /// cached routes to follow the cache.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.3, help_heading = heading::ROUTING)]
+    pub cache_threshold: f64,
+    /// cache_aware: the fleet is imbalanced when the most and least loaded
+    /// workers differ by more than this many requests...
+    #[arg(long, value_name = "REQUESTS", default_value_t = 64, help_heading = heading::ROUTING)]
+    pub balance_abs_threshold: u64,
+    /// ...and the most loaded carries more than this multiple of the least.
+    #[arg(long, value_name = "RATIO", default_value_t = 1.5, help_heading = heading::ROUTING)]
+    pub balance_rel_threshold: f64,
+    /// cache_aware: prompt tokens remembered per model before the least
+    /// recently used are evicted (kept as 16-token pages).
+    #[arg(long, value_name = "TOKENS", default_value_t = 1 << 24, help_heading = heading::ROUTING)]
+    pub max_tree_size: usize,
+    /// manual: a routing key unused this long is forgotten.
+    #[arg(long, value_name = "SECS", default_value_t = 14400, help_heading = heading::ROUTING)]
+    pub max_idle_secs: u64,
+    /// prefix_hash: leading prompt tokens that form the key.
+    #[arg(long, value_name = "TOKENS", default_value_t = 256, help_heading = heading::ROUTING)]
+    pub prefix_token_count: usize,
+    /// prefix_hash: a worker loaded above this multiple of the average is
+    /// passed over.
+    #[arg(long, value_name = "RATIO", default_value_t = 1.25, help_heading = heading::ROUTING)]
+    pub prefix_hash_load_factor: f64,
+    /// How often workers' GetLoads is polled (only for load-aware policies;
+    /// `--load-monitor-interval` in SMG).
+    #[arg(long, alias = "load-monitor-interval", value_name = "SECS", default_value_t = 1, help_heading = heading::ROUTING)]
+    pub load_check_interval_secs: u64,
+    /// Panic mode, as in Envoy: when fewer than this percentage of a role's
+    /// workers are available (healthy, circuit not open), route across all
+    /// of them rather than refuse every request. 0 turns it off.
+    #[arg(long, value_name = "PERCENT", default_value_t = 50, help_heading = heading::ROUTING)]
+    pub panic_threshold: u8,
 
-    /// PEM certificate chain (leaf first) served on the public and admin
-    /// listeners, which then speak HTTPS only (needs --tls-key-path).
-    /// Reloaded, with the key, on SIGHUP.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert_path: Option<PathBuf>,
-    /// PEM private key of --tls-cert-path.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key_path: Option<PathBuf>,
-    /// PEM CA certificates `grpcs://` workers' certificates must chain to
-    /// (repeatable); none: the public web PKI roots.
-    #[arg(long, value_name = "FILE", action = ArgAction::Append)]
-    pub ca_cert_path: Vec<PathBuf>,
-    /// PEM certificate the gateway presents to `grpcs://` workers that ask
-    /// for one (mTLS; needs --client-key-path).
-    #[arg(long, value_name = "FILE")]
-    pub client_cert_path: Option<PathBuf>,
-    /// PEM private key of --client-cert-path.
-    #[arg(long, value_name = "FILE")]
-    pub client_key_path: Option<PathBuf>,
+    // ==== PD / EPD ====
+    /// Serve prefill/decode disaggregation (needs --prefill and --decode).
+    #[arg(long, help_heading = heading::PD)]
+    pub pd_disaggregation: bool,
+    /// Serve encode/prefill/decode disaggregation (needs --encode, --prefill, --decode).
+    #[arg(long, help_heading = heading::PD)]
+    pub epd_disaggregation: bool,
+    /// A prefill worker and its bootstrap port, or `none` to ask the worker
+    /// (the default) (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append, help_heading = heading::PD)]
+    pub prefill: Vec<String>,
+    /// A decode worker (repeatable).
+    #[arg(long, value_name = "URL", action = ArgAction::Append, help_heading = heading::PD)]
+    pub decode: Vec<String>,
+    /// An encode worker and its bootstrap port, or `none` to ask the worker
+    /// (the default) (repeatable).
+    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append, help_heading = heading::PD)]
+    pub encode: Vec<String>,
+    /// Routing policy of prefill workers (default: --policy).
+    #[arg(long, value_parser = policy(), help_heading = heading::PD)]
+    pub prefill_policy: Option<PolicyKind>,
+    /// Routing policy of decode workers (default: --policy).
+    #[arg(long, value_parser = policy(), help_heading = heading::PD)]
+    pub decode_policy: Option<PolicyKind>,
+    /// Routing policy of encode workers: by default consistent hashing on
+    /// the image's content.
+    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::ConsistentHashing, help_heading = heading::PD)]
+    pub encode_policy: PolicyKind,
 
-    /// Largest request body, in bytes (larger: 413 payload_too_large).
-    #[arg(long, value_name = "BYTES", default_value_t = 512 * 1024 * 1024)]
+    // ==== IGW ====
+    /// Serve several models, each in the mode its workers imply; start with
+    /// no workers and register them through `POST /workers`.
+    #[arg(long, help_heading = heading::IGW)]
+    pub enable_igw: bool,
+    /// A per-model routing policy, `MODEL=POLICY` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=POLICY", action = ArgAction::Append, help_heading = heading::IGW)]
+    pub model_policy: Vec<String>,
+    /// A per-model retry count, `MODEL=N` (repeatable; IGW).
+    #[arg(long, value_name = "MODEL=N", action = ArgAction::Append, help_heading = heading::IGW)]
+    pub model_max_retries: Vec<String>,
+    /// Another name clients may use for a model, `ALIAS=MODEL` (repeatable).
+    #[arg(long, value_name = "ALIAS=MODEL", action = ArgAction::Append, help_heading = heading::IGW)]
+    pub model_alias: Vec<String>,
+
+    // ==== Model ====
+    /// A local Hugging Face model directory (tokenizer, chat template,
+    /// configs); `--model` is the same flag. Without it the tokenizer comes
+    /// from the workers.
+    #[arg(long, alias = "model", value_name = "DIR", help_heading = heading::MODEL)]
+    pub model_path: Option<PathBuf>,
+    /// A tokenizer directory when it differs from --model-path.
+    #[arg(long, value_name = "DIR", help_heading = heading::MODEL)]
+    pub tokenizer_path: Option<PathBuf>,
+    /// The model name clients use; defaults to the workers' served name.
+    #[arg(long, value_name = "NAME", help_heading = heading::MODEL)]
+    pub served_model_name: Option<String>,
+
+    // ==== Parsers ====
+    /// The tool-call parser for chat output (qwen, qwen_xml, llama,
+    /// pythonic, mistral, deepseek, deepseek31, kimik2, glm45_moe,
+    /// glm47_moe, json, passthrough); default: detected from the model id
+    /// and chat template.
+    #[arg(long, value_name = "NAME", help_heading = heading::PARSERS)]
+    pub tool_call_parser: Option<String>,
+    /// MODEL=NAME: the tool-call parser of one served model, over
+    /// --tool-call-parser. Repeatable.
+    #[arg(long, value_name = "MODEL=NAME", action = ArgAction::Append, help_heading = heading::PARSERS)]
+    pub model_tool_call_parser: Vec<String>,
+    /// The reasoning parser (qwen3, qwen3_thinking, deepseek_r1,
+    /// deepseek_v31, glm45, kimi, kimi_thinking, kimi_k25, passthrough);
+    /// default: detected from the model id.
+    #[arg(long, value_name = "NAME", help_heading = heading::PARSERS)]
+    pub reasoning_parser: Option<String>,
+    /// MODEL=NAME: the reasoning parser of one served model, over
+    /// --reasoning-parser. Repeatable.
+    #[arg(long, value_name = "MODEL=NAME", action = ArgAction::Append, help_heading = heading::PARSERS)]
+    pub model_reasoning_parser: Vec<String>,
+
+    // ==== Images ====
+    /// Directories `file://` image URLs may read from (repeatable).
+    #[arg(long, value_name = "DIR", action = ArgAction::Append, help_heading = heading::MEDIA)]
+    pub allowed_local_media_path: Vec<PathBuf>,
+    /// Largest image accepted (bytes, or a size such as 32MiB).
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<usize>, default_value = "32MiB", help_heading = heading::MEDIA)]
+    pub media_max_bytes: usize,
+    /// Most images one request may carry.
+    #[arg(long, value_name = "N", default_value_t = 16, help_heading = heading::MEDIA)]
+    pub max_images_per_request: usize,
+    /// Time allowed to fetch one image.
+    #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::MEDIA)]
+    pub media_fetch_timeout_secs: u64,
+    /// Hosts or networks (CIDR) image URLs may reach although they are not
+    /// public addresses (repeatable); everything else private is refused.
+    #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append, help_heading = heading::MEDIA)]
+    pub media_allow_private_host: Vec<String>,
+
+    // ==== Tensor lanes ====
+    /// How image tensors reach encode/prefill workers. `auto` writes them
+    /// to `/dev/shm` when every receiving worker shares this host's shm
+    /// namespace and sends them inline otherwise.
+    #[arg(long, value_enum, default_value_t = TensorTransport::Auto, help_heading = heading::LANES)]
+    pub multimodal_tensor_transport: TensorTransport,
+    /// Tensors smaller than this go inline even on the shm lane (bytes, or
+    /// a size such as 64KiB).
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<u64>, default_value = "64KiB", help_heading = heading::LANES)]
+    pub multimodal_shm_min_bytes: u64,
+    /// Per-worker transport: `URL=inline|shm|auto|rdma[,min_bytes=N]`
+    /// (repeatable; overrides the two flags above for that worker).
+    #[arg(long, value_name = "URL=MODE[,min_bytes=N]", action = ArgAction::Append, help_heading = heading::LANES)]
+    pub worker_tensor_transport: Vec<String>,
+    /// The tmpfs the shm lane writes into (workers must see the same one).
+    #[arg(long, value_name = "DIR", default_value = smg_shared::shm::SHM_DIR, help_heading = heading::LANES)]
+    pub multimodal_shm_dir: PathBuf,
+    /// Size of a pre-faulted shm slot; larger tensors get a one-off file.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<usize>, default_value = "32MiB", help_heading = heading::LANES)]
+    pub multimodal_shm_slot_bytes: usize,
+    /// Shm slots per data-plane core.
+    #[arg(long, value_name = "N", default_value_t = 4, help_heading = heading::LANES)]
+    pub multimodal_shm_slots_per_core: usize,
+    /// How long after its RPC returned a shm name a worker never unlinked
+    /// is removed by the gateway.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, help_heading = heading::LANES)]
+    pub multimodal_shm_reclaim_ms: u64,
+    /// Free space a one-off shm file must leave in the tmpfs; tensors that
+    /// would eat into it go inline (counted as fallbacks).
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<u64>, default_value = "0", help_heading = heading::LANES)]
+    pub multimodal_shm_keep_free_bytes: u64,
+    /// The RDMA lane's backend: the host's first RDMA device (`verbs`,
+    /// needs a build with `--features rdma-verbs`), or a `/dev/shm` arena
+    /// workers on this host read (`loopback`, for tests and single hosts).
+    #[arg(long, value_enum, default_value_t = RdmaBackendArg::Verbs, help_heading = heading::LANES)]
+    pub multimodal_rdma_backend: RdmaBackendArg,
+    /// Slots in the RDMA arena (registered once, shared by every core).
+    #[arg(long, value_name = "N", default_value_t = 16, help_heading = heading::LANES)]
+    pub multimodal_rdma_slots: usize,
+    /// Size of an RDMA slot: the largest tensor the lane takes.
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<usize>, default_value = "32MiB", help_heading = heading::LANES)]
+    pub multimodal_rdma_slot_bytes: usize,
+    /// How long a published RDMA slot waits for its RPC to return before
+    /// the reaper takes it back (a late read then fails as stale).
+    #[arg(long, value_name = "MS", default_value_t = 30_000, help_heading = heading::LANES)]
+    pub multimodal_rdma_deadline_ms: u64,
+
+    // ==== Data plane ====
+    /// Data-plane threads, each pinned to a core of its own (default: a
+    /// quarter of the cores, at least one). The tokio runtime keeps the rest.
+    #[arg(long, value_name = "N", help_heading = heading::DATAPLANE)]
+    pub dataplane_cores: Option<usize>,
+    /// Jobs each data-plane core's ring holds; a full ring is backpressure.
+    #[arg(long, value_name = "JOBS", default_value_t = 64, help_heading = heading::DATAPLANE)]
+    pub dataplane_ring_capacity: usize,
+    /// How long an image waits for room on a full data plane before the
+    /// request fails with `dataplane_busy` (503).
+    #[arg(long, value_name = "MS", default_value_t = 1000, help_heading = heading::DATAPLANE)]
+    pub dataplane_submit_timeout_ms: u64,
+    /// The data plane's I/O loop: io_uring if it can be set up (auto), io_uring
+    /// or refuse to start (uring), or the plain fallback loop (plain).
+    #[arg(long, value_enum, default_value_t = DataplaneIo::Auto, help_heading = heading::DATAPLANE)]
+    pub dataplane_io: DataplaneIo,
+
+    // ==== Worker connections ====
+    /// Most HTTP/2 connections to one worker; the pool grows toward it as
+    /// streams fill the open connections.
+    #[arg(long, value_name = "N", default_value_t = 4, help_heading = heading::CONNECTIONS)]
+    pub worker_connections: usize,
+    /// Streams one worker connection takes before another opens (lower if
+    /// the worker advertises a lower SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, value_name = "N", default_value_t = 100, help_heading = heading::CONNECTIONS)]
+    pub worker_streams_per_connection: u32,
+    /// Most requests one worker is sent at once; more wait in the gateway
+    /// for a slot (bounded by the request timeout, and by admission's queue
+    /// when --max-concurrent-requests is set), a PD/EPD request taking all
+    /// its workers' slots together. 0: no limit.
+    #[arg(long, value_name = "REQUESTS", default_value_t = 0, help_heading = heading::CONNECTIONS)]
+    pub worker_max_in_flight: usize,
+
+    // ==== Health checks ====
+    /// No periodic HealthCheck probes (a worker added through the admin API
+    /// then needs one good probe).
+    #[arg(long, help_heading = heading::HEALTH)]
+    pub disable_health_check: bool,
+    /// Pause between two HealthCheck probes of a worker.
+    #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::HEALTH)]
+    pub health_check_interval_secs: u64,
+    /// Time a HealthCheck probe may take.
+    #[arg(long, value_name = "SECS", default_value_t = 5, help_heading = heading::HEALTH)]
+    pub health_check_timeout_secs: u64,
+    /// Failed probes in a row that make a ready worker not ready.
+    #[arg(long, value_name = "N", default_value_t = 3, help_heading = heading::HEALTH)]
+    pub health_failure_threshold: u32,
+    /// Good probes in a row that make a worker ready.
+    #[arg(long, value_name = "N", default_value_t = 2, help_heading = heading::HEALTH)]
+    pub health_success_threshold: u32,
+
+    // ==== Circuit breaker ====
+    /// Consecutive failed RPCs (within the window) that open a worker's circuit.
+    #[arg(long, value_name = "N", default_value_t = 10, help_heading = heading::BREAKER)]
+    pub cb_failure_threshold: u32,
+    /// Successful trial RPCs that close a half-open circuit.
+    #[arg(long, value_name = "N", default_value_t = 3, help_heading = heading::BREAKER)]
+    pub cb_success_threshold: u32,
+    /// How long an open circuit keeps a worker out before a trial.
+    #[arg(long, value_name = "SECS", default_value_t = 60, help_heading = heading::BREAKER)]
+    pub cb_timeout_duration_secs: u64,
+    /// Failures count as consecutive only within this window.
+    #[arg(long, value_name = "SECS", default_value_t = 120, help_heading = heading::BREAKER)]
+    pub cb_window_duration_secs: u64,
+    /// No circuit breakers.
+    #[arg(long, help_heading = heading::BREAKER)]
+    pub disable_circuit_breaker: bool,
+    /// How soon a worker whose circuit opened is first probed with its
+    /// health RPC; the pause doubles after each unhealthy answer, and a
+    /// healthy one makes the circuit half-open. 0: no probes (the circuit
+    /// waits out --cb-timeout-duration-secs).
+    #[arg(long, value_name = "MS", default_value_t = 250, help_heading = heading::BREAKER)]
+    pub cb_probe_interval_ms: u64,
+    /// The longest pause between two probes of an open circuit.
+    #[arg(long, value_name = "MS", default_value_t = 2000, help_heading = heading::BREAKER)]
+    pub cb_probe_max_interval_ms: u64,
+
+    // ==== Retries ====
+    /// Retries of a failed request (on other workers when it can), before
+    /// any output reached the client.
+    #[arg(long, value_name = "N", default_value_t = 5, help_heading = heading::RETRY)]
+    pub retry_max_retries: u32,
+    /// Pause before the first retry.
+    #[arg(long, value_name = "MS", default_value_t = 50, help_heading = heading::RETRY)]
+    pub retry_initial_backoff_ms: u64,
+    /// The longest pause between two retries.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, help_heading = heading::RETRY)]
+    pub retry_max_backoff_ms: u64,
+    /// Each pause is the previous one times this.
+    #[arg(long, value_name = "RATIO", default_value_t = 1.5, help_heading = heading::RETRY)]
+    pub retry_backoff_multiplier: f64,
+    /// Each pause varies randomly by up to this share of itself (0 to 1).
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.2, help_heading = heading::RETRY)]
+    pub retry_jitter_factor: f64,
+    /// No retries.
+    #[arg(long, help_heading = heading::RETRY)]
+    pub disable_retries: bool,
+
+    // ==== Request handling ====
+    /// Whole-request timeout, streams included.
+    #[arg(long, value_name = "SECS", default_value_t = 1800, help_heading = heading::REQUESTS)]
+    pub request_timeout_secs: u64,
+    /// Largest request body (bytes, or a size such as 32MiB; larger: 413
+    /// payload_too_large).
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<usize>, default_value = "512MiB", help_heading = heading::REQUESTS)]
     pub max_payload_size: usize,
-    /// Largest request head (request line and headers), in bytes (larger:
-    /// 431 headers_too_large).
-    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024)]
+    /// Largest request head, request line and headers (bytes, or a size
+    /// such as 64KiB; larger: 431 headers_too_large).
+    #[arg(long, value_name = "BYTES", value_parser = byte_size::<usize>, default_value = "64KiB", help_heading = heading::REQUESTS)]
     pub max_header_size: usize,
     /// Time a client has to send a request's head, from its connection's
     /// accept or from the first byte of a later request; then the
     /// connection is closed (slow-header clients).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::REQUESTS)]
     pub header_read_timeout_secs: u64,
     /// Time a connection with no request in flight stays open (longer than
     /// the 60 s idle timeout of common load balancers, so they close first).
-    #[arg(long, default_value_t = 75)]
+    #[arg(long, value_name = "SECS", default_value_t = 75, help_heading = heading::REQUESTS)]
     pub keep_alive_timeout_secs: u64,
     /// Open connections per listener; a connection over the cap is answered
     /// 503 too_many_connections with Retry-After and closed.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = 10_000, help_heading = heading::REQUESTS)]
     pub max_connections: usize,
     /// Headers a client's request id is read from, first present wins
     /// (repeatable). The id is returned as `x-request-id`.
@@ -387,306 +729,115 @@ pub struct LaunchArgs {
         num_args = 1..,
         value_name = "HEADER",
         action = ArgAction::Append,
-        default_values_t = ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"].map(String::from)
+        default_values_t = ["x-request-id", "x-correlation-id", "x-trace-id", "request-id"].map(String::from),
+        help_heading = heading::REQUESTS
     )]
     pub request_id_headers: Vec<String>,
     /// Browser origins allowed to call the API (CORS), `scheme://host[:port]`
     /// or `*` (repeatable or comma-separated); none by default.
-    #[arg(long, num_args = 1.., value_name = "ORIGIN", value_delimiter = ',', action = ArgAction::Append)]
+    #[arg(long, num_args = 1.., value_name = "ORIGIN", value_delimiter = ',', action = ArgAction::Append, help_heading = heading::REQUESTS)]
     pub cors_allowed_origins: Vec<String>,
+    /// After SIGTERM (or SIGINT), how long requests and streams in flight
+    /// may run before their connections are dropped and their engine legs
+    /// aborted. A second signal stops at once.
+    #[arg(long, value_name = "SECS", default_value_t = 180, help_heading = heading::REQUESTS)]
+    pub shutdown_grace_period_secs: u64,
 
-    /// Regular-mode workers.
-    #[arg(long, num_args = 1.., value_name = "URL")]
-    pub worker_urls: Vec<String>,
-    /// Serve prefill/decode disaggregation (needs --prefill and --decode).
-    #[arg(long)]
-    pub pd_disaggregation: bool,
-    /// Serve encode/prefill/decode disaggregation (needs --encode, --prefill, --decode).
-    #[arg(long)]
-    pub epd_disaggregation: bool,
-    /// A prefill worker and optionally its bootstrap port (repeatable).
-    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
-    pub prefill: Vec<String>,
-    /// A decode worker (repeatable).
-    #[arg(long, value_name = "URL", action = ArgAction::Append)]
-    pub decode: Vec<String>,
-    /// An encode worker and optionally its bootstrap port (repeatable).
-    #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = ArgAction::Append)]
-    pub encode: Vec<String>,
-    /// Serve several models, each in the mode its workers imply; start with
-    /// no workers and register them through `POST /workers`.
-    #[arg(long)]
-    pub enable_igw: bool,
-    /// A per-model routing policy, `MODEL=POLICY` (repeatable; IGW).
-    #[arg(long, value_name = "MODEL=POLICY", action = ArgAction::Append)]
-    pub model_policy: Vec<String>,
-    /// A per-model retry count, `MODEL=N` (repeatable; IGW).
-    #[arg(long, value_name = "MODEL=N", action = ArgAction::Append)]
-    pub model_max_retries: Vec<String>,
-    /// Another name clients may use for a model, `ALIAS=MODEL` (repeatable).
-    #[arg(long, value_name = "ALIAS=MODEL", action = ArgAction::Append)]
-    pub model_alias: Vec<String>,
-    /// One logical worker per data-parallel rank each worker reports; the
-    /// rank goes on requests where the protocol has a field (SGLang).
-    #[arg(long)]
-    pub dp_aware: bool,
-    /// The most data-parallel ranks one engine may report under
-    /// `--dp-aware`; an engine reporting more is refused (start-up fails, a
-    /// registration ends `registration_failed`).
-    #[arg(long, default_value_t = Lifecycle::DEFAULT_MAX_DP_RANKS)]
-    pub max_dp_ranks: u32,
-    /// The engine protocol; probed from the workers when not given.
-    #[arg(long, value_enum)]
-    pub runtime: Option<RuntimeArg>,
-
-    /// Routing policy for regular workers (and the default for other roles).
-    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::CacheAware)]
-    pub policy: PolicyKind,
-    #[arg(long, value_parser = policy())]
-    pub prefill_policy: Option<PolicyKind>,
-    #[arg(long, value_parser = policy())]
-    pub decode_policy: Option<PolicyKind>,
-    /// Encode routing; defaults to consistent hashing on the image's content.
-    #[arg(long, value_parser = policy(), default_value_t = PolicyKind::ConsistentHashing)]
-    pub encode_policy: PolicyKind,
-
-    /// A Hugging Face model directory (tokenizer, chat template, configs).
-    #[arg(long)]
-    pub model_path: Option<PathBuf>,
-    /// A tokenizer directory when it differs from --model-path.
-    #[arg(long)]
-    pub tokenizer_path: Option<PathBuf>,
-    /// The model name clients use; defaults to the workers' served name.
-    #[arg(long)]
-    pub served_model_name: Option<String>,
-
-    /// The tool-call parser for chat output (qwen, qwen_xml, llama,
-    /// pythonic, mistral, deepseek, deepseek31, kimik2, glm45_moe,
-    /// glm47_moe, json, passthrough); default: detected from the model id
-    /// and chat template.
-    #[arg(long, value_name = "NAME")]
-    pub tool_call_parser: Option<String>,
-    /// MODEL=NAME: the tool-call parser of one served model, over
-    /// --tool-call-parser. Repeatable.
-    #[arg(long, value_name = "MODEL=NAME")]
-    pub model_tool_call_parser: Vec<String>,
-    /// The reasoning parser (qwen3, qwen3_thinking, deepseek_r1,
-    /// deepseek_v31, glm45, kimi, kimi_thinking, passthrough); default:
-    /// detected from the model id.
-    #[arg(long, value_name = "NAME")]
-    pub reasoning_parser: Option<String>,
-    /// MODEL=NAME: the reasoning parser of one served model, over
-    /// --reasoning-parser. Repeatable.
-    #[arg(long, value_name = "MODEL=NAME")]
-    pub model_reasoning_parser: Vec<String>,
-
-    /// How image tensors reach encode/prefill workers. `auto` (the default)
-    /// writes them to `/dev/shm` when every receiving worker shares this
-    /// host's shm namespace and sends them inline otherwise.
-    #[arg(long, value_enum, default_value_t = TensorTransport::Auto)]
-    pub multimodal_tensor_transport: TensorTransport,
-    /// Tensors smaller than this go inline even on the shm lane.
-    #[arg(long, default_value_t = 64 * 1024)]
-    pub multimodal_shm_min_bytes: u64,
-    /// Per-worker transport: `URL=inline|shm|auto|rdma[,min_bytes=N]`
-    /// (repeatable; overrides the two flags above for that worker).
-    #[arg(long, value_name = "URL=MODE[,min_bytes=N]", action = ArgAction::Append)]
-    pub worker_tensor_transport: Vec<String>,
-    /// The tmpfs the shm lane writes into (workers must see the same one).
-    #[arg(long, default_value = smg_shared::shm::SHM_DIR)]
-    pub multimodal_shm_dir: PathBuf,
-    /// Bytes per pre-faulted shm slot (larger tensors get a one-off file).
-    #[arg(long, default_value_t = 32 * 1024 * 1024)]
-    pub multimodal_shm_slot_bytes: usize,
-    /// Shm slots per data-plane core.
-    #[arg(long, default_value_t = 4)]
-    pub multimodal_shm_slots_per_core: usize,
-    /// How long after its RPC returned a shm name a worker never unlinked
-    /// is removed by the gateway.
-    #[arg(long, default_value_t = 30_000)]
-    pub multimodal_shm_reclaim_ms: u64,
-    /// The RDMA lane's backend: the host's first RDMA device (`verbs`,
-    /// needs a build with `--features rdma-verbs`), or a `/dev/shm` arena
-    /// workers on this host read (`loopback`, for tests and single hosts).
-    #[arg(long, value_enum, default_value_t = RdmaBackendArg::Verbs)]
-    pub multimodal_rdma_backend: RdmaBackendArg,
-    /// Slots in the RDMA arena (registered once, shared by every core).
-    #[arg(long, default_value_t = 16)]
-    pub multimodal_rdma_slots: usize,
-    /// Bytes per RDMA slot: the largest tensor the lane takes.
-    #[arg(long, default_value_t = 32 << 20)]
-    pub multimodal_rdma_slot_bytes: usize,
-    /// How long a published RDMA slot waits for its RPC to return before
-    /// the reaper takes it back (a late read then fails as stale).
-    #[arg(long, default_value_t = 30_000)]
-    pub multimodal_rdma_deadline_ms: u64,
-    /// Free bytes a one-off shm file must leave in the tmpfs; tensors that
-    /// would eat into them go inline (counted as fallbacks).
-    #[arg(long, default_value_t = 0)]
-    pub multimodal_shm_keep_free_bytes: u64,
-
-    /// Directories `file://` image URLs may read from (repeatable).
-    #[arg(long, value_name = "DIR", action = ArgAction::Append)]
-    pub allowed_local_media_path: Vec<PathBuf>,
-    /// Largest image accepted, in bytes.
-    #[arg(long, default_value_t = 32 * 1024 * 1024)]
-    pub media_max_bytes: usize,
-    /// Most images one request may carry.
-    #[arg(long, default_value_t = 16)]
-    pub max_images_per_request: usize,
-    /// Time allowed to fetch one image.
-    #[arg(long, default_value_t = 10)]
-    pub media_fetch_timeout_secs: u64,
-    /// Hosts or networks (CIDR) image URLs may reach although they are not
-    /// public addresses (repeatable); everything else private is refused.
-    #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append)]
-    pub media_allow_private_host: Vec<String>,
-
-    /// Data-plane threads, each pinned to a core of its own (default: a
-    /// quarter of the cores, at least one). The tokio runtime keeps the rest.
-    #[arg(long, value_name = "N")]
-    pub dataplane_cores: Option<usize>,
-    /// Jobs each data-plane core's ring holds; a full ring is backpressure.
-    #[arg(long, default_value_t = 64)]
-    pub dataplane_ring_capacity: usize,
-    /// How long an image waits for room on a full data plane before the
-    /// request fails with `dataplane_busy` (503).
-    #[arg(long, default_value_t = 1000)]
-    pub dataplane_submit_timeout_ms: u64,
-    /// The data plane's I/O loop: io_uring if it can be set up (auto), io_uring
-    /// or refuse to start (uring), or the plain fallback loop (plain).
-    #[arg(long, value_enum, default_value_t = DataplaneIo::Auto)]
-    pub dataplane_io: DataplaneIo,
-
-    #[arg(long)]
-    pub disable_health_check: bool,
-    #[arg(long, default_value_t = 10)]
-    pub health_check_interval_secs: u64,
-    #[arg(long, default_value_t = 5)]
-    pub health_check_timeout_secs: u64,
-    #[arg(long, default_value_t = 3)]
-    pub health_failure_threshold: u32,
-    #[arg(long, default_value_t = 2)]
-    pub health_success_threshold: u32,
-
-    /// Consecutive failed RPCs (within the window) that open a worker's circuit.
-    #[arg(long, default_value_t = 10)]
-    pub cb_failure_threshold: u32,
-    /// Successful trial RPCs that close a half-open circuit.
-    #[arg(long, default_value_t = 3)]
-    pub cb_success_threshold: u32,
-    /// How long an open circuit keeps a worker out before a trial.
-    #[arg(long, default_value_t = 60)]
-    pub cb_timeout_duration_secs: u64,
-    /// Failures count as consecutive only within this window.
-    #[arg(long, default_value_t = 120)]
-    pub cb_window_duration_secs: u64,
-    #[arg(long)]
-    pub disable_circuit_breaker: bool,
-    /// How soon a worker whose circuit opened is first probed with its
-    /// health RPC, in milliseconds; the pause doubles after each unhealthy
-    /// answer, and a healthy one makes the circuit half-open. 0: no probes
-    /// (the circuit waits out --cb-timeout-duration-secs).
-    #[arg(long, default_value_t = 250)]
-    pub cb_probe_interval_ms: u64,
-    /// The longest pause between two probes of an open circuit, in
-    /// milliseconds.
-    #[arg(long, default_value_t = 2000)]
-    pub cb_probe_max_interval_ms: u64,
-    /// Panic mode, as in Envoy: when fewer than this percentage of a role's
-    /// workers are available (healthy, circuit not open), route across all
-    /// of them rather than refuse every request. 0 turns it off.
-    #[arg(long, default_value_t = 50)]
-    pub panic_threshold: u8,
-
-    /// Most HTTP/2 connections to one worker; the pool grows toward it as
-    /// streams fill the open connections.
-    #[arg(long, default_value_t = 4)]
-    pub worker_connections: usize,
-    /// Streams one worker connection takes before another opens (lower if
-    /// the worker advertises a lower SETTINGS_MAX_CONCURRENT_STREAMS).
-    #[arg(long, default_value_t = 100)]
-    pub worker_streams_per_connection: u32,
-    /// Most requests one worker is sent at once; more wait in the gateway
-    /// for a slot (bounded by the request timeout, and by admission's queue
-    /// when --max-concurrent-requests is set), a PD/EPD request taking all
-    /// its workers' slots together. 0: no limit.
-    #[arg(long, default_value_t = 0)]
-    pub worker_max_in_flight: usize,
-
-    /// How often workers' GetLoads is polled (only for load-aware policies).
-    #[arg(long, default_value_t = 1)]
-    pub load_check_interval_secs: u64,
-    /// cache_aware: share of the prompt that must match to follow the cache.
-    #[arg(long, default_value_t = 0.5)]
-    pub cache_threshold: f64,
-    /// cache_aware: the fleet is imbalanced when max − min load exceeds this...
-    #[arg(long, default_value_t = 32)]
-    pub balance_abs_threshold: u64,
-    /// ...and max load exceeds min × this.
-    #[arg(long, default_value_t = 1.5)]
-    pub balance_rel_threshold: f64,
-    /// cache_aware: 16-token pages remembered per model before LRU eviction.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub max_tree_size: usize,
-
-    /// Address of the Prometheus /metrics listener (defaults to --host).
-    #[arg(long)]
-    pub prometheus_host: Option<String>,
-    #[arg(long, default_value_t = 29000)]
-    pub prometheus_port: u16,
-
-    #[arg(long, default_value_t = 3)]
-    pub retry_max_retries: u32,
-    #[arg(long, default_value_t = 50)]
-    pub retry_initial_backoff_ms: u64,
-    #[arg(long, default_value_t = 5000)]
-    pub retry_max_backoff_ms: u64,
-    #[arg(long, default_value_t = 2.0)]
-    pub retry_backoff_multiplier: f64,
-    #[arg(long, default_value_t = 0.1)]
-    pub retry_jitter_factor: f64,
-    #[arg(long)]
-    pub disable_retries: bool,
-    /// Whole-request timeout.
-    #[arg(long, default_value_t = 1800)]
-    pub request_timeout_secs: u64,
-
+    // ==== Admission ====
     /// Requests served at once (admission control); the rest wait in the
-    /// queue. -1 (or 0): no limit, as in SMG.
-    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    /// queue. -1 (or 0): no limit.
+    #[arg(long, value_name = "REQUESTS", default_value_t = -1, allow_hyphen_values = true, help_heading = heading::ADMISSION)]
     pub max_concurrent_requests: i64,
     /// Requests that may wait for a slot when all are taken; beyond it,
     /// 429 queue_full.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, value_name = "REQUESTS", default_value_t = 100, help_heading = heading::ADMISSION)]
     pub queue_size: usize,
     /// How long a request may wait for a slot; then 408 queue_timeout.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, value_name = "SECS", default_value_t = 60, help_heading = heading::ADMISSION)]
     pub queue_timeout_secs: u64,
     /// Requests per second (a token bucket), per tenant when tenant keys
     /// are configured; unset: no rate limit.
-    #[arg(long)]
+    #[arg(long, value_name = "REQUESTS_PER_SEC", help_heading = heading::ADMISSION)]
     pub rate_limit_tokens_per_second: Option<f64>,
-    /// The token bucket's capacity (a burst); default: one second's worth
-    /// of the rate, at least 1.
-    #[arg(long)]
+    /// The token bucket's capacity in requests (a burst); default: one
+    /// second's worth of the rate, at least 1.
+    #[arg(long, value_name = "REQUESTS", help_heading = heading::ADMISSION)]
     pub rate_limit_burst: Option<f64>,
     /// TENANT=CLASS: the tenant's priority class in the admission queue
     /// (system, interactive, default, bulk). Repeatable.
-    #[arg(long, value_name = "TENANT=CLASS")]
+    #[arg(long, value_name = "TENANT=CLASS", help_heading = heading::ADMISSION)]
     pub tenant_priority: Vec<String>,
 
-    /// After SIGTERM (or SIGINT), how long requests and streams in flight
-    /// may run before their connections are dropped and their engine legs
-    /// aborted (as SMG). A second signal stops at once.
-    #[arg(long, value_name = "SECS", default_value_t = 180)]
-    pub shutdown_grace_period_secs: u64,
+    // ==== Authentication ====
+    /// The key inference routes require (`Authorization: Bearer KEY`, or
+    /// `x-api-key: KEY` on /v1/messages); its tenant is `default`. Prefer
+    /// the --config file to the command line for keys.
+    #[arg(long, value_name = "KEY", help_heading = heading::AUTH)]
+    pub api_key: Option<String>,
+    /// A tenant's inference key, `TENANT:KEY` (repeatable); the tenant
+    /// labels its requests' metrics and logs.
+    #[arg(long, value_name = "TENANT:KEY", action = ArgAction::Append, help_heading = heading::AUTH)]
+    pub tenant_api_key: Vec<String>,
+    /// Keys of the admin routes (`/workers`), `ID:NAME:ROLE:KEY` with ROLE
+    /// `admin` or `viewer` (reads only). With keys, admin routes are served
+    /// on the public listener behind them; without, only on the admin
+    /// listener.
+    #[arg(long, num_args = 1.., value_name = "ID:NAME:ROLE:KEY", action = ArgAction::Append, help_heading = heading::AUTH)]
+    pub control_plane_api_keys: Vec<String>,
+    /// Address of the admin listener (admin routes without keys).
+    #[arg(long, default_value = "127.0.0.1", help_heading = heading::AUTH)]
+    pub admin_host: String,
+    /// Port of the admin listener.
+    #[arg(long, default_value_t = 30001, help_heading = heading::AUTH)]
+    pub admin_port: u16,
 
-    #[arg(long, value_enum, default_value_t = LogLevel::Info)]
+    // ==== TLS ====
+    /// PEM certificate chain (leaf first) served on the public and admin
+    /// listeners, which then speak HTTPS only (needs --tls-key-path).
+    /// Reloaded, with the key, on SIGHUP.
+    #[arg(long, value_name = "FILE", help_heading = heading::TLS)]
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of --tls-cert-path.
+    #[arg(long, value_name = "FILE", help_heading = heading::TLS)]
+    pub tls_key_path: Option<PathBuf>,
+    /// PEM CA certificates `grpcs://` workers' certificates must chain to
+    /// (repeatable); none: the public web PKI roots.
+    #[arg(long, value_name = "FILE", action = ArgAction::Append, help_heading = heading::TLS)]
+    pub ca_cert_path: Vec<PathBuf>,
+    /// PEM certificate the gateway presents to `grpcs://` workers that ask
+    /// for one (mTLS; needs --client-key-path).
+    #[arg(long, value_name = "FILE", help_heading = heading::TLS)]
+    pub client_cert_path: Option<PathBuf>,
+    /// PEM private key of --client-cert-path.
+    #[arg(long, value_name = "FILE", help_heading = heading::TLS)]
+    pub client_key_path: Option<PathBuf>,
+
+    // ==== Prometheus ====
+    /// Address of the listener of /metrics and the probes (/liveness,
+    /// /readiness, /health); defaults to --host.
+    #[arg(long, value_name = "HOST", help_heading = heading::PROMETHEUS)]
+    pub prometheus_host: Option<String>,
+    /// Port of the listener of /metrics and the probes.
+    #[arg(long, default_value_t = 29000, help_heading = heading::PROMETHEUS)]
+    pub prometheus_port: u16,
+    /// Another port serving the probes (/liveness, /readiness, /health, and
+    /// /metrics as well) on --prometheus-host, for probes configured with
+    /// SMG's dedicated port; unset: none.
+    #[arg(long, value_name = "PORT", help_heading = heading::PROMETHEUS)]
+    pub health_check_port: Option<u16>,
+
+    // ==== Logging ====
+    /// Least severe level logged (RUST_LOG, when set, wins).
+    #[arg(long, value_enum, default_value_t = LogLevel::Info, help_heading = heading::LOGGING)]
     pub log_level: LogLevel,
     /// Log as JSON lines.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::LOGGING)]
     pub log_json: bool,
+
+    /// WARNs for the SMG flags given that have no effect here (filled in
+    /// from the compatibility table, not a flag).
+    #[arg(skip)]
+    pub smg_warnings: Vec<String>,
 }
 
 /// A worker URL and its optional bootstrap port.
@@ -696,17 +847,33 @@ pub struct WorkerSpec {
     pub bootstrap_port: Option<u16>,
 }
 
-/// Groups `--prefill URL [PORT]` values (clap hands them over flattened): a
-/// purely numeric value is the bootstrap port of the URL before it.
+/// Groups `--prefill URL [PORT|none]` values (clap hands them over
+/// flattened): a purely numeric value is the bootstrap port of the URL
+/// before it, and `none` (as in SMG) says it has none to give: the worker
+/// is asked.
 pub fn worker_specs(flag: &'static str, values: &[String]) -> Result<Vec<WorkerSpec>, ConfigError> {
     let mut specs: Vec<WorkerSpec> = Vec::new();
+    let mut port_given = false;
     for value in values {
-        if value.chars().all(|c| c.is_ascii_digit()) {
+        if value.eq_ignore_ascii_case("none") {
+            match specs.last() {
+                Some(spec) if spec.bootstrap_port.is_none() && !port_given => port_given = true,
+                _ => {
+                    return Err(ConfigError::new(
+                        flag,
+                        "`none` (no bootstrap port) follows no worker URL",
+                    ));
+                }
+            }
+        } else if value.chars().all(|c| c.is_ascii_digit()) {
             let port = value.parse().map_err(|_| {
                 ConfigError::new(flag, format!("bootstrap port {value} is out of range"))
             })?;
             match specs.last_mut() {
-                Some(spec) if spec.bootstrap_port.is_none() => spec.bootstrap_port = Some(port),
+                Some(spec) if spec.bootstrap_port.is_none() && !port_given => {
+                    spec.bootstrap_port = Some(port);
+                    port_given = true;
+                }
                 _ => {
                     return Err(ConfigError::new(
                         flag,
@@ -719,9 +886,70 @@ pub fn worker_specs(flag: &'static str, values: &[String]) -> Result<Vec<WorkerS
                 url: value.clone(),
                 bootstrap_port: None,
             });
+            port_given = false;
         }
     }
     Ok(specs)
+}
+
+/// `--runtime` (`--backend` in SMG): the engine protocols smg speaks, and
+/// a clear refusal of SMG's other backends.
+fn runtime_arg(text: &str) -> Result<RuntimeArg, String> {
+    match text {
+        "tokenspeed" => Ok(RuntimeArg::Tokenspeed),
+        "sglang" => Ok(RuntimeArg::Sglang),
+        "vllm" | "trtllm" | "openai" | "anthropic" | "gemini" => Err(format!(
+            "smg drives tokenspeed and sglang engines over gRPC; {text} workers are not supported"
+        )),
+        other => Err(format!("unknown runtime {other:?} (tokenspeed or sglang)")),
+    }
+}
+
+/// A byte count: a plain integer (SMG's form), or a number with a unit,
+/// decimal (`KB`, `MB`, `GB`, `TB`) or binary (`KiB`, `MiB`, `GiB`, `TiB`;
+/// `K`, `M`, `G`, `T` are binary too), in any case, with or without a space.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let unit = unit.trim();
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: give bytes (1048576) or a number with a unit \
+                 (KB, MB, GB, KiB, MiB, GiB)"
+            ));
+        }
+    };
+    let too_large = || format!("{text:?} is too large");
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole.checked_mul(scale).ok_or_else(too_large);
+    }
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: give bytes (1048576) or a number with a unit (KB, MB, GB, KiB, MiB, GiB)"))?;
+    let bytes = (value * scale as f64).round();
+    if unit.is_empty() || !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("{text:?} is not a whole number of bytes"));
+    }
+    Ok(bytes as u64)
+}
+
+/// clap's parser of a size flag, as `T`.
+fn byte_size<T: TryFrom<u64>>(text: &str) -> Result<T, String> {
+    let bytes = parse_bytes(text)?;
+    T::try_from(bytes).map_err(|_| format!("{text:?} is too large"))
 }
 
 /// Parses `NAME=VALUE` flag values into a map, checking each value.
@@ -1068,6 +1296,9 @@ fn tls_pair(
     }
 }
 
+/// Tokens per page of the cache_aware tree (`--max-tree-size` counts tokens).
+const CACHE_PAGE_TOKENS: usize = 16;
+
 /// The tenant of `--api-key`.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -1206,17 +1437,22 @@ fn fleet(args: &LaunchArgs) -> Result<FleetConfig, ConfigError> {
         add(WorkerRole::Prefill, worker_specs("prefill", &args.prefill)?);
         add(WorkerRole::Decode, unported(&args.decode));
     }
+    let flag_of = |role: WorkerRole| match role {
+        WorkerRole::Regular => "worker-urls",
+        WorkerRole::Prefill => "prefill",
+        WorkerRole::Decode => "decode",
+        WorkerRole::Encode => "encode",
+    };
+    for worker in &workers {
+        crate::engine::check_worker_url(&worker.url)
+            .map_err(|err| ConfigError::new(flag_of(worker.role), err.message))?;
+    }
     for role in mode.spec().required_roles {
         if !workers.iter().any(|worker| worker.role == *role) {
-            let flag = match role {
-                WorkerRole::Regular => "worker-urls",
-                WorkerRole::Prefill => "prefill",
-                WorkerRole::Decode => "decode",
-                WorkerRole::Encode => "encode",
-            };
+            let flag = flag_of(*role);
             return Err(ConfigError::new(
                 flag,
-                format!("{mode:?} mode needs at least one {role} worker"),
+                format!("{} mode needs at least one {role} worker", mode.name()),
             ));
         }
     }
@@ -1236,6 +1472,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             host: args.host.clone(),
             port: args.port,
             metrics_port: args.prometheus_port,
+            probe_port: args.health_check_port,
             admin_host: args.admin_host.clone(),
             admin_port: args.admin_port,
             tls: tls_pair(
@@ -1276,8 +1513,22 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                         args.balance_rel_threshold,
                         1.0,
                     )?,
-                    max_pages: at_least("max-tree-size", args.max_tree_size, 64)?,
+                    // SMG counts tokens; the tree keeps 16-token pages.
+                    max_pages: at_least("max-tree-size", args.max_tree_size, 1024)?
+                        .div_ceil(CACHE_PAGE_TOKENS),
                     ..CacheAwareConfig::default()
+                },
+                prefix_hash: PrefixHashConfig {
+                    prefix_tokens: at_least("prefix-token-count", args.prefix_token_count, 1)?,
+                    load_factor: at_least(
+                        "prefix-hash-load-factor",
+                        args.prefix_hash_load_factor,
+                        1.0,
+                    )?,
+                },
+                manual: ManualConfig {
+                    idle_ttl: seconds("max-idle-secs", args.max_idle_secs)?,
+                    ..ManualConfig::default()
                 },
                 ..PolicyTunables::default()
             },
@@ -1412,6 +1663,19 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             media,
             admission,
             dataplane,
+            startup: StartupConfig {
+                timeout: seconds(
+                    "worker-startup-timeout-secs",
+                    args.worker_startup_timeout_secs,
+                )?,
+                delay: Duration::from_secs(args.worker_startup_delay),
+                first_backoff: StartupConfig::FIRST_BACKOFF,
+                max_backoff: seconds(
+                    "worker-startup-check-interval",
+                    args.worker_startup_check_interval,
+                )?
+                .max(StartupConfig::FIRST_BACKOFF),
+            },
             shutdown: ShutdownConfig {
                 grace_period: Duration::from_secs(args.shutdown_grace_period_secs),
             },
@@ -1419,13 +1683,14 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
             },
+            warnings: args.smg_warnings,
         })
     }
 }
 
 /// The defaults of every `smg launch` flag.
 fn launch_defaults() -> Result<LaunchArgs, CliError> {
-    let matches = Cli::command().try_get_matches_from(["smg", "launch"])?;
+    let matches = command().try_get_matches_from(["smg", "launch"])?;
     let launch = matches
         .subcommand_matches("launch")
         .ok_or_else(|| ConfigError::new("config", "no launch command"))?;
@@ -1435,16 +1700,20 @@ fn launch_defaults() -> Result<LaunchArgs, CliError> {
 /// `smg demo`'s flags.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
+    /// The simulated fleet: one regular worker (regular), a prefill and a
+    /// decode worker (pd), or an encode, a prefill and a decode worker (epd).
     #[arg(long, value_parser = PossibleValuesParser::new(["regular", "pd", "epd"]).try_map(|m| DemoMode::from_str(&m)), default_value = "regular")]
     pub mode: DemoMode,
     /// The worker protocol (EPD needs tokenspeed).
     #[arg(long, value_parser = PossibleValuesParser::new(["tokenspeed", "sglang"]), default_value = "tokenspeed")]
     pub protocol: String,
     /// The model directory; defaults to the bundled test model.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     pub model_path: Option<PathBuf>,
+    /// Port of the HTTP API (as `smg launch --port`).
     #[arg(long, default_value_t = 30000)]
     pub port: u16,
+    /// Port of /metrics and the probes (as `smg launch --prometheus-port`).
     #[arg(long, default_value_t = 29000)]
     pub prometheus_port: u16,
     /// Port of the admin listener (as `smg launch --admin-port`).
@@ -2066,6 +2335,325 @@ mod tests {
         );
         assert_eq!(plan.gateway.lanes.mode, LaneMode::Auto);
         assert!(parse_from(["smg", "demo", "--mode", "xpd"]).is_err());
+    }
+
+    #[test]
+    fn launch_is_implied_by_a_leading_flag_as_in_smg() {
+        for line in [
+            "smg --worker-urls grpc://a:1",
+            "smg launch --worker-urls grpc://a:1",
+            "smg start --worker-urls grpc://a:1",
+        ] {
+            let config = config(line).expect(line);
+            assert_eq!(
+                config.fleet,
+                FleetConfig::Static {
+                    mode: Mode::Regular,
+                    workers: vec![WorkerAddress {
+                        url: "grpc://a:1".into(),
+                        role: WorkerRole::Regular,
+                        bootstrap_port: None
+                    }]
+                },
+                "{line}"
+            );
+        }
+        let file = write_config("worker-urls = [\"grpc://a:1\"]\nport = 31000");
+        let line = format!("smg --config {}", file.path().display());
+        assert_eq!(config(&line).expect("valid").listen.port, 31000);
+        for help in ["smg --help", "smg -h", "smg --version"] {
+            match parse_from(help.split_whitespace()) {
+                Err(CliError::Syntax(err)) => assert!(
+                    matches!(
+                        err.kind(),
+                        clap::error::ErrorKind::DisplayHelp
+                            | clap::error::ErrorKind::DisplayVersion
+                    ),
+                    "{help}: {err}"
+                ),
+                other => panic!("{help}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_bootstrap_port_may_be_none_as_in_smg() {
+        let config = config(
+            "smg launch --pd-disaggregation --prefill grpc://p:1 none --prefill grpc://p:2 9000 \
+             --prefill grpc://p:3 NONE --decode grpc://d:1",
+        )
+        .expect("valid");
+        let FleetConfig::Static { workers, .. } = &config.fleet else {
+            panic!("static fleet")
+        };
+        let ports: Vec<_> = workers
+            .iter()
+            .map(|w| (w.url.as_str(), w.bootstrap_port))
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("grpc://p:1", None),
+                ("grpc://p:2", Some(9000)),
+                ("grpc://p:3", None),
+                ("grpc://d:1", None)
+            ]
+        );
+        for values in [&["none"][..], &["grpc://p:1", "9000", "none"]] {
+            let values: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
+            assert!(worker_specs("prefill", &values).is_err(), "{values:?}");
+        }
+    }
+
+    #[test]
+    fn smgs_spellings_name_the_same_flags() {
+        let config = config(
+            "smg --worker-urls grpc://a:1 --model /models/m --backend sglang \
+             --load-monitor-interval 7",
+        )
+        .expect("valid");
+        assert_eq!(
+            config.model.model_path.as_deref(),
+            Some(std::path::Path::new("/models/m"))
+        );
+        assert_eq!(config.runtime, Some(Runtime::Sglang));
+        assert_eq!(config.routing.load_check_interval, Duration::from_secs(7));
+        let file = write_config("worker-urls = [\"grpc://a:1\"]\nmodel = \"/models/f\"");
+        let from_file = super::tests::config(&format!("smg --config {}", file.path().display()))
+            .expect("valid");
+        assert_eq!(
+            from_file.model.model_path.as_deref(),
+            Some(std::path::Path::new("/models/f"))
+        );
+        match config_err("smg --worker-urls grpc://a:1 --backend vllm") {
+            CliError::Syntax(err) => {
+                assert!(err.to_string().contains("tokenspeed and sglang"), "{err}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn config_err(line: &str) -> CliError {
+        match config(line) {
+            Err(err) => err,
+            Ok(config) => panic!("{line}: accepted as {config:?}"),
+        }
+    }
+
+    #[test]
+    fn sizes_take_units_and_plain_byte_counts() {
+        let cases = [
+            ("1048576", Some(1 << 20)),
+            ("32MiB", Some(32 << 20)),
+            ("32 mib", Some(32 << 20)),
+            ("64K", Some(64 << 10)),
+            ("1GB", Some(1_000_000_000)),
+            ("1.5KiB", Some(1536)),
+            ("2tb", Some(2_000_000_000_000)),
+            ("0", Some(0)),
+            ("lots", None),
+            ("12 parsecs", None),
+            ("1.5", None),
+            ("-1", None),
+            ("", None),
+            ("99999999999999999999", None),
+            ("20000000TiB", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(parse_bytes(text).ok(), expected, "{text:?}");
+        }
+        let config = config(
+            "smg --worker-urls grpc://a:1 --max-payload-size 32MiB --max-header-size 16KiB \
+             --media-max-bytes 1MB",
+        )
+        .expect("valid");
+        assert_eq!(config.front.limits.max_payload_bytes, 32 << 20);
+        assert_eq!(config.front.limits.max_header_bytes, 16 << 10);
+        assert_eq!(config.media.max_bytes, 1_000_000);
+        assert!(matches!(
+            config_err("smg --worker-urls grpc://a:1 --max-payload-size lots"),
+            CliError::Syntax(_)
+        ));
+    }
+
+    #[test]
+    fn http_workers_are_refused_saying_smg_speaks_grpc() {
+        for (line, flag) in [
+            ("smg --worker-urls http://w:8000", "worker-urls"),
+            ("smg --worker-urls grpc://a:1 https://w:8000", "worker-urls"),
+            (
+                "smg --pd-disaggregation --prefill http://p:8000 9000 --decode grpc://d:1",
+                "prefill",
+            ),
+            (
+                "smg --pd-disaggregation --prefill grpc://p:1 --decode http://d:8000",
+                "decode",
+            ),
+            ("smg --worker-urls grpc://w", "worker-urls"),
+        ] {
+            let err = refusal(line);
+            assert_eq!(err.flag, flag, "{line}: {err}");
+            if line.contains("http") {
+                assert!(
+                    err.reason.contains("smg speaks gRPC to workers"),
+                    "{line}: {err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_tree_size_counts_tokens_as_in_smg() {
+        let pages = |line: &str| {
+            config(line)
+                .expect("valid")
+                .routing
+                .tunables
+                .cache_aware
+                .max_pages
+        };
+        assert_eq!(pages("smg --worker-urls grpc://a:1"), 1 << 20);
+        assert_eq!(
+            pages("smg --worker-urls grpc://a:1 --max-tree-size 67108864"),
+            1 << 22
+        );
+        assert_eq!(
+            pages("smg --worker-urls grpc://a:1 --max-tree-size 1601"),
+            101
+        );
+        assert_eq!(
+            refusal("smg --worker-urls grpc://a:1 --max-tree-size 100").flag,
+            "max-tree-size"
+        );
+    }
+
+    #[test]
+    fn smg_flags_without_effect_warn_and_others_are_refused_by_name() {
+        let config = config(
+            "smg --worker-urls grpc://a:1 --eviction-interval 60 --log-dir /var/log/smg \
+             --enable-trace --prometheus-duration-buckets 0.1 1 10",
+        )
+        .expect("valid");
+        assert_eq!(config.warnings.len(), 4, "{:?}", config.warnings);
+        for flag in [
+            "--eviction-interval",
+            "--log-dir",
+            "--enable-trace",
+            "--prometheus-duration-buckets",
+        ] {
+            assert!(
+                config
+                    .warnings
+                    .iter()
+                    .any(|w| w.starts_with(flag) && w.contains("no effect")),
+                "{flag}: {:?}",
+                config.warnings
+            );
+        }
+        let file = write_config("worker-urls = [\"grpc://a:1\"]\neviction-interval = 60");
+        let from_file = super::tests::config(&format!("smg --config {}", file.path().display()))
+            .expect("valid");
+        assert_eq!(from_file.warnings.len(), 1);
+
+        let err = refusal("smg --worker-urls grpc://a:1 --service-discovery");
+        assert_eq!(err.flag, "service-discovery");
+        assert!(err.reason.contains("--worker-urls"), "{err}");
+        let err = refusal("smg --worker-urls grpc://a:1 --chat-template t.jinja");
+        assert_eq!(err.flag, "chat-template");
+        assert!(err.reason.contains("issue 16"), "{err}");
+        let parsers = config_ok("smg --worker-urls grpc://a:1 --tool-call-parser qwen");
+        assert_eq!(parsers.parsers.tool_call_parser.as_deref(), Some("qwen"));
+        assert!(
+            config_ok("smg --worker-urls grpc://a:1")
+                .warnings
+                .is_empty(),
+            "no SMG flag, no WARN"
+        );
+    }
+
+    fn config_ok(line: &str) -> GatewayConfig {
+        config(line).expect(line)
+    }
+
+    #[test]
+    fn every_demo_flag_is_described() {
+        let command = command();
+        let demo = command.find_subcommand("demo").expect("demo");
+        for arg in demo.get_arguments() {
+            assert!(
+                arg.get_help().is_some_and(|h| !h.to_string().is_empty()),
+                "demo --{} has no description",
+                arg.get_long().unwrap_or_default()
+            );
+        }
+    }
+
+    #[test]
+    fn every_launch_flag_has_a_heading_a_description_and_a_unit() {
+        let command = command();
+        let launch = command.find_subcommand("launch").expect("launch");
+        for arg in launch.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if arg.is_hide_set() || long == "help" {
+                continue;
+            }
+            assert!(arg.get_help_heading().is_some(), "--{long} has no heading");
+            if arg.get_help_heading() == Some(compat::IGNORED_HEADING) {
+                continue;
+            }
+            assert!(arg.get_help_heading().is_some(), "--{long} has no heading");
+            assert!(
+                arg.get_help().is_some_and(|h| !h.to_string().is_empty()),
+                "--{long} has no description"
+            );
+            let unit = arg
+                .get_value_names()
+                .and_then(|names| names.first())
+                .map(|name| name.as_str().to_owned());
+            let expected = if long.ends_with("-secs")
+                || long.starts_with("worker-startup-")
+                    && long != "worker-startup-delay"
+                    && !long.ends_with("interval")
+            {
+                Some("SECS")
+            } else if long.ends_with("-ms") {
+                Some("MS")
+            } else if long.ends_with("-bytes") || long.ends_with("-size") && long != "queue-size" {
+                Some(if long == "max-tree-size" {
+                    "TOKENS"
+                } else {
+                    "BYTES"
+                })
+            } else {
+                None
+            };
+            if let Some(expected) = expected {
+                assert_eq!(unit.as_deref(), Some(expected), "--{long}'s unit");
+            }
+        }
+        let help = command
+            .clone()
+            .find_subcommand_mut("launch")
+            .expect("launch")
+            .render_long_help()
+            .to_string();
+        for heading in [
+            "Worker configuration:",
+            "Routing policy:",
+            "PD / EPD disaggregation:",
+            "Prometheus metrics and probes:",
+            "Logging:",
+            "Rate limiting and admission:",
+            "TLS / mTLS:",
+            compat::IGNORED_HEADING,
+        ] {
+            assert!(help.contains(heading), "no {heading:?} in the help");
+        }
+        assert!(help.contains("[default: 512MiB]"), "sizes show their unit");
+        assert!(
+            !help.contains("--service-discovery"),
+            "refused flags stay hidden"
+        );
     }
 
     #[test]

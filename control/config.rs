@@ -52,9 +52,45 @@ pub struct GatewayConfig {
     /// How much work the gateway takes on at once, and who waits.
     pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,
+    /// How the gateway waits for the workers named at start-up.
+    pub startup: StartupConfig,
     /// How the gateway stops on SIGTERM.
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
+    /// WARNs to log at start-up: SMG flags given that have no effect here.
+    pub warnings: Vec<String>,
+}
+
+/// How start-up waits for the workers named on the command line: workers
+/// not up yet do not stop the gateway; it serves (`/readiness` 503) and
+/// keeps trying to reach them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartupConfig {
+    /// How long to keep trying; then workers still unreachable are given
+    /// up on, and the gateway exits if a role it needs has none.
+    pub timeout: Duration,
+    /// Pause before the first attempt.
+    pub delay: Duration,
+    /// The first pause between two attempts to reach a worker...
+    pub first_backoff: Duration,
+    /// ...doubling up to this.
+    pub max_backoff: Duration,
+}
+
+impl StartupConfig {
+    /// The first pause between two attempts.
+    pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+}
+
+impl Default for StartupConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(1800),
+            delay: Duration::ZERO,
+            first_backoff: Self::FIRST_BACKOFF,
+            max_backoff: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Where the HTTP API, the admin routes and the Prometheus exporter listen.
@@ -64,6 +100,9 @@ pub struct ListenConfig {
     pub port: u16,
     pub metrics_host: String,
     pub metrics_port: u16,
+    /// Another listener of the probes (and /metrics) on `metrics_host`
+    /// (`--health-check-port`).
+    pub probe_port: Option<u16>,
     /// The admin listener, opened only when no control-plane key is
     /// configured (with keys, admin routes are served on the public
     /// listener behind them).

@@ -191,7 +191,7 @@ pub async fn run(plan: DemoPlan, cores: smg_dataplane::runtime::CorePlan) -> any
     let urls: Vec<String> = fleet.iter().map(|process| process.grpc.clone()).collect();
     println!(
         "simulated fleet ({}, {protocol}) started: {}",
-        mode.metrics_label(),
+        mode.name(),
         urls.join(" ")
     );
     println!(

@@ -5,7 +5,7 @@
 //! live here, apart from both: ask the worker for its model info, load the
 //! tokenizer (a local directory first, then the worker's advertised path,
 //! then its GetTokenizer archive), and set up vision preprocessing when the
-//! model directory has it. What a worker supplies (the advertised path, the
+//! tokenizer's source has it (`preprocessor_config.json`). What a worker supplies (the advertised path, the
 //! archive) is read under bounds, and all tokenizer loading runs on the
 //! blocking pool: an IGW gateway discovers while it serves.
 
@@ -196,17 +196,15 @@ impl DiscoveryEnv {
             parsers,
         };
 
-        let media = match source.tokenizer_dir() {
-            Some(dir) => {
-                MediaPlanner::for_model(dir, &tokenizer, self.media.clone(), &self.dataplane)
-                    .map_err(|err| anyhow::anyhow!("{err}"))?
-                    .map(|planner| planner.with_lanes(Arc::clone(&self.lanes)))
-            }
-            None => None,
-        };
+        // The vision files come with the tokenizer's, from wherever it was
+        // loaded: the model directory, or the workers' directory or archive.
+        let media = MediaPlanner::for_model(&tokenizer, self.media.clone(), &self.dataplane)
+            .map_err(|err| anyhow::anyhow!("{err}"))?
+            .map(|planner| planner.with_lanes(Arc::clone(&self.lanes)));
         if media.is_none() {
             tracing::info!(
-                "no vision preprocessing for this model: requests with images answer 501"
+                "no vision preprocessing for this model (no preprocessor_config.json with its \
+                 tokenizer): requests with images answer 501"
             );
         }
         Ok(ModelContext {

@@ -33,6 +33,7 @@ pub mod proto;
 pub mod router;
 pub mod server;
 pub mod shutdown;
+pub mod startup;
 pub mod tls;
 pub mod tokenizer;
 pub mod workers;

@@ -80,6 +80,16 @@ impl Mode {
         self.spec().metrics_label
     }
 
+    /// The name users see (and give `smg demo --mode`): `regular`, `pd`,
+    /// `epd`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Mode::Regular => "regular",
+            Mode::PrefillDecode => "pd",
+            Mode::EncodePrefillDecode => "epd",
+        }
+    }
+
     /// The mode a set of registered roles implies: encode+prefill+decode →
     /// EPD, prefill+decode → PD, otherwise Regular.
     pub fn implied_by(roles: &[WorkerRole]) -> Mode {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::config::RoutingConfig;
 use crate::discovery::{DiscoveryEnv, ModelContext, start_load_polling};
-use crate::engine::{Runtime, WorkerTls};
+use crate::engine::{EngineClient, Runtime, WorkerTls};
 use crate::error::{Error, ErrorCode, Result};
 use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
@@ -97,8 +97,9 @@ pub struct ModelTableConfig {
     pub routing: RoutingConfig,
     /// How registered workers are watched.
     pub lifecycle: Lifecycle,
-    /// The runtime of a worker registered without one.
-    pub default_runtime: Runtime,
+    /// The runtime of a worker registered without one (`--runtime`);
+    /// `None`: its model's, else asked of the worker.
+    pub default_runtime: Option<Runtime>,
     /// How a model is discovered from its first ready worker.
     pub env: DiscoveryEnv,
     /// Where the routers' leg supervisors and engine aborts run.
@@ -210,7 +211,7 @@ impl ModelTable {
             .ok_or_else(|| not_ready("its tokenizer is still being discovered".to_owned()))?;
         let mut routers = entry.routers.lock().unwrap_or_else(PoisonError::into_inner);
         let router = routers.entry(mode).or_insert_with(|| {
-            tracing::info!(model, ?mode, "serving a model in a new mode");
+            tracing::info!(model, mode = mode.name(), "serving a model in a new mode");
             Arc::new(Router::new(RouterParts {
                 mode,
                 runtime: entry.runtime,
@@ -282,8 +283,12 @@ impl ModelTable {
             .collect()
     }
 
-    /// Registers a worker for its `model_id` (required).
-    pub fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
+    /// Registers a worker for its `model_id` (required). A worker
+    /// registered without `runtime` (and no `--runtime`) speaks its model's
+    /// protocol, or, for a model's first worker, the one it answers in
+    /// (probed here: an SGLang worker taken for TokenSpeed would fail every
+    /// health probe and stay pending).
+    pub async fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
         let model = spec.model_id.clone().ok_or_else(|| {
             Error::invalid_parameter("model_id", "a worker needs a model_id with --enable-igw")
         })?;
@@ -305,7 +310,11 @@ impl ModelTable {
                     format!("unknown runtime {other:?} (tokenspeed, sglang)"),
                 ));
             }
-            None => self.config.default_runtime,
+            None => match (self.config.default_runtime, self.entry(&model)) {
+                (Some(runtime), _) => runtime,
+                (None, Some(entry)) => entry.runtime,
+                (None, None) => self.detect_runtime(&spec.url).await?,
+            },
         };
         let entry = self.entry_or_create(&model, runtime);
         if entry.runtime != runtime {
@@ -318,6 +327,30 @@ impl ModelTable {
             ));
         }
         entry.registry.register(spec)
+    }
+
+    /// The protocol the worker at `url` answers in.
+    async fn detect_runtime(&self, url: &str) -> Result<Runtime> {
+        let detect = EngineClient::detect_with_tls(
+            url,
+            self.config.lifecycle.connections,
+            &self.config.worker_tls,
+        );
+        let unknown = |why: String| {
+            Error::new(
+                ErrorCode::WorkerUnavailable,
+                format!(
+                    "cannot tell which protocol worker {url} speaks ({why}): give \"runtime\" \
+                     (tokenspeed or sglang) to register a worker that is not up yet"
+                ),
+            )
+            .with_param("runtime")
+        };
+        match tokio::time::timeout(crate::discovery::DISCOVERY_TIMEOUT, detect).await {
+            Ok(Ok(client)) => Ok(client.runtime()),
+            Ok(Err(err)) => Err(unknown(err.message)),
+            Err(_) => Err(unknown("no answer in time".to_owned())),
+        }
     }
 
     pub fn remove(&self, id: &str) -> Result<WorkerStatus> {

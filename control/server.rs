@@ -1,10 +1,12 @@
 //! Start-up: from a [`GatewayConfig`] to a serving gateway. Splits the
 //! cores between tokio and the data plane and starts the data plane and the
-//! tensor lanes, builds the workers and detects their runtime, discovers the
-//! model, assembles the router for the chosen mode (or the model table for
-//! an IGW fleet), starts health probes and the metrics listener, and serves
-//! the HTTP API (and, without control-plane keys, the admin routes on their
-//! own listener) until SIGTERM or Ctrl-C. Then it shuts down in the phases
+//! tensor lanes, opens the listeners (the HTTP API, the metrics and probes,
+//! and, without control-plane keys, the admin routes) and serves at once:
+//! an IGW fleet's model table from the start, a static fleet's router as
+//! soon as `startup` has reached one worker of each role (until then
+//! `/readiness` answers 503). It prints `smg listening ...` when the
+//! listeners are open and `smg ready ...` when requests can be served, and
+//! serves until SIGTERM or Ctrl-C. Then it shuts down in the phases
 //! `shutdown` describes, stops the data plane and releases the tensor lanes
 //! (removing the gateway's `/dev/shm` names), and returns: exit code 0.
 
@@ -18,19 +20,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState, Fleet};
-use crate::config::{FleetConfig, GatewayConfig, WorkerAddress};
-use crate::discovery::{DiscoveryEnv, ModelContext, discover, start_load_polling};
-use crate::engine::{Engine, EngineClient, Runtime, WorkerTls, check_worker_tls};
+use crate::config::{FleetConfig, GatewayConfig};
+use crate::discovery::DiscoveryEnv;
 use crate::lanes::{TensorLanes, open_rdma};
-use crate::mode::Mode;
 use crate::models::{ModelTable, ModelTableConfig};
-use crate::router::{Router, RouterParts};
-use crate::shutdown::{RequestTasks, Shutdown};
+use crate::shutdown::Shutdown;
+use crate::startup::{StartupStatus, bring_up};
 use crate::tls::{ReloadableCert, load_worker_tls, reload_on_sighup};
-use crate::workers::{
-    Worker, WorkerRegistry, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_circuit_probe,
-    spawn_health_checks,
-};
+use crate::workers::WorkerRegistry;
 
 /// The tokio runtime for the control plane: confined to the cores the data
 /// plane does not own, one worker thread per core, when `cores` splits them.
@@ -48,123 +45,12 @@ pub fn control_runtime(cores: &CorePlan) -> std::io::Result<tokio::runtime::Runt
     builder.build()
 }
 
-/// Builds the router of a static fleet: `mode` served by `fleet`.
-async fn build_router(
-    config: &GatewayConfig,
-    mode: Mode,
-    fleet: &[WorkerAddress],
-    env: &DiscoveryEnv,
-    tasks: &RequestTasks,
-    worker_tls: &WorkerTls,
-) -> anyhow::Result<Router> {
-    let first_url = &fleet.first().context("no workers")?.url;
-    // A TLS failure says why before an RPC can only say "transport error".
-    for address in fleet {
-        discover(
-            "the TLS check",
-            &address.url,
-            check_worker_tls(&address.url, worker_tls),
-        )
-        .await
-        .context("no TLS session with a worker (see --ca-cert-path, --client-cert-path, --client-key-path)")?;
-    }
-    let runtime = match config.runtime {
-        Some(runtime) => runtime,
-        None => discover(
-            "runtime detection",
-            first_url,
-            EngineClient::detect_with_tls(first_url, config.lifecycle.connections, worker_tls),
-        )
-        .await?
-        .runtime(),
-    };
-    if mode == Mode::EncodePrefillDecode && !runtime.has_encoder() {
-        bail!(
-            "EPD needs encode workers, but {} has no encoder protocol: use TokenSpeed workers",
-            runtime.name()
-        );
-    }
-
-    let dp_aware = config.lifecycle.dp_aware;
-    let workers = WorkerSet::default();
-    for address in fleet {
-        let (url, role) = (&address.url, address.role);
-        let client =
-            EngineClient::with_connections(url, runtime, config.lifecycle.connections, worker_tls)
-                .with_context(|| format!("bad worker URL {url}"))?;
-        let needs_bootstrap = matches!(role, WorkerRole::Prefill | WorkerRole::Encode);
-        let port = match (address.bootstrap_port, needs_bootstrap) {
-            (Some(port), _) => Some(port),
-            (None, true) => {
-                let info = discover("GetServerInfo", url, client.server_info()).await?;
-                Some(advertised_bootstrap_port(&info).with_context(|| {
-                    format!("{role} worker {url} needs a bootstrap port: give it after the URL")
-                })?)
-            }
-            (None, false) => None,
-        };
-        let ranks = if dp_aware {
-            let load = discover("GetLoads", url, client.loads()).await?;
-            config
-                .lifecycle
-                .dp_ranks(url, &load)
-                .map_err(|err| anyhow::anyhow!("{err}"))?
-        } else {
-            1
-        };
-        let engine: Arc<dyn Engine> = Arc::new(client);
-        for rank in 0..ranks {
-            let worker = Worker::new(Arc::clone(&engine), role, port)
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .with_breaker(config.lifecycle.breaker)
-                .with_max_in_flight(config.lifecycle.max_in_flight);
-            workers.add(if dp_aware {
-                worker.with_dp_rank(rank)
-            } else {
-                worker
-            });
-        }
-    }
-
-    env.lanes.learn_namespaces(&workers.all()).await;
-    let probe = workers
-        .all()
-        .into_iter()
-        .find(|w| w.role() != WorkerRole::Encode)
-        .context("no generating worker")?;
-    let ModelContext {
-        tokenizer,
-        model,
-        media,
-    } = env
-        .model_context(&probe, config.model.served_model_name.clone())
-        .await?;
-    let routing = &config.routing;
-    let policies = routing.role_policies(None);
-    if let Some(health) = config.lifecycle.health {
-        spawn_health_checks(workers.all(), health);
-    }
-    for worker in workers.all() {
-        spawn_circuit_probe(worker, config.lifecycle.probe_timeout);
-    }
-    start_load_polling(&workers, &policies, routing.load_check_interval);
-    Ok(Router::new(RouterParts {
-        mode,
-        runtime,
-        workers,
-        policies,
-        tokenizer,
-        model,
-        retry: routing.retry_for(None),
-        request_timeout: routing.request_timeout,
-        media,
-        tasks: tasks.clone(),
-    }))
-}
-
 /// Runs the gateway until a shutdown signal. `cores` is the split made at
 /// start-up, before anything was pinned (see [`control_runtime`]).
 pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let metrics = crate::metrics::install().map_err(|e| anyhow::anyhow!("metrics: {e}"))?;
     tracing::info!(
         dataplane = ?cores.dataplane.iter().map(|c| c.id).collect::<Vec<_>>(),
@@ -224,43 +110,50 @@ async fn serve_with(
         }
         None => None,
     };
+    // A missing model directory fails now, not once the workers answer.
+    if let Some(dir) = config.model.tokenizer_dir()
+        && !dir.is_dir()
+    {
+        let flag = if config.model.tokenizer_path.is_some() {
+            "--tokenizer-path"
+        } else {
+            "--model-path"
+        };
+        bail!(
+            "{flag} {}: no such local directory (smg reads a model directory; it does not \
+             download from the Hugging Face Hub: fetch it first, e.g. `huggingface-cli download \
+             MODEL --local-dir DIR`, and give DIR; or leave it out to load the tokenizer from \
+             the workers)",
+            dir.display()
+        );
+    }
     let worker_tls = load_worker_tls(&config.worker_tls)
         .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
-    let (fleet, label) = match &config.fleet {
+    let (state, label, static_fleet) = match &config.fleet {
         FleetConfig::Igw => {
             let table = ModelTable::new(ModelTableConfig {
                 routing: config.routing.clone(),
                 lifecycle: config.lifecycle,
-                default_runtime: config.runtime.unwrap_or(Runtime::TokenSpeed),
+                default_runtime: config.runtime,
                 env: env.clone(),
                 tasks: tasks.clone(),
                 worker_tls: worker_tls.clone(),
             });
-            (Fleet::Models(Arc::new(table)), "igw")
+            (AppState::of(Fleet::Models(Arc::new(table))), "igw", None)
         }
         FleetConfig::Static { mode, workers } => {
-            let router = build_router(&config, *mode, workers, &env, tasks, &worker_tls).await?;
-            let registry = WorkerRegistry::new(
-                router.model().name.clone(),
-                router.runtime(),
-                mode.spec().required_roles.to_vec(),
-                router.workers().clone(),
-                config.lifecycle,
-                Arc::clone(&env.lanes) as _,
+            let status = Arc::new(StartupStatus::new(*mode, workers));
+            (
+                AppState::starting(Some(Arc::clone(&status))),
+                mode.metrics_label(),
+                Some((*mode, workers.as_slice(), status)),
             )
-            .with_worker_tls(worker_tls.clone());
-            let fleet = Fleet::Single {
-                router: Arc::new(router),
-                registry: Arc::new(registry),
-            };
-            (fleet, mode.metrics_label())
         }
     };
-    drop(env);
     let state = Arc::new(
-        AppState::of(fleet)
+        state
             .with_aliases(config.routing.aliases.clone())
             .with_admission(config.admission.clone())
             .with_shutdown(&shutdown),
@@ -279,6 +172,19 @@ async fn serve_with(
                 listen.metrics_host, listen.metrics_port
             )
         })?;
+    let probe_listener = match listen.probe_port {
+        Some(port) => Some(
+            TcpListener::bind((listen.metrics_host.as_str(), port))
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen for probes on {}:{port} (--health-check-port)",
+                        listen.metrics_host
+                    )
+                })?,
+        ),
+        None => None,
+    };
     // Without control-plane keys, admin routes get a listener of their own.
     let admin = if api::admin_on_public(front) {
         None
@@ -318,6 +224,14 @@ async fn serve_with(
         ))
     });
     let metrics_stop = CancellationToken::new();
+    if let Some(listener) = probe_listener {
+        tokio::spawn(api::serve_metrics(
+            listener,
+            metrics.clone(),
+            Arc::clone(&state),
+            metrics_stop.clone(),
+        ));
+    }
     let metrics_served = tokio::spawn(api::serve_metrics(
         metrics_listener,
         metrics,
@@ -330,10 +244,54 @@ async fn serve_with(
         settings("public"),
         shutdown.listener(),
     );
-    println!("smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}");
-    tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, https = tls.is_some(), "smg serving");
-    let (served, ending) =
-        tokio::join!(public, shutdown.run(signals, config.shutdown.grace_period));
+    println!("smg listening http={http_addr} metrics={metrics_addr} admin={admin_addr}");
+    let ready_line = || {
+        println!(
+            "smg ready http={http_addr} metrics={metrics_addr} admin={admin_addr} mode={label}"
+        );
+        tracing::info!(%http_addr, %metrics_addr, %admin_addr, mode = label, https = tls.is_some(), "smg serving");
+    };
+    let serving =
+        async { tokio::join!(public, shutdown.run(signals, config.shutdown.grace_period)) };
+    tokio::pin!(serving);
+    let (served, ending) = match static_fleet {
+        None => {
+            drop(env);
+            ready_line();
+            serving.await
+        }
+        Some((mode, workers, status)) => {
+            // Serve (readiness 503) while the workers are reached.
+            let up = async {
+                let router =
+                    bring_up(&config, mode, workers, &env, tasks, &worker_tls, status).await?;
+                let registry = WorkerRegistry::new(
+                    router.model().name.clone(),
+                    router.runtime(),
+                    mode.spec().required_roles.to_vec(),
+                    router.workers().clone(),
+                    config.lifecycle,
+                    Arc::clone(&env.lanes) as _,
+                )
+                .with_worker_tls(worker_tls.clone());
+                state.serve(Fleet::Single {
+                    router: Arc::new(router),
+                    registry: Arc::new(registry),
+                });
+                anyhow::Ok(())
+            };
+            tokio::select! {
+                // A signal during start-up: stop without waiting for it.
+                ended = &mut serving => ended,
+                up = up => {
+                    up?;
+                    drop(env);
+                    ready_line();
+                    serving.await
+                }
+            }
+        }
+    };
     served?;
     if let Some(admin) = admin_served {
         admin.await??;

@@ -88,7 +88,7 @@ async fn a_queue_fills_refuses_the_excess_and_drains_in_arrival_order() {
     let worker = SimWorker::start("tokenspeed", "regular", &["--decode-ms-per-token", "20"]);
     let gateway = Gateway::start(&[
         "--worker-urls",
-        &worker.url(),
+        &worker.grpc_url(),
         "--max-concurrent-requests",
         "1",
         "--queue-size",
@@ -137,7 +137,7 @@ async fn a_wait_past_the_queue_timeout_is_refused_with_408_and_retry_after() {
     let worker = SimWorker::start("tokenspeed", "regular", &["--decode-ms-per-token", "20"]);
     let gateway = Gateway::start(&[
         "--worker-urls",
-        &worker.url(),
+        &worker.grpc_url(),
         "--max-concurrent-requests",
         "1",
         "--queue-timeout-secs",
@@ -157,7 +157,7 @@ async fn requests_over_the_rate_are_refused_with_the_time_to_the_next_token() {
     // Two requests at once, then one per 100 s.
     let gateway = Gateway::start(&[
         "--worker-urls",
-        &worker.url(),
+        &worker.grpc_url(),
         "--rate-limit-tokens-per-second",
         "0.01",
         "--rate-limit-burst",

@@ -32,7 +32,7 @@ fn start(runtime: Runtime, role: &str, extra: &[&str]) -> SimWorker {
 }
 
 fn client(worker: &SimWorker, runtime: Runtime) -> EngineClient {
-    EngineClient::new(&worker.url(), runtime).expect("an engine client")
+    EngineClient::new(&worker.grpc_url(), runtime).expect("an engine client")
 }
 
 fn prompt() -> Vec<u32> {
@@ -203,11 +203,13 @@ async fn detect_tells_tokenspeed_from_sglang_for_every_url_form() {
         (&encoder, Runtime::TokenSpeed),
     ];
     for (worker, runtime) in cases {
-        for url in [
-            format!("grpc://{}", worker.grpc),
-            format!("http://{}", worker.grpc),
-            worker.grpc.to_string(),
-        ] {
+        // An HTTP URL is refused before any dialling: smg speaks gRPC.
+        let http = format!("http://{}", worker.grpc);
+        let refused = EngineClient::detect(&http, Default::default())
+            .await
+            .expect_err("an http:// worker URL is refused");
+        assert!(refused.message.contains("speaks gRPC"), "{refused}");
+        for url in [format!("grpc://{}", worker.grpc), worker.grpc.to_string()] {
             let client = bounded("detect", EngineClient::detect(&url, Default::default()))
                 .await
                 .expect("detected");
@@ -519,7 +521,7 @@ async fn a_worker_failing_mid_stream_ends_the_stream_with_worker_error() {
         assert!(outcome.completions.is_empty());
         let err = outcome.error();
         assert_eq!(err.code, ErrorCode::WorkerError, "{runtime:?}: {err}");
-        assert!(err.message.contains(&worker.url()), "{err}");
+        assert!(err.message.contains(&worker.grpc_url()), "{err}");
     }
 }
 

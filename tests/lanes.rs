@@ -694,7 +694,7 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
             "shm_min_bytes",
         ),
     ] {
-        let mut body = json!({ "url": reader.url() });
+        let mut body = json!({ "url": reader.grpc_url() });
         body.as_object_mut()
             .unwrap()
             .extend(fields.as_object().unwrap().clone());
@@ -710,7 +710,7 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
     // shm with a threshold low enough for the small image too.
     let status = register_ready(
         &gateway,
-        &reader.url(),
+        &reader.grpc_url(),
         json!({"tensor_transport": "shm", "shm_min_bytes": 1024}),
     )
     .await;
@@ -728,7 +728,7 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
     // Removed and registered again without the fields: the default again.
     remove_worker(&gateway, &reader_id).await;
     clear_records(&record);
-    let status = register_ready(&gateway, &reader.url(), json!({})).await;
+    let status = register_ready(&gateway, &reader.grpc_url(), json!({})).await;
     assert_eq!(transport_of(&status), ("inline", 65536, "default"));
     let inline = read_on(&gateway, &record, &[MEDIUM, SMALL], "inline", "inline").await;
     assert!(inline >= 2.0, "{inline}");
@@ -758,7 +758,7 @@ async fn a_registered_transport_wins_over_the_flag_for_its_url() {
 
     let status = register_ready(
         &gateway,
-        &reader.url(),
+        &reader.grpc_url(),
         json!({"tensor_transport": "inline"}),
     )
     .await;
@@ -771,7 +771,7 @@ async fn a_registered_transport_wins_over_the_flag_for_its_url() {
     // Without its registration's word, the flag for its URL applies again.
     remove_worker(&gateway, &reader_id).await;
     clear_records(&record);
-    let status = register_ready(&gateway, &reader.url(), json!({})).await;
+    let status = register_ready(&gateway, &reader.grpc_url(), json!({})).await;
     assert_eq!(transport_of(&status), ("shm", 65536, "flag"));
     let private = shm.names_of(gateway.pid());
     let on_shm = read_on(&gateway, &record, &[MEDIUM], "shm", "shm").await;
@@ -802,7 +802,12 @@ async fn a_registration_asking_for_rdma_opens_the_lane() {
         ],
     );
     assert_eq!(shm.names_of(gateway.pid()), Vec::<String>::new());
-    let status = register_ready(&gateway, &reader.url(), json!({"tensor_transport": "rdma"})).await;
+    let status = register_ready(
+        &gateway,
+        &reader.grpc_url(),
+        json!({"tensor_transport": "rdma"}),
+    )
+    .await;
     assert_eq!(transport_of(&status), ("rdma", 65536, "registration"));
     assert_eq!(shm.names_of(gateway.pid()).len(), 1, "one arena file");
     let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;

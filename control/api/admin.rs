@@ -36,7 +36,7 @@ async fn register(State(state): State<SharedState>, body: axum::body::Bytes) -> 
         Ok(spec) => spec,
         Err(err) => return error_response(&err),
     };
-    match state.register(spec) {
+    match state.register(spec).await {
         Ok(status) => (StatusCode::ACCEPTED, Json(status)).into_response(),
         Err(err) => error_response(&err),
     }

@@ -5,9 +5,13 @@
 //! and mode. Handlers ask [`AppState::router_for`] for the router of the
 //! model a request names (after resolving `--model-alias`), so both shapes
 //! serve through the same code.
+//!
+//! A static fleet's router exists only once its workers have answered
+//! (see `startup`): until then the state has no fleet, `/readiness` shows
+//! what start-up waits for, and requests answer 503 `model_not_ready`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -18,6 +22,7 @@ use crate::models::ModelTable;
 use crate::pipeline::prepare::ServedModel;
 use crate::router::Router;
 use crate::shutdown::RequestTasks;
+use crate::startup::StartupStatus;
 use crate::workers::{BreakerConfig, Lifecycle, WorkerRegistry, WorkerSpec, WorkerStatus};
 
 /// The routers a gateway serves with.
@@ -38,7 +43,11 @@ const IGW_LABEL: &str = "igw";
 
 #[derive(Debug)]
 pub struct AppState {
-    pub fleet: Fleet,
+    /// Set at once, or (a static fleet) once start-up has reached its
+    /// workers.
+    fleet: OnceLock<Fleet>,
+    /// What start-up waits for, while `fleet` is unset.
+    startup: Option<Arc<StartupStatus>>,
     /// `--model-alias ALIAS=MODEL`.
     pub aliases: HashMap<String, String>,
     pub started: Instant,
@@ -81,8 +90,17 @@ impl AppState {
     }
 
     pub fn of(fleet: Fleet) -> Self {
+        let state = Self::starting(None);
+        let _ = state.fleet.set(fleet);
+        state
+    }
+
+    /// A gateway whose fleet start-up is still bringing up; [`AppState::serve`]
+    /// installs it.
+    pub fn starting(status: Option<Arc<StartupStatus>>) -> Self {
         Self {
-            fleet,
+            fleet: OnceLock::new(),
+            startup: status,
             aliases: HashMap::new(),
             started: Instant::now(),
             admission: Admission::new(AdmissionConfig::default()),
@@ -108,6 +126,25 @@ impl AppState {
         self
     }
 
+    /// Installs the fleet start-up brought up; from then on requests are
+    /// served. Only the first call counts.
+    pub fn serve(&self, fleet: Fleet) {
+        let _ = self.fleet.set(fleet);
+    }
+
+    /// The fleet, once start-up has brought it up.
+    pub fn fleet(&self) -> Option<&Fleet> {
+        self.fleet.get()
+    }
+
+    /// The refusal of a request while start-up still waits for workers.
+    fn starting_error() -> Error {
+        Error::new(
+            ErrorCode::ModelNotReady,
+            "the gateway is starting: its workers have not all answered yet (see /readiness)",
+        )
+    }
+
     fn resolve<'a>(&'a self, model: &'a str) -> &'a str {
         self.aliases.get(model).map_or(model, String::as_str)
     }
@@ -116,7 +153,10 @@ impl AppState {
     /// canonical name to put on the request.
     pub fn router_for(&self, model: Option<&str>) -> Result<(Arc<Router>, Option<String>)> {
         let model = model.map(|m| self.resolve(m));
-        match &self.fleet {
+        let Some(fleet) = self.fleet() else {
+            return Err(Self::starting_error());
+        };
+        match fleet {
             Fleet::Single { router, .. } => Ok((Arc::clone(router), model.map(str::to_owned))),
             Fleet::Models(table) => {
                 let name = match model {
@@ -134,7 +174,7 @@ impl AppState {
     /// The largest `max_tokens` a request may ask for before its model is
     /// known (`None` with several models: each router checks its own).
     pub fn output_limit(&self) -> Option<u32> {
-        match &self.fleet {
+        match self.fleet()? {
             Fleet::Single { router, .. } => Some(router.model().max_context_length),
             Fleet::Models(_) => None,
         }
@@ -142,22 +182,30 @@ impl AppState {
 
     /// The metrics label for failures before a router is chosen.
     pub fn default_label(&self) -> &'static str {
-        match &self.fleet {
-            Fleet::Single { router, .. } => router.mode().metrics_label(),
-            Fleet::Models(_) => IGW_LABEL,
+        match self.fleet() {
+            Some(Fleet::Single { router, .. }) => router.mode().metrics_label(),
+            Some(Fleet::Models(_)) => IGW_LABEL,
+            None => self
+                .startup
+                .as_ref()
+                .map_or(IGW_LABEL, |status| status.mode().metrics_label()),
         }
     }
 
     /// The models `/v1/models` lists.
     pub fn served_models(&self) -> Vec<ServedModel> {
-        match &self.fleet {
-            Fleet::Single { router, .. } => vec![router.model().clone()],
-            Fleet::Models(table) => table.served(),
+        match self.fleet() {
+            Some(Fleet::Single { router, .. }) => vec![router.model().clone()],
+            Some(Fleet::Models(table)) => table.served(),
+            None => Vec::new(),
         }
     }
 
-    pub fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
-        match &self.fleet {
+    pub async fn register(&self, spec: WorkerSpec) -> Result<WorkerStatus> {
+        let Some(fleet) = self.fleet() else {
+            return Err(Self::starting_error());
+        };
+        match fleet {
             Fleet::Single { registry, .. } => {
                 let spec = WorkerSpec {
                     model_id: spec.model_id.map(|m| self.resolve(&m).to_owned()),
@@ -165,21 +213,23 @@ impl AppState {
                 };
                 registry.register(spec)
             }
-            Fleet::Models(table) => table.register(spec),
+            Fleet::Models(table) => table.register(spec).await,
         }
     }
 
     pub fn remove(&self, id: &str) -> Result<WorkerStatus> {
-        match &self.fleet {
-            Fleet::Single { registry, .. } => registry.remove(id),
-            Fleet::Models(table) => table.remove(id),
+        match self.fleet() {
+            Some(Fleet::Single { registry, .. }) => registry.remove(id),
+            Some(Fleet::Models(table)) => table.remove(id),
+            None => Err(Self::starting_error()),
         }
     }
 
     pub fn status(&self, id: &str) -> Result<WorkerStatus> {
-        let found = match &self.fleet {
-            Fleet::Single { registry, .. } => registry.status(id),
-            Fleet::Models(table) => table.status(id),
+        let found = match self.fleet() {
+            Some(Fleet::Single { registry, .. }) => registry.status(id),
+            Some(Fleet::Models(table)) => table.status(id),
+            None => None,
         };
         found.ok_or_else(|| {
             Error::new(
@@ -190,9 +240,10 @@ impl AppState {
     }
 
     pub fn list(&self) -> Vec<WorkerStatus> {
-        match &self.fleet {
-            Fleet::Single { registry, .. } => registry.list(),
-            Fleet::Models(table) => table.list(),
+        match self.fleet() {
+            Some(Fleet::Single { registry, .. }) => registry.list(),
+            Some(Fleet::Models(table)) => table.list(),
+            None => Vec::new(),
         }
     }
 
@@ -201,7 +252,14 @@ impl AppState {
         if self.unready.is_cancelled() {
             return (false, serde_json::json!({"status": "shutting_down"}));
         }
-        match &self.fleet {
+        let Some(fleet) = self.fleet() else {
+            let body = self.startup.as_ref().map_or_else(
+                || serde_json::json!({"status": "starting"}),
+                |status| status.readiness(),
+            );
+            return (false, body);
+        };
+        match fleet {
             Fleet::Single { router, .. } => {
                 let roles: serde_json::Map<String, serde_json::Value> = router
                     .mode()

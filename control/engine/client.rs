@@ -658,24 +658,40 @@ impl Engine for EngineClient {
     }
 }
 
+/// Checks a worker URL without dialling it: `grpc://host:port`,
+/// `grpcs://host:port` or `host:port`. An `http://` URL (an SMG launch
+/// script's HTTP worker) is refused saying that smg speaks gRPC, rather
+/// than failing later as an HTTP/2 protocol error against an HTTP server.
+pub fn check_worker_url(url: &str) -> Result<()> {
+    dial_uri(url).map(|_| ())
+}
+
 /// The URI tonic dials for a worker URL, and whether it is over TLS:
-/// `http://host:port` for `grpc://host:port`, `http://host:port` or
-/// `host:port`; `https://host:port` for `grpcs://host:port` or
-/// `https://host:port`.
+/// `http://host:port` for `grpc://host:port` or `host:port`;
+/// `https://host:port` for `grpcs://host:port`.
 pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
     let invalid = |why: &str| {
         Error::invalid_parameter(
             "url",
             format!(
-                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port, \
-                 http://host:port or host:port"
+                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port or host:port"
             ),
         )
     };
     let (authority, secure) = match url.split_once("://") {
         None => (url, false),
-        Some(("grpc" | "http", rest)) => (rest.strip_suffix('/').unwrap_or(rest), false),
-        Some(("grpcs" | "https", rest)) => (rest.strip_suffix('/').unwrap_or(rest), true),
+        Some(("grpc", rest)) => (rest.strip_suffix('/').unwrap_or(rest), false),
+        Some(("grpcs", rest)) => (rest.strip_suffix('/').unwrap_or(rest), true),
+        Some((scheme @ ("http" | "https"), _)) => {
+            let instead = if scheme == "https" { "grpcs" } else { "grpc" };
+            return Err(Error::invalid_parameter(
+                "url",
+                format!(
+                    "worker URL {url:?}: smg speaks gRPC to workers, not {scheme}; give the \
+                     worker's gRPC address as {instead}://host:port"
+                ),
+            ));
+        }
         Some((scheme, _)) => return Err(invalid(&format!("has unsupported scheme {scheme:?}"))),
     };
     let authority: http::uri::Authority = authority
@@ -919,23 +935,17 @@ mod tests {
                 Some(("http://10.0.0.1:50051", false)),
             ),
             (
-                "http://10.0.0.1:50051",
-                Some(("http://10.0.0.1:50051", false)),
-            ),
-            (
-                "http://worker-3:50051/",
+                "grpc://worker-3:50051/",
                 Some(("http://worker-3:50051", false)),
             ),
+            ("http://10.0.0.1:50051", None),
             ("127.0.0.1:9", Some(("http://127.0.0.1:9", false))),
             ("[::1]:50051", Some(("http://[::1]:50051", false))),
             (
                 "grpcs://worker-3:50051",
                 Some(("https://worker-3:50051", true)),
             ),
-            (
-                "https://10.0.0.1:50051/",
-                Some(("https://10.0.0.1:50051", true)),
-            ),
+            ("https://10.0.0.1:50051/", None),
             ("grpcs://worker-3", None),
             ("ftp://10.0.0.1:50051", None),
             ("10.0.0.1", None),

@@ -11,7 +11,7 @@ mod convert;
 mod pool;
 mod tls;
 
-pub use client::{EngineClient, EventStream, MAX_TOKENIZER_ARCHIVE_BYTES};
+pub use client::{EngineClient, EventStream, MAX_TOKENIZER_ARCHIVE_BYTES, check_worker_url};
 pub use pool::ConnectionConfig;
 pub use tls::{WorkerTls, check_worker_tls};
 

@@ -10,7 +10,6 @@
 //! the result: the wire payload and, for lanes that hold resources, a lease
 //! the request keeps until the RPCs carrying the tensor have returned.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -43,18 +42,23 @@ pub struct MediaPlanner {
 }
 
 impl MediaPlanner {
-    /// A planner for the model in `model_dir`, or `None` when the model has
-    /// no vision preprocessing (no `preprocessor_config.json`).
+    /// A planner for the model `tokenizer` was loaded for, from the vision
+    /// files found with it (wherever they came from: the model directory,
+    /// or the workers' directory or archive); `None` when the model has no
+    /// vision preprocessing (no `preprocessor_config.json`).
     pub fn for_model(
-        model_dir: &Path,
         tokenizer: &Tokenizer,
         config: MediaConfig,
         dataplane: &DataPlane,
     ) -> Result<Option<Self>> {
-        if !model_dir.join("preprocessor_config.json").is_file() {
+        let Some(files) = tokenizer.vision_files() else {
             return Ok(None);
-        }
-        let vision = VisionPreprocessConfig::from_model_dir(model_dir).map_err(|err| {
+        };
+        let vision = VisionPreprocessConfig::from_json(
+            &files.preprocessor_config,
+            files.model_config.as_deref(),
+        )
+        .map_err(|err| {
             Error::internal(format!(
                 "cannot read the model's preprocessing config: {err}"
             ))

@@ -155,9 +155,9 @@ impl Router {
             Error::new(
                 ErrorCode::UnsupportedEndpoint,
                 format!(
-                    "{} is not served in {:?} mode with {} workers",
+                    "{} is not served in {} mode with {} workers",
                     endpoint.label(),
-                    self.parts.mode,
+                    self.parts.mode.name(),
                     self.parts.runtime.name()
                 ),
             )

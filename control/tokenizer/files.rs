@@ -37,15 +37,20 @@ const SPECIAL_TOKENS_MAP: &str = "special_tokens_map.json";
 const GENERATION_CONFIG: &str = "generation_config.json";
 const MODEL_CONFIG: &str = "config.json";
 const CHAT_TEMPLATE_JINJA: &str = "chat_template.jinja";
+/// Vision preprocessing: read with the tokenizer's files, so a model whose
+/// tokenizer comes from its workers (their directory or archive) takes its
+/// image settings from there too.
+const PREPROCESSOR_CONFIG: &str = "preprocessor_config.json";
 
 /// Every file the loader looks for.
-const WANTED_FILES: [&str; 6] = [
+const WANTED_FILES: [&str; 7] = [
     TOKENIZER_JSON,
     TOKENIZER_CONFIG,
     SPECIAL_TOKENS_MAP,
     GENERATION_CONFIG,
     MODEL_CONFIG,
     CHAT_TEMPLATE_JINJA,
+    PREPROCESSOR_CONFIG,
 ];
 
 /// The most bytes the wanted files may hold together, from a directory or
@@ -79,6 +84,8 @@ pub(super) struct ModelFiles {
     pub generation_config: Option<Value>,
     pub model_config: Option<Value>,
     pub chat_template_jinja: Option<String>,
+    /// `preprocessor_config.json`, as text (the data plane parses it).
+    pub preprocessor_config: Option<String>,
 }
 
 impl ModelFiles {
@@ -126,13 +133,16 @@ impl ModelFiles {
     ) -> Result<Self> {
         let tokenizer_json = read(TOKENIZER_JSON)?
             .ok_or_else(|| Error::internal(format!("{origin} has no {TOKENIZER_JSON}")))?;
-        let chat_template_jinja = read(CHAT_TEMPLATE_JINJA)?
-            .map(|bytes| {
-                String::from_utf8(bytes).map_err(|_| {
-                    Error::internal(format!("{CHAT_TEMPLATE_JINJA} in {origin} is not UTF-8"))
+        let mut text = |name: &str| -> Result<Option<String>> {
+            read(name)?
+                .map(|bytes| {
+                    String::from_utf8(bytes)
+                        .map_err(|_| Error::internal(format!("{name} in {origin} is not UTF-8")))
                 })
-            })
-            .transpose()?;
+                .transpose()
+        };
+        let chat_template_jinja = text(CHAT_TEMPLATE_JINJA)?;
+        let preprocessor_config = text(PREPROCESSOR_CONFIG)?;
         Ok(Self {
             tokenizer_json,
             tokenizer_config: read_json(origin, TOKENIZER_CONFIG, &mut read)?,
@@ -140,6 +150,7 @@ impl ModelFiles {
             generation_config: read_json(origin, GENERATION_CONFIG, &mut read)?,
             model_config: read_json(origin, MODEL_CONFIG, &mut read)?,
             chat_template_jinja,
+            preprocessor_config,
         })
     }
 }

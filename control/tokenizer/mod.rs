@@ -80,6 +80,17 @@ struct Loaded {
     added_ids: HashSet<u32>,
     /// Whether vocabulary entries spell bytes in the byte-level alphabet.
     byte_level: bool,
+    /// The vision preprocessing files found beside the tokenizer's.
+    vision: Option<VisionFiles>,
+}
+
+/// A model's vision preprocessing settings, as found with its tokenizer
+/// (a model directory, a worker's directory or its `GetTokenizer`
+/// archive): `preprocessor_config.json` and `config.json`, as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisionFiles {
+    pub preprocessor_config: String,
+    pub model_config: Option<String>,
 }
 
 impl Tokenizer {
@@ -141,6 +152,12 @@ impl Tokenizer {
         let adds_no_special_tokens = tokenizer
             .get_post_processor()
             .is_none_or(|processor| processor.added_tokens(false) == 0);
+        let vision = files
+            .preprocessor_config
+            .map(|preprocessor_config| VisionFiles {
+                preprocessor_config,
+                model_config: files.model_config.as_ref().map(ToString::to_string),
+            });
         Ok(Self {
             loaded: Arc::new(Loaded {
                 tokenizer,
@@ -151,8 +168,14 @@ impl Tokenizer {
                 special_ids,
                 added_ids,
                 byte_level,
+                vision,
             }),
         })
+    }
+
+    /// The vision preprocessing files found with the tokenizer, if any.
+    pub fn vision_files(&self) -> Option<&VisionFiles> {
+        self.loaded.vision.as_ref()
     }
 
     /// The ids of `text`; `add_special_tokens` applies the tokenizer's

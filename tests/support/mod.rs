@@ -42,21 +42,42 @@ pub fn encode(text: &str) -> Vec<u32> {
         .to_vec()
 }
 
-/// Waits for a process's first stdout line (its ready line), then keeps
-/// draining stdout so the process never blocks on a full pipe.
-fn wait_ready(mut child: Child, what: &str) -> (Child, String) {
+/// A process's stdout, line by line, read on a thread of its own so the
+/// process never blocks on a full pipe.
+fn stdout_lines(child: &mut Child) -> mpsc::Receiver<String> {
     let stdout = child.stdout.take().expect("piped stdout");
     let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        let _ = sender.send(lines.next());
-        for _ in lines {}
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
     });
-    match receiver.recv_timeout(STARTUP_TIMEOUT) {
-        Ok(Some(Ok(line))) => (child, line),
-        other => {
+    receiver
+}
+
+/// The next line of `lines` starting with `prefix` (a ready line), within
+/// [`STARTUP_TIMEOUT`]; `None` if the process ended first or took longer.
+fn next_line(lines: &mpsc::Receiver<String>, prefix: &str) -> Option<String> {
+    let deadline = std::time::Instant::now() + STARTUP_TIMEOUT;
+    loop {
+        let left = deadline.checked_duration_since(std::time::Instant::now())?;
+        match lines.recv_timeout(left) {
+            Ok(line) if line.starts_with(prefix) => return Some(line),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Waits for a process's first stdout line (its ready line), then keeps
+/// draining stdout.
+fn wait_ready(mut child: Child, what: &str) -> (Child, String) {
+    let lines = stdout_lines(&mut child);
+    match next_line(&lines, "") {
+        Some(line) => (child, line),
+        None => {
             let _ = child.kill();
-            panic!("{what} did not become ready: {other:?}");
+            panic!("{what} did not become ready");
         }
     }
 }
@@ -121,6 +142,8 @@ impl SimWorker {
         }
     }
 
+    /// The URI a test's own tonic client dials (tonic wants `http://`);
+    /// the gateway takes [`SimWorker::grpc_url`].
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
     }
@@ -211,6 +234,9 @@ pub async fn poll_until<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>
 #[derive(Debug)]
 pub struct Gateway {
     child: Child,
+    /// Its stdout lines not read yet (in a mutex: a `Gateway` is shared
+    /// across tasks).
+    lines: std::sync::Mutex<mpsc::Receiver<String>>,
     pub http: SocketAddr,
     pub metrics: SocketAddr,
     /// Where the admin routes are served: the admin listener, or `http`
@@ -265,9 +291,37 @@ impl Gateway {
         Self::spawn(command)
     }
 
-    fn spawn(mut command: Command) -> Gateway {
-        let child = command.stdout(Stdio::piped()).spawn().expect("spawn smg");
-        let (child, line) = wait_ready(child, "smg");
+    /// Starts `smg launch` as [`Gateway::start_with_model`] does, but
+    /// returns once its listeners are open (`smg listening ...`), before
+    /// its workers have necessarily answered.
+    /// Its log goes to `log` when given (else to the test's stderr).
+    pub fn start_listening(
+        model: Option<&std::path::Path>,
+        args: &[&str],
+        log: Option<&std::path::Path>,
+    ) -> Gateway {
+        let mut command = launch_command(model);
+        command.args(["--log-level", "warn"]).args(args);
+        match log {
+            Some(log) => command.stderr(std::fs::File::create(log).expect("log file")),
+            None => command.stderr(Stdio::inherit()),
+        };
+        Self::spawn_until(command, "smg listening ")
+    }
+
+    fn spawn(command: Command) -> Gateway {
+        Self::spawn_until(command, "smg ready ")
+    }
+
+    /// Spawns the gateway and waits for its stdout line starting with
+    /// `prefix`, which gives its addresses.
+    fn spawn_until(mut command: Command, prefix: &str) -> Gateway {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("spawn smg");
+        let lines = stdout_lines(&mut child);
+        let Some(line) = next_line(&lines, prefix) else {
+            let _ = child.kill();
+            panic!("smg did not print {prefix:?}");
+        };
         let field =
             |key: &str| -> SocketAddr { ready_field(&line, key).parse().expect("an address") };
         Gateway {
@@ -275,7 +329,18 @@ impl Gateway {
             metrics: field("metrics="),
             admin: field("admin="),
             child,
+            lines: std::sync::Mutex::new(lines),
         }
+    }
+
+    /// Waits for the `smg ready ...` line (the fleet serves); `None` if the
+    /// gateway exited first.
+    pub fn ready_line(&self) -> Option<String> {
+        let lines = self
+            .lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        next_line(&lines, "smg ready ")
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -310,10 +375,16 @@ impl Gateway {
     /// Runs `smg launch` with `args` and returns its exit status and stderr,
     /// for start-up failures.
     pub fn fail_to_start(args: &[&str]) -> (std::process::ExitStatus, String) {
-        let output = launch_command(Some(&model_dir()))
-            .args(args)
-            .output()
-            .expect("run smg");
+        Self::fail_to_start_with_model(Some(&model_dir()), args)
+    }
+
+    /// As [`Gateway::fail_to_start`], with `--model-path <model>` only when
+    /// given.
+    pub fn fail_to_start_with_model(
+        model: Option<&std::path::Path>,
+        args: &[&str],
+    ) -> (std::process::ExitStatus, String) {
+        let output = launch_command(model).args(args).output().expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),

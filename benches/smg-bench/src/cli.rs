@@ -143,6 +143,12 @@ pub struct Args {
     #[arg(long)]
     pub sweep: Option<Sweep>,
 
+    /// Before anything else, ask `GET /readiness` of the base URL until it
+    /// answers 200, for up to this many seconds (then fail with
+    /// `server_not_ready`): for a run started right after the gateway.
+    #[arg(long, value_name = "SECS")]
+    pub wait_ready: Option<f64>,
+
     /// Prometheus endpoint scraped before and after each run; deltas are printed.
     #[arg(long)]
     pub metrics_url: Option<String>,

@@ -24,6 +24,9 @@ pub enum SetupError {
     /// The requested workload cannot be expressed on this endpoint.
     #[error("{0}")]
     UnsupportedWorkload(String),
+    /// `--wait-ready`: the server did not answer `/readiness` 200 in time.
+    #[error("{0}")]
+    ServerNotReady(String),
     /// The model could not be discovered from `GET /v1/models`.
     #[error("{0}")]
     ModelDiscoveryFailed(String),
@@ -41,6 +44,7 @@ impl SetupError {
             SetupError::InvalidDataset(_) => "invalid_dataset",
             SetupError::InvalidTokenizer(_) => "invalid_tokenizer",
             SetupError::UnsupportedWorkload(_) => "unsupported_workload",
+            SetupError::ServerNotReady(_) => "server_not_ready",
             SetupError::ModelDiscoveryFailed(_) => "model_discovery_failed",
             SetupError::Io(_) => "io_error",
         }

@@ -53,6 +53,9 @@ pub struct FixtureConfig {
     pub stall: Duration,
     /// Close a keep-alive connection that stays idle this long.
     pub idle_close: Option<Duration>,
+    /// `/readiness` answers 503 this many times before it answers 200 (a
+    /// gateway still reaching its workers).
+    pub unready_probes: u64,
 }
 
 /// A running fixture; stops when dropped.
@@ -89,6 +92,7 @@ impl FixtureServer {
         let shared = Arc::new(Shared {
             config,
             requests: requests.clone(),
+            probes: AtomicU64::new(0),
         });
         let task = tokio::spawn(async move {
             loop {
@@ -149,6 +153,8 @@ impl Drop for FixtureServer {
 struct Shared {
     config: FixtureConfig,
     requests: Arc<AtomicU64>,
+    /// `/readiness` requests so far.
+    probes: AtomicU64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -204,6 +210,15 @@ async fn handle(
                 r#"{{"object":"list","data":[{{"id":"{FIXTURE_MODEL}","object":"model"}}]}}"#
             );
             return Ok(respond(StatusCode::OK, "application/json", body.into()));
+        }
+        "/readiness" => {
+            let probe = shared.probes.fetch_add(1, Ordering::Relaxed);
+            let (status, body) = if probe < shared.config.unready_probes {
+                (StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"starting"}"#)
+            } else {
+                (StatusCode::OK, r#"{"status":"ready"}"#)
+            };
+            return Ok(respond(status, "application/json", body.into()));
         }
         "/metrics" => {
             let body = format!(

@@ -107,6 +107,11 @@ pub fn validate(args: &Args) -> SetupResult<()> {
     {
         return Err(invalid("--duration must be a positive number of seconds"));
     }
+    if let Some(secs) = args.wait_ready
+        && !(secs > 0.0 && secs.is_finite())
+    {
+        return Err(invalid("--wait-ready must be a positive number of seconds"));
+    }
     if args.max_concurrency == Some(0) {
         return Err(invalid("--max-concurrency must be at least 1"));
     }
@@ -129,6 +134,34 @@ pub fn validate(args: &Args) -> SetupResult<()> {
         }
     }
     Ok(())
+}
+
+/// How often `--wait-ready` asks.
+const READY_POLL: Duration = Duration::from_millis(100);
+
+/// `--wait-ready SECS`: asks `GET /readiness` until it answers 200 (a
+/// gateway started just before, or still reaching its workers), failing
+/// with the last answer after `within`.
+pub async fn wait_ready(base: &BaseUrl, base_url: &str, within: Duration) -> SetupResult<()> {
+    let deadline = Instant::now() + within;
+    let path = base.join("/readiness");
+    loop {
+        let last = match get(base, &path, READY_POLL.max(Duration::from_secs(2))).await {
+            Ok((200, _)) => return Ok(()),
+            Ok((status, body)) => format!(
+                "status {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(300)])
+            ),
+            Err(why) => why,
+        };
+        if Instant::now() + READY_POLL > deadline {
+            return Err(SetupError::ServerNotReady(format!(
+                "{base_url}/readiness did not answer 200 within --wait-ready {} s (last: {last})",
+                within.as_secs_f64()
+            )));
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
 }
 
 /// Asks `GET /v1/models` for the served model's name.
@@ -156,6 +189,9 @@ async fn discover_model(base: &BaseUrl) -> SetupResult<String> {
 pub async fn prepare(args: Args) -> SetupResult<Setup> {
     validate(&args)?;
     let base = BaseUrl::resolve_with(&args.base_url, args.ca_cert.as_deref()).await?;
+    if let Some(secs) = args.wait_ready {
+        wait_ready(&base, &args.base_url, Duration::from_secs_f64(secs)).await?;
+    }
     let model = match (&args.model, args.endpoint) {
         (Some(model), _) => model.clone(),
         (None, Endpoint::Generate) => String::new(),

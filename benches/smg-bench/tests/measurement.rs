@@ -384,3 +384,39 @@ async fn connections_the_server_closed_while_idle_are_replaced() {
     let s = &report.points[0].summary;
     assert_eq!((s.completed, s.failed), (4, 0), "{:?}", s.errors);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_ready_holds_the_run_until_readiness_answers_200() {
+    // /readiness answers 503 three times, then 200: the run starts after.
+    let server = FixtureServer::start(FixtureConfig {
+        tokens: 2,
+        unready_probes: 3,
+        ..FixtureConfig::default()
+    })
+    .await
+    .unwrap();
+    let report = run_against(&server, &["--num-prompts", "2", "--wait-ready", "30"]).await;
+    assert_eq!(report.points[0].summary.completed, 2);
+
+    // Nothing listening: a clear setup error once the wait is over.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let err = run::run(Args::parse_from([
+        "smg-bench",
+        "--base-url",
+        &url,
+        "--model",
+        "m",
+        "--wait-ready",
+        "0.3",
+        "--no-progress",
+    ]))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), "server_not_ready");
+    assert!(
+        err.to_string().contains("/readiness") && err.to_string().contains("--wait-ready"),
+        "{err}"
+    );
+}

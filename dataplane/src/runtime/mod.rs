@@ -93,6 +93,16 @@ pub enum ActiveBackend {
     Plain,
 }
 
+impl ActiveBackend {
+    /// Its name in logs and flags (`uring`, `plain`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ActiveBackend::Uring => "uring",
+            ActiveBackend::Plain => "plain",
+        }
+    }
+}
+
 /// How to build the data plane.
 #[derive(Debug, Clone)]
 pub struct DataPlaneConfig {
@@ -232,7 +242,7 @@ impl DataPlane {
         tracing::info!(
             threads = cores.len(),
             pinned = ?config.pin.iter().take(cores.len()).map(|c| c.id).collect::<Vec<_>>(),
-            ?backend,
+            backend = backend.name(),
             ring_capacity = cores[0].jobs.capacity(),
             "data plane started"
         );
