@@ -54,6 +54,11 @@ pub struct Usage {
 /// What the client is told, dialect-neutral.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputEvent {
+    /// The engine's first report, before any text: its prompt and cached
+    /// token counts (`completion_tokens` is 0). Dialects that state the
+    /// prompt's size up front (Anthropic's `message_start`, every chunk of
+    /// `/generate`) wait for it rather than guess.
+    Started(Usage),
     /// New text of sequence `index`.
     Delta {
         index: u32,
@@ -91,6 +96,10 @@ struct Sequence {
     stops: StopMatcher,
     tokens_seen: u32,
     finished: bool,
+    /// Whether its completion count is in the request's usage (its engine
+    /// completion arrived); a sequence a stop string ended is counted by
+    /// the tokens it produced when the stream is dropped.
+    counted: bool,
 }
 
 struct Processor {
@@ -98,11 +107,27 @@ struct Processor {
     sequences: Vec<Sequence>,
     pending: std::collections::VecDeque<OutputEvent>,
     usage: Usage,
+    /// Whether [`OutputEvent::Started`] went out.
+    started: bool,
     deadline: tokio::time::Instant,
     done: bool,
 }
 
 impl Processor {
+    /// Records the engine's prompt and cached counts; the first report
+    /// also goes out as [`OutputEvent::Started`], ahead of any text.
+    fn note_prompt(&mut self, prompt_tokens: u32, cached_tokens: u32) {
+        self.usage.prompt_tokens = prompt_tokens;
+        self.usage.cached_tokens = cached_tokens;
+        if !std::mem::replace(&mut self.started, true) {
+            self.pending.push_back(OutputEvent::Started(Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+                cached_tokens,
+            }));
+        }
+    }
+
     fn sequence(&mut self, index: u32) -> Result<&mut Sequence> {
         let count = self.sequences.len();
         self.sequences.get_mut(index as usize).ok_or_else(|| {
@@ -163,8 +188,7 @@ impl Processor {
                 logprobs,
                 ..
             } => {
-                self.usage.prompt_tokens = prompt_tokens;
-                self.usage.cached_tokens = cached_tokens;
+                self.note_prompt(prompt_tokens, cached_tokens);
                 self.push_tokens(index, &token_ids, logprobs)
             }
             GenerateEvent::Complete {
@@ -177,8 +201,7 @@ impl Processor {
                 cached_tokens,
                 logprobs,
             } => {
-                self.usage.prompt_tokens = prompt_tokens;
-                self.usage.cached_tokens = cached_tokens;
+                self.note_prompt(prompt_tokens, cached_tokens);
                 let seen = self.sequence(index)?.tokens_seen as usize;
                 // Unary responses carry every token here; streams only the rest.
                 if let Some(unseen) = output_ids.get(seen..)
@@ -188,9 +211,16 @@ impl Processor {
                     self.push_tokens(index, unseen, logprobs)?;
                 }
                 let sequence = self.sequence(index)?;
+                if std::mem::replace(&mut sequence.counted, true) {
+                    // A second completion of one sequence: already counted.
+                    return Ok(());
+                }
                 let already_finished = sequence.finished;
                 sequence.finished = true;
                 if already_finished {
+                    // A stop string ended it: it counts the tokens up to
+                    // the stop, whatever the engine generated after them
+                    // (as when the stream is dropped, below).
                     self.usage.completion_tokens += sequence.tokens_seen;
                     return Ok(());
                 }
@@ -232,9 +262,12 @@ impl Processor {
                 // Dropping the engine stream aborts legs still generating.
                 if let Some(events) = self.events.take() {
                     drop(events);
-                    for sequence in &self.sequences {
-                        self.usage.completion_tokens =
-                            self.usage.completion_tokens.max(sequence.tokens_seen);
+                    // Sequences a stop string ended before their engine
+                    // completion arrived count what they produced.
+                    for sequence in &mut self.sequences {
+                        if !std::mem::replace(&mut sequence.counted, true) {
+                            self.usage.completion_tokens += sequence.tokens_seen;
+                        }
                     }
                 }
                 self.done = true;
@@ -271,6 +304,7 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
             stops: StopMatcher::new(options.stop_strings.iter().cloned(), options.no_stop_trim),
             tokens_seen: 0,
             finished: false,
+            counted: false,
         })
         .collect();
     let processor = Processor {
@@ -278,6 +312,7 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
         sequences,
         pending: std::collections::VecDeque::new(),
         usage: Usage::default(),
+        started: false,
         deadline: options.deadline,
         done: false,
     };
@@ -358,7 +393,7 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
                     choice.matched_stop = matched_stop;
                 }
             }
-            OutputEvent::Usage(usage) => collected.usage = usage,
+            OutputEvent::Started(usage) | OutputEvent::Usage(usage) => collected.usage = usage,
         }
     }
     Ok(collected)

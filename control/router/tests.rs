@@ -620,13 +620,16 @@ mod in_process {
             .generate(Endpoint::Completions, spec(true), None)
             .await
             .expect("starts");
-        let first = generation
-            .output
-            .next()
-            .await
-            .expect("an event")
-            .expect("text");
-        assert!(matches!(first, OutputEvent::Delta { .. }));
+        let mut next = async || {
+            generation
+                .output
+                .next()
+                .await
+                .expect("an event")
+                .expect("text")
+        };
+        assert!(matches!(next().await, OutputEvent::Started(_)));
+        assert!(matches!(next().await, OutputEvent::Delta { .. }));
         let worker = Arc::clone(&router.workers().members(WorkerRole::Regular).0[0]);
         assert_eq!(worker.in_flight(), 1, "held while the response streams");
         drop(generation);

@@ -108,6 +108,11 @@ pub struct EngineConfig {
     /// per call: `<request id> running|unknown` (tests check that the
     /// gateway aborted a leg, as opposed to merely closing its stream).
     pub abort_log: Option<std::path::PathBuf>,
+    /// Each completion is appended here before it is sent, one line per
+    /// sequence: `<request id> <role> index=I prompt=P completion=C
+    /// cached=K`, the counts it reports (tests check the gateway's usage
+    /// against what the engines said).
+    pub usage_log: Option<std::path::PathBuf>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -527,6 +532,7 @@ impl Engine {
             sampling.min_new_tokens = 0;
         }
         let context = SequenceContext {
+            request_id: &job.request_id,
             prompt_digest,
             prompt_tokens,
             cached_tokens,
@@ -679,6 +685,20 @@ impl Engine {
                 break complete(&output_ids, "stop", Some(token));
             }
         };
+        if let Some(path) = &self.config.usage_log {
+            log_line(
+                path,
+                &format!(
+                    "{} {} index={} prompt={} completion={} cached={}",
+                    context.request_id,
+                    self.config.role.name(),
+                    finish.index,
+                    finish.prompt_tokens,
+                    finish.completion_tokens,
+                    finish.cached_tokens
+                ),
+            );
+        }
         if context
             .sender
             .send(Ok(Event::Complete(finish)))
@@ -789,6 +809,7 @@ impl Engine {
 }
 
 struct SequenceContext<'a> {
+    request_id: &'a str,
     prompt_digest: [u8; 32],
     prompt_tokens: u32,
     cached_tokens: u32,

@@ -212,6 +212,10 @@ struct Args {
     /// (`ID running|unknown`) to this file, before answering it.
     #[arg(long, value_name = "FILE")]
     abort_log: Option<PathBuf>,
+    /// Append each completion's token counts (`ID ROLE index=I prompt=P
+    /// completion=C cached=K`) to this file, before sending it.
+    #[arg(long, value_name = "FILE")]
+    usage_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -280,6 +284,7 @@ impl Args {
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
             abort_log: self.abort_log.clone(),
+            usage_log: self.usage_log.clone(),
         }
     }
 }

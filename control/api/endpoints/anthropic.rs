@@ -78,12 +78,12 @@ impl Dialect for MessagesDialect {
         (status, axum::Json(anthropic::StreamEvent::error(err))).into_response()
     }
 
-    fn start(&mut self, info: &GenerationInfo) -> Vec<Bytes> {
+    fn start(&mut self, info: &GenerationInfo, usage: &Usage) -> Vec<Bytes> {
         let message = message(
             info,
             self.stop.as_ref(),
             Vec::new(),
-            anthropic::Usage::from_counts(0, 0, 0),
+            anthropic::Usage::from_counts(usage.prompt_tokens, 0, usage.cached_tokens),
         );
         self.block_open = true;
         vec![
@@ -138,9 +138,11 @@ impl Dialect for MessagesDialect {
                 stop_reason,
                 stop_sequence,
             },
-            usage: anthropic::DeltaUsage {
-                output_tokens: usage.completion_tokens,
-            },
+            usage: anthropic::DeltaUsage::from(anthropic::Usage::from_counts(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.cached_tokens,
+            )),
         }));
         frames
     }
@@ -209,7 +211,7 @@ mod tests {
 
     const MESSAGE_START: (&str, &str) = (
         "message_start",
-        r#"{"type":"message_start","message":{"id":"req-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}}}"#,
+        r#"{"type":"message_start","message":{"id":"req-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":0,"cache_read_input_tokens":2}}}"#,
     );
     const BLOCK_START: (&str, &str) = (
         "content_block_start",
@@ -221,7 +223,7 @@ mod tests {
     fn a_stream_is_one_text_block_between_start_and_stop() {
         let info = info();
         let mut dialect = dialect();
-        let mut out = dialect.start(&info);
+        let mut out = dialect.start(&info, &usage());
         out.extend(dialect.delta(&info, 0, "Hello".into(), &[39, 415], None));
         out.extend(dialect.delta(&info, 0, " world".into(), &[78, 1009], None));
         let matched = Some(MatchedStop::Text("!".into()));
@@ -245,7 +247,7 @@ mod tests {
             ),
             (
                 "message_delta",
-                r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"!"},"usage":{"output_tokens":3}}"#,
+                r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"!"},"usage":{"input_tokens":3,"output_tokens":3,"cache_read_input_tokens":2}}"#,
             ),
             MESSAGE_STOP,
         ];
@@ -256,7 +258,7 @@ mod tests {
     fn a_stream_that_fails_ends_with_an_error_event_then_message_stop() {
         let info = info();
         let mut dialect = dialect();
-        let mut out = dialect.start(&info);
+        let mut out = dialect.start(&info, &usage());
         out.extend(dialect.error(&Error::internal("boom")));
         out.extend(dialect.end());
         let expected = [

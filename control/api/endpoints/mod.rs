@@ -87,8 +87,9 @@ trait Dialect: Sized + Send + 'static {
         error_response(err)
     }
 
-    /// Frames before any output (Anthropic's `message_start`).
-    fn start(&mut self, _info: &GenerationInfo) -> Vec<Bytes> {
+    /// Frames before any output (Anthropic's `message_start`), once the
+    /// engine has reported the prompt's `usage` (prompt and cached tokens).
+    fn start(&mut self, _info: &GenerationInfo, _usage: &Usage) -> Vec<Bytes> {
         Vec::new()
     }
     /// New text of sequence `index`, the tokens it came from and their
@@ -226,11 +227,9 @@ fn stream_response<D: Dialect>(
                 true
             }
         };
-        if !send_all(dialect.start(&info)).await {
-            return;
-        }
         while let Some(event) = output.next().await {
             let frames = match event {
+                Ok(OutputEvent::Started(usage)) => dialect.start(&info, &usage),
                 Ok(OutputEvent::Delta {
                     index,
                     text,

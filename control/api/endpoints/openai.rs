@@ -354,7 +354,7 @@ mod tests {
     fn stream(dialect: &mut impl Dialect, info: &GenerationInfo) -> Vec<String> {
         let hello = report(&[39, 415]);
         let world = report(&[78, 1009]);
-        let mut frames = dialect.start(info);
+        let mut frames = dialect.start(info, &usage());
         frames.extend(dialect.delta(info, 0, "Hello".into(), &[39, 415], Some(&hello)));
         frames.extend(dialect.delta(info, 1, "Hi".into(), &[78], None));
         frames.extend(dialect.delta(info, 0, " world".into(), &[78, 1009], Some(&world)));

@@ -475,10 +475,26 @@ pub struct MessageDelta {
     pub stop_sequence: Option<String>,
 }
 
-/// `message_delta`'s usage: the output tokens so far.
+/// `message_delta`'s usage: cumulative, as Anthropic's current API sends
+/// it (the output tokens, and the input counts again, so the last event
+/// alone states the whole request's usage).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeltaUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u32>,
     pub output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u32>,
+}
+
+impl From<Usage> for DeltaUsage {
+    fn from(usage: Usage) -> Self {
+        Self {
+            input_tokens: Some(usage.input_tokens),
+            output_tokens: usage.output_tokens,
+            cache_read_input_tokens: Some(usage.cache_read_input_tokens),
+        }
+    }
 }
 
 /// An error as Anthropic reports it.
@@ -883,9 +899,9 @@ mod tests {
                         stop_reason: Some(StopReason::EndTurn),
                         stop_sequence: None,
                     },
-                    usage: DeltaUsage { output_tokens: 2 },
+                    usage: Usage::from_counts(30, 2, 16).into(),
                 },
-                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":14,\"output_tokens\":2,\"cache_read_input_tokens\":16}}\n\n",
             ),
             (
                 StreamEvent::MessageStop,
