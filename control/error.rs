@@ -74,6 +74,9 @@ error_codes! {
     InvalidParameter => ("invalid_parameter", 400, Client, false, free),
     /// No such route.
     NotFound => ("not_found", 404, Client, false, free),
+    /// The route exists but not with this method (`Allow` lists those it
+    /// takes).
+    MethodNotAllowed => ("method_not_allowed", 405, Client, false, free),
     /// The route needs an API key and the request has none, or not one
     /// the gateway knows.
     InvalidApiKey => ("invalid_api_key", 401, Client, false, free),

@@ -9,9 +9,10 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
+use super::super::dialect::ErrorDialect;
 use super::super::http::{SharedState, named_frame};
 use super::super::types::spec::GenerationSpec;
 use super::super::types::validate::Limits;
@@ -72,11 +73,7 @@ impl Dialect for MessagesDialect {
         }
     }
 
-    fn error_response(err: &Error) -> Response {
-        let status = StatusCode::from_u16(err.code.http_status())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(anthropic::StreamEvent::error(err))).into_response()
-    }
+    const ERRORS: ErrorDialect = ErrorDialect::Anthropic;
 
     fn start(&mut self, info: &GenerationInfo, usage: &Usage) -> Vec<Bytes> {
         let message = message(
@@ -157,7 +154,7 @@ impl Dialect for MessagesDialect {
 
     fn json(&self, info: &GenerationInfo, output: CollectedOutput) -> Response {
         let Some(choice) = output.choices.into_iter().next() else {
-            return Error::internal("the generation produced no output").into_response();
+            return Self::error_response(&Error::internal("the generation produced no output"));
         };
         let stop = choice
             .finish_reason
@@ -288,14 +285,14 @@ mod tests {
             r#"{"type":"error","error":{"type":"overloaded_error","message":"none"}}"#
         );
         // A generation without output is the gateway's fault, reported in
-        // the OpenAI shape (as before the split).
+        // Anthropic's shape like every error of this route.
         let mut empty = collected();
         empty.choices.clear();
         let response = dialect().json(&info, empty);
         assert_eq!(response.status(), 500);
         assert_eq!(
             body(response).await,
-            r#"{"error":{"message":"the generation produced no output","type":"server_error","param":null,"code":"internal_error"}}"#
+            r#"{"type":"error","error":{"type":"api_error","message":"the generation produced no output"}}"#
         );
     }
 }

@@ -34,7 +34,8 @@ use axum::response::Response;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::http::{DONE_FRAME, SharedState, data_frame, error_response, sse_response};
+use super::dialect::{ErrorDialect, render};
+use super::http::{DONE_FRAME, SharedState, data_frame, sse_response};
 use super::types::parse::parse_json;
 use super::types::spec::GenerationSpec;
 use super::types::validate::Limits;
@@ -81,10 +82,13 @@ trait Dialect: Sized + Send + 'static {
     /// The dialect's state for answering `spec`, made before the spec goes
     /// to the router.
     fn for_spec(spec: &GenerationSpec) -> Self;
+    /// The shape of this dialect's errors.
+    const ERRORS: ErrorDialect = ErrorDialect::OpenAi;
+
     /// A failure answered as a whole response (before any stream, or by a
     /// request that is not streamed).
     fn error_response(err: &Error) -> Response {
-        error_response(err)
+        render(err, Self::ERRORS)
     }
 
     /// Frames before any output (Anthropic's `message_start`), once the
@@ -111,7 +115,7 @@ trait Dialect: Sized + Send + 'static {
     ) -> Vec<Bytes>;
     fn usage(&mut self, info: &GenerationInfo, usage: &Usage) -> Vec<Bytes>;
     fn error(&mut self, err: &Error) -> Vec<Bytes> {
-        vec![data_frame(&err.to_openai_json())]
+        vec![data_frame(&Self::ERRORS.body(err))]
     }
     fn end(&mut self) -> Vec<Bytes> {
         vec![Bytes::from_static(DONE_FRAME)]

@@ -500,8 +500,9 @@ impl From<Usage> for DeltaUsage {
 /// An error as Anthropic reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorDetail {
-    /// `invalid_request_error`, `not_found_error`, `rate_limit_error`,
-    /// `overloaded_error` or `api_error`.
+    /// `invalid_request_error`, `authentication_error`,
+    /// `permission_error`, `not_found_error`, `request_too_large`,
+    /// `rate_limit_error`, `overloaded_error` or `api_error`.
     #[serde(rename = "type")]
     pub kind: String,
     pub message: String,
@@ -516,13 +517,18 @@ impl ErrorDetail {
     }
 }
 
-/// Anthropic's error type for one of smg's codes, by HTTP status.
+/// Anthropic's error type for one of smg's codes, by HTTP status (the
+/// types Anthropic documents for each status; other client errors are
+/// invalid requests, other server errors API errors).
 fn anthropic_error_type(code: ErrorCode) -> &'static str {
     match code.http_status() {
-        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
         404 => "not_found_error",
+        413 => "request_too_large",
         429 => "rate_limit_error",
-        503 => "overloaded_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
         _ => "api_error",
     }
 }
@@ -930,6 +936,12 @@ mod tests {
             (ErrorCode::NoHealthyWorker, "overloaded_error"),
             (ErrorCode::InternalError, "api_error"),
             (ErrorCode::WorkerTimeout, "api_error"),
+            (ErrorCode::InvalidApiKey, "authentication_error"),
+            (ErrorCode::PermissionDenied, "permission_error"),
+            (ErrorCode::PayloadTooLarge, "request_too_large"),
+            (ErrorCode::QueueTimeout, "invalid_request_error"),
+            (ErrorCode::MethodNotAllowed, "invalid_request_error"),
+            (ErrorCode::QueueFull, "rate_limit_error"),
         ];
         for (code, expected) in cases {
             let detail = ErrorDetail::from_error(&Error::new(code, "x"));
