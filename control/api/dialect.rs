@@ -13,9 +13,10 @@
 //! every other: an error response carries the [`Error`] it was made from
 //! (a response extension, [`Rendered`]), and the layer renders it again
 //! for the route's dialect when it was rendered in another. A failure that
-//! carries no `Error` (the framework's plain-text rejections, its empty
-//! 405) gets one from its status, so every error leaving the gateway is
-//! JSON in the route's dialect.
+//! carries no `Error` and no JSON (the framework's plain-text rejections,
+//! its empty 405) gets one from its status, so every error leaving the
+//! gateway is JSON, in the route's dialect. (JSON answers made on purpose,
+//! such as readiness's 503, pass untouched.)
 
 use axum::body::{Body, to_bytes};
 use axum::extract::Request;
@@ -102,10 +103,12 @@ pub async fn speak(request: Request, next: Next) -> Response {
         let error = rendered.error.clone();
         return again(response, &error, dialect);
     }
-    if !(response.status().is_client_error() || response.status().is_server_error()) {
+    let failed = response.status().is_client_error() || response.status().is_server_error();
+    if !failed || is_json(&response) {
+        // A success, or an answer made on purpose (readiness's 503).
         return response;
     }
-    // A failure without an Error: the framework's own answer.
+    // A failure without an Error or JSON: the framework's own answer.
     let (parts, body) = response.into_parts();
     let text = to_bytes(body, REJECTION_TEXT_BYTES)
         .await
@@ -113,19 +116,11 @@ pub async fn speak(request: Request, next: Next) -> Response {
         .unwrap_or_default();
     let error = match parts.status {
         StatusCode::NOT_FOUND => Error::new(ErrorCode::NotFound, format!("no route {path}")),
-        StatusCode::METHOD_NOT_ALLOWED => {
-            let allowed = parts
-                .headers
-                .get(header::ALLOW)
-                .and_then(|allow| allow.to_str().ok())
-                .filter(|allow| !allow.is_empty())
-                .map(|allow| format!("; it takes {allow}"))
-                .unwrap_or_default();
-            Error::new(
-                ErrorCode::MethodNotAllowed,
-                format!("{path} does not take {method}{allowed}"),
-            )
-        }
+        // The router adds `Allow` on the way out.
+        StatusCode::METHOD_NOT_ALLOWED => Error::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{path} does not take {method} (`Allow` lists the methods it takes)"),
+        ),
         StatusCode::PAYLOAD_TOO_LARGE => Error::new(ErrorCode::PayloadTooLarge, text),
         status if status.is_client_error() => Error::invalid_request(if text.is_empty() {
             status.to_string()
@@ -139,6 +134,14 @@ pub async fn speak(request: Request, next: Next) -> Response {
         }),
     };
     again(Response::from_parts(parts, Body::empty()), &error, dialect)
+}
+
+fn is_json(response: &Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"))
 }
 
 /// `response` with its body (and status) rendered from `err` in `dialect`;

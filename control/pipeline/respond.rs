@@ -278,7 +278,7 @@ impl Processor {
             let result = match next {
                 Err(_) => Err(Error::new(
                     ErrorCode::RequestTimeout,
-                    "the request exceeded its time limit",
+                    "the request exceeded --request-timeout-secs",
                 )),
                 Ok(None) => Err(Error::new(
                     ErrorCode::StreamInterrupted,

@@ -75,7 +75,7 @@ async fn a_failure_charges_only_the_worker_it_blames() {
     let other = worker_at("grpc://h:7");
     let gateway_fault = Error::new(
         ErrorCode::RequestTimeout,
-        "the request exceeded its time limit",
+        "the request exceeded --request-timeout-secs",
     );
     let unnamed = Error::new(ErrorCode::StreamInterrupted, "grpc://h:7 ended early");
     let rejected = Error::from_worker_status(&tonic::Status::invalid_argument("bad"), "grpc://h:7");
