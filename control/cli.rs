@@ -666,6 +666,11 @@ pub struct LaunchArgs {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// ANSI colours in log lines: auto (only when stderr is a terminal and
+    /// NO_COLOR is unset), always or never.
+    #[arg(long, value_name = "WHEN", default_value = "auto",
+          value_parser = clap::builder::ValueParser::new(crate::logging::LogColor::from_str))]
+    pub log_color: crate::logging::LogColor,
 }
 
 /// A worker URL and its optional bootstrap port.
@@ -1358,6 +1363,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             log: LogConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
+                color: args.log_color,
             },
         })
     }

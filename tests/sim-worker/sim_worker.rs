@@ -295,6 +295,7 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_level)?)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if args.protocol == Protocol::Sglang && args.role == Role::Encode {
         bail!("SGLang has no encoder protocol: run encode workers with --protocol tokenspeed");
