@@ -9,17 +9,31 @@ use smg_dataplane::runtime::CorePlan;
 #[global_allocator]
 static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Runs the command; a failure is one line on stderr (`smg: ...`, its
-/// causes joined by `: `) and exit code 1: a start-up mistake (a port in
-/// use, an unreadable file) is the user's to fix, not a backtrace to read.
+/// Runs the command; a failure is one line on stderr (`smg: ...`) and
+/// exit code 1: a start-up mistake (a port in use, an unreadable file) is
+/// the user's to fix, not a backtrace or a debug dump to read.
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("smg: {err:#}");
+            eprintln!("smg: {}", one_line(&err));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes joined by `: `, leaving out a cause the text
+/// already says, on one line.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
 }
 
 fn run() -> anyhow::Result<()> {
