@@ -398,3 +398,69 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
     }
     Ok(collected)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn chunk(index: u32, token_ids: Vec<u32>) -> GenerateEvent {
+        GenerateEvent::Chunk {
+            index,
+            token_ids,
+            prompt_tokens: 40,
+            completion_tokens: 0,
+            cached_tokens: 32,
+            logprobs: None,
+        }
+    }
+
+    /// Two sequences; a stop string ends the first after two tokens, the
+    /// second completes after one ("Hello world" is [39, 415, 78, 1009]
+    /// in the fixture: "H", "ell", "o", " world").
+    #[tokio::test]
+    async fn the_prompt_counts_come_first_and_every_sequence_counts() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        let events: Vec<Result<GenerateEvent>> = vec![
+            Ok(chunk(0, vec![39])),
+            Ok(chunk(0, vec![415])),
+            Ok(chunk(1, vec![39])),
+            Ok(GenerateEvent::Complete {
+                index: 1,
+                output_ids: vec![39],
+                finish_reason: "stop".into(),
+                matched_stop: None,
+                prompt_tokens: 40,
+                completion_tokens: 1,
+                cached_tokens: 32,
+                logprobs: None,
+            }),
+        ];
+        let options = ResponseOptions {
+            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
+            n: 2,
+            skip_special_tokens: true,
+            stop_strings: vec!["ell".into()],
+            no_stop_trim: false,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+        };
+        let output: Vec<OutputEvent> = process(Box::pin(futures::stream::iter(events)), options)
+            .map(|event| event.unwrap())
+            .collect()
+            .await;
+        let prompt = Usage {
+            prompt_tokens: 40,
+            completion_tokens: 0,
+            cached_tokens: 32,
+        };
+        assert_eq!(output.first(), Some(&OutputEvent::Started(prompt)));
+        assert_eq!(
+            output.last(),
+            Some(&OutputEvent::Usage(Usage {
+                completion_tokens: 2 + 1,
+                ..prompt
+            })),
+            "{output:?}"
+        );
+    }
+}
