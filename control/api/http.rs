@@ -2,11 +2,12 @@
 //! responses and SSE framing. (Connections are served by `listener`.)
 //!
 //! Every router built here passes requests through the same front door,
-//! outermost first: a request id and log span (`request_id`), the head
-//! size limit (`limits`), CORS when configured, then per route the key
-//! gate (`auth`) and the body limit (`limits`) before the handler. The
-//! body limit sits behind the gate so a caller without a key cannot make
-//! the gateway buffer a body.
+//! outermost first: a request id and log span (`request_id`), the error
+//! renderer that answers every failure in the route's dialect
+//! (`dialect`), the head size limit (`limits`), CORS when configured, then
+//! per route the key gate (`auth`), admission (`admit`) and the body limit
+//! (`limits`) before the handler. The body limit sits behind the gate so a
+//! caller without a key cannot make the gateway buffer a body.
 
 use std::convert::Infallible;
 use std::sync::Arc;
