@@ -223,7 +223,8 @@ impl Admission {
                 return Err(Error::new(
                     ErrorCode::QueueFull,
                     format!(
-                        "the gateway is serving {} requests and {} more are waiting; try again shortly",
+                        "the gateway is serving {} requests (--max-concurrent-requests) and {} more \
+                         are waiting (--queue-size); try again shortly",
                         slots.in_flight,
                         slots.waiting.len()
                     ),
@@ -331,7 +332,7 @@ impl Admission {
         Err(Error::new(
             ErrorCode::RateLimited,
             format!(
-                "over the request rate of {} per second{}",
+                "over the request rate of {} per second{} (--rate-limit-tokens-per-second)",
                 rate.per_second,
                 if tenant.is_some() {
                     " for this tenant"

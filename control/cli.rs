@@ -838,6 +838,11 @@ pub struct LaunchArgs {
     /// from the compatibility table, not a flag).
     #[arg(skip)]
     pub smg_warnings: Vec<String>,
+    /// ANSI colours in log lines: auto (only when stderr is a terminal and
+    /// NO_COLOR is unset), always or never.
+    #[arg(long, value_name = "WHEN", default_value = "auto", help_heading = heading::LOGGING,
+          value_parser = clap::builder::ValueParser::new(crate::logging::LogColor::from_str))]
+    pub log_color: crate::logging::LogColor,
 }
 
 /// A worker URL and its optional bootstrap port.
@@ -1682,6 +1687,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             log: LogConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
+                color: args.log_color,
             },
             warnings: args.smg_warnings,
         })

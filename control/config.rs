@@ -388,4 +388,6 @@ pub struct LogConfig {
     pub level: &'static str,
     /// JSON lines instead of text.
     pub json: bool,
+    /// When lines carry ANSI colour codes.
+    pub color: crate::logging::LogColor,
 }

@@ -74,6 +74,9 @@ error_codes! {
     InvalidParameter => ("invalid_parameter", 400, Client, false, free),
     /// No such route.
     NotFound => ("not_found", 404, Client, false, free),
+    /// The route exists but not with this method (`Allow` lists those it
+    /// takes).
+    MethodNotAllowed => ("method_not_allowed", 405, Client, false, free),
     /// The route needs an API key and the request has none, or not one
     /// the gateway knows.
     InvalidApiKey => ("invalid_api_key", 401, Client, false, free),
@@ -327,7 +330,11 @@ impl Error {
             | JobError::Lane(_)
             | JobError::Panicked(_) => ErrorCode::InternalError,
         };
-        Self::new(code, error.to_string())
+        let flag = match error {
+            JobError::Busy { .. } => " (--dataplane-submit-timeout-ms)",
+            _ => "",
+        };
+        Self::new(code, format!("{error}{flag}"))
     }
 
     /// Maps a worker's gRPC status to a code.
@@ -360,6 +367,18 @@ impl Error {
         )
         .with_worker(worker)
     }
+}
+
+/// A byte count as a message states a limit: in whole GiB, MiB or KiB
+/// when it is one (`512 MiB`, as the flags take sizes), else in bytes.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in UNITS {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{} {unit}", bytes / size);
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 impl fmt::Display for Error {
@@ -407,6 +426,15 @@ mod tests {
     }
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn limits_are_stated_in_the_units_flags_take() {
+        assert_eq!(bytes_text(512 << 20), "512 MiB");
+        assert_eq!(bytes_text(64 << 10), "64 KiB");
+        assert_eq!(bytes_text(2 << 30), "2 GiB");
+        assert_eq!(bytes_text(1000), "1000 bytes");
+        assert_eq!(bytes_text((1 << 20) + 1), "1048577 bytes");
+    }
 
     #[test]
     fn codes_are_unique_snake_case() {

@@ -23,6 +23,7 @@ pub mod discovery;
 pub mod engine;
 pub mod error;
 pub mod lanes;
+pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod mode;

@@ -9,30 +9,46 @@ use smg_dataplane::runtime::CorePlan;
 #[global_allocator]
 static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn init_logging(level: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+/// Runs the command; a failure is one line on stderr (`smg: ...`) and
+/// exit code 1: a start-up mistake (a port in use, an unreadable file) is
+/// the user's to fix, not a backtrace or a debug dump to read.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("smg: {}", one_line(&err));
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 
-fn main() -> anyhow::Result<()> {
+/// The error and its causes joined by `: `, leaving out a cause the text
+/// already says, on one line.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
+}
+
+fn run() -> anyhow::Result<()> {
     match smg::cli::parse() {
         Invocation::Launch(config) => {
-            init_logging(config.log.level, config.log.json);
+            let log = &config.log;
+            smg::logging::init(log.level, log.json, log.color);
             // Enumerate the cores once, before any thread is pinned.
             let cores = CorePlan::enumerate(config.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
             runtime.block_on(smg::server::launch(*config, cores))
         }
         Invocation::Demo(plan) => {
-            init_logging(plan.gateway.log.level, plan.gateway.log.json);
+            let log = &plan.gateway.log;
+            smg::logging::init(log.level, log.json, log.color);
             let cores = CorePlan::enumerate(plan.gateway.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
             runtime.block_on(smg::demo::run(*plan, cores))

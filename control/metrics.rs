@@ -3,6 +3,14 @@
 //!
 //! Recording goes through the `metrics` facade; [`install`] sets up the
 //! Prometheus recorder whose rendering the `/metrics` listener serves.
+//!
+//! Every family the gateway exports is a row of [`FAMILIES`]: its name,
+//! kind and help text. [`install`] describes each (so every series has
+//! `# HELP`), and the tests check the table against what a busy gateway
+//! exports (`promtool check metrics` clean, counters and only counters
+//! ending in `_total`) and against the README's list. Gauges a dashboard
+//! needs before the first request (a worker's health and circuit) are set
+//! when the worker joins ([`record_worker_joined`]).
 
 use std::time::Duration;
 
@@ -36,6 +44,217 @@ pub const WORKER_RESENDS: &str = "smg_worker_resends_total";
 pub const PANIC_ROUTING: &str = "smg_worker_panic_routing_total";
 pub const CIRCUIT_PROBES: &str = "smg_worker_cb_probes_total";
 pub const WORKER_PROTOCOL_VIOLATIONS: &str = "smg_worker_protocol_violations_total";
+pub const TENSOR_LANE_TENSORS: &str = "smg_tensor_lane_tensors_total";
+pub const TENSOR_LANE_BYTES: &str = "smg_tensor_lane_bytes_total";
+pub const TENSOR_LANE_FALLBACKS: &str = "smg_tensor_lane_fallbacks_total";
+pub const SHM_SLOTS_IN_USE: &str = "smg_shm_slots_in_use";
+/// A gauge (the slots the pools hold), so not `_total`.
+pub const SHM_SLOTS: &str = "smg_shm_slots";
+pub const TLS_RELOADS: &str = "smg_tls_reloads_total";
+
+/// What a family is, as Prometheus types it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One metric family: its name, kind and `# HELP` text.
+#[derive(Debug, Clone, Copy)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+const fn family(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family { name, kind, help }
+}
+
+/// Every family the gateway exports.
+pub const FAMILIES: &[Family] = &[
+    family(
+        REQUESTS_TOTAL,
+        Kind::Counter,
+        "Requests answered, by router mode, endpoint and model.",
+    ),
+    family(
+        REQUEST_DURATION,
+        Kind::Histogram,
+        "Time from a request's arrival to its last byte, in seconds.",
+    ),
+    family(
+        REQUEST_ERRORS,
+        Kind::Counter,
+        "Requests that failed, by router mode, endpoint and error code.",
+    ),
+    family(
+        TTFT,
+        Kind::Histogram,
+        "Time to the first token, in seconds.",
+    ),
+    family(
+        TPOT,
+        Kind::Histogram,
+        "Time per output token after the first, in seconds.",
+    ),
+    family(
+        WORKER_SELECTION,
+        Kind::Counter,
+        "Workers chosen by a policy, by worker, role and policy.",
+    ),
+    family(
+        RETRIES,
+        Kind::Counter,
+        "Attempts retried, by router mode and the error code that failed the attempt.",
+    ),
+    family(
+        PD_LEGS_START,
+        Kind::Histogram,
+        "Time to start a PD or EPD request's engine calls, in seconds.",
+    ),
+    family(
+        ENCODE_DURATION,
+        Kind::Histogram,
+        "Duration of Encode calls to encode workers (EPD), in seconds.",
+    ),
+    family(
+        WORKER_HEALTH,
+        Kind::Gauge,
+        "1 for the worker's current health state (pending, ready, not_ready, failed), 0 for the others.",
+    ),
+    family(
+        BREAKER_STATE,
+        Kind::Gauge,
+        "The worker's circuit breaker: 0 closed, 1 open, 2 half-open.",
+    ),
+    family(
+        BREAKER_TRANSITIONS,
+        Kind::Counter,
+        "Circuit breaker transitions, by the state entered.",
+    ),
+    family(
+        LOAD_READINGS,
+        Kind::Counter,
+        "Fresh GetLoads readings received, by worker and role.",
+    ),
+    family(
+        LOAD_AGE,
+        Kind::Gauge,
+        "Age of the worker's latest GetLoads reading after each poll round, in seconds (+Inf before the first).",
+    ),
+    family(
+        ADMISSION_IN_FLIGHT,
+        Kind::Gauge,
+        "Inference requests admitted and not yet answered (--max-concurrent-requests).",
+    ),
+    family(
+        ADMISSION_QUEUE_DEPTH,
+        Kind::Gauge,
+        "Inference requests waiting for an admission slot (--queue-size).",
+    ),
+    family(
+        ADMISSION_WAIT,
+        Kind::Histogram,
+        "Time a request waited for an admission slot, admitted or not, in seconds.",
+    ),
+    family(
+        ADMISSION_REFUSALS,
+        Kind::Counter,
+        "Requests admission refused, by reason (queue_full, queue_timeout, rate_limited) and priority.",
+    ),
+    family(
+        TENANT_REQUESTS,
+        Kind::Counter,
+        "Inference requests answered, by tenant and HTTP status.",
+    ),
+    family(
+        HTTP_REFUSALS,
+        Kind::Counter,
+        "Requests or connections the front door refused, by error code.",
+    ),
+    family(
+        HTTP_CONNECTIONS,
+        Kind::Gauge,
+        "Connections open, by listener.",
+    ),
+    family(
+        HTTP_CONNECTIONS_CLOSED,
+        Kind::Counter,
+        "Connections the gateway closed, by listener and reason.",
+    ),
+    family(
+        WORKER_CONNECTIONS,
+        Kind::Gauge,
+        "HTTP/2 connections open to the worker (its pool's slots).",
+    ),
+    family(
+        WORKER_CONNECTS,
+        Kind::Counter,
+        "Connects to a worker, by outcome (connected, failed, backoff).",
+    ),
+    family(
+        WORKER_RESENDS,
+        Kind::Counter,
+        "Calls a worker never saw (GOAWAY, REFUSED_STREAM), sent again.",
+    ),
+    family(
+        PANIC_ROUTING,
+        Kind::Counter,
+        "Requests routed in panic mode (too few of the role's workers available), by role.",
+    ),
+    family(
+        CIRCUIT_PROBES,
+        Kind::Counter,
+        "Health probes of open circuits, by outcome (healthy, failed).",
+    ),
+    family(
+        WORKER_PROTOCOL_VIOLATIONS,
+        Kind::Counter,
+        "What workers sent that they must not have, repaired or refused, by worker and kind.",
+    ),
+    family(
+        TENSOR_LANE_TENSORS,
+        Kind::Counter,
+        "Image tensors sent to workers, by lane (inline, shm, rdma).",
+    ),
+    family(
+        TENSOR_LANE_BYTES,
+        Kind::Counter,
+        "Image tensor bytes sent to workers, by lane.",
+    ),
+    family(
+        TENSOR_LANE_FALLBACKS,
+        Kind::Counter,
+        "Tensors sent on another lane than asked for, by the lane asked for and reason.",
+    ),
+    family(
+        SHM_SLOTS_IN_USE,
+        Kind::Gauge,
+        "shm lane slots being written or published to a worker.",
+    ),
+    family(
+        SHM_SLOTS,
+        Kind::Gauge,
+        "shm lane slots in the data-plane cores' pools.",
+    ),
+    family(
+        smg_dataplane::lanes::rdma::SLOTS_IN_USE_METRIC,
+        Kind::Gauge,
+        "RDMA arena slots being written or published.",
+    ),
+    family(
+        smg_dataplane::lanes::rdma::SLOTS_METRIC,
+        Kind::Gauge,
+        "RDMA arena slots.",
+    ),
+    family(
+        TLS_RELOADS,
+        Kind::Counter,
+        "Certificate reloads on SIGHUP, by outcome (ok, failed).",
+    ),
+];
 
 /// Latency buckets (seconds) for every histogram.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -43,13 +262,22 @@ const LATENCY_BUCKETS: &[f64] = &[
     60.0, 120.0,
 ];
 
-/// Installs the global Prometheus recorder; call once at start-up.
+/// Installs the global Prometheus recorder and describes every family;
+/// call once at start-up.
 pub fn install() -> Result<PrometheusHandle, String> {
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
         .map_err(|err| err.to_string())?
         .install_recorder()
-        .map_err(|err| err.to_string())
+        .map_err(|err| err.to_string())?;
+    for family in FAMILIES {
+        match family.kind {
+            Kind::Counter => metrics::describe_counter!(family.name, family.help),
+            Kind::Gauge => metrics::describe_gauge!(family.name, family.help),
+            Kind::Histogram => metrics::describe_histogram!(family.name, family.help),
+        }
+    }
+    Ok(handle)
 }
 
 /// One finished request.
@@ -109,14 +337,30 @@ pub fn record_health(worker: &str, role: &'static str, state: &'static str) {
 
 /// A worker's circuit breaker changed state.
 pub fn record_breaker(worker: &str, role: &'static str, state: &'static str) {
+    set_breaker_state(worker, role, state);
+    metrics::counter!(BREAKER_TRANSITIONS, "worker" => worker.to_owned(), "role" => role, "to" => state)
+        .increment(1);
+}
+
+fn set_breaker_state(worker: &str, role: &'static str, state: &'static str) {
     let code = match state {
         "closed" => 0.0,
         "open" => 1.0,
         _ => 2.0,
     };
     metrics::gauge!(BREAKER_STATE, "worker" => worker.to_owned(), "role" => role).set(code);
-    metrics::counter!(BREAKER_TRANSITIONS, "worker" => worker.to_owned(), "role" => role, "to" => state)
-        .increment(1);
+}
+
+/// A worker joined the fleet: its health and circuit gauges show from now
+/// on, before any request or state change.
+pub fn record_worker_joined(
+    worker: &str,
+    role: &'static str,
+    health: &'static str,
+    breaker: &'static str,
+) {
+    record_health(worker, role, health);
+    set_breaker_state(worker, role, breaker);
 }
 
 /// The HTTP/2 connections (pool slots) the gateway keeps to a worker.
@@ -278,6 +522,28 @@ pub fn record_protocol_violation(worker: &str, kind: ProtocolViolation) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prometheus's naming rules for the table: snake_case under `smg_`,
+    /// counters and only counters ending in `_total`, one row per name.
+    #[test]
+    fn families_follow_prometheus_naming() {
+        let mut seen = std::collections::HashSet::new();
+        for family in FAMILIES {
+            let name = family.name;
+            assert!(seen.insert(name), "{name} twice");
+            assert!(name.starts_with("smg_"), "{name}");
+            assert!(
+                name.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{name}"
+            );
+            assert_eq!(
+                name.ends_with("_total"),
+                family.kind == Kind::Counter,
+                "{name}: counters, and only counters, end in _total"
+            );
+            assert!(family.help.ends_with('.'), "{name}: a sentence");
+        }
+    }
 
     #[test]
     fn violation_labels_are_unique_snake_case() {

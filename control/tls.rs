@@ -27,7 +27,7 @@ use crate::config::{TlsFiles, WorkerTlsFiles};
 use crate::engine::WorkerTls;
 
 /// `smg_tls_reloads_total{outcome}`: SIGHUP reloads, `ok` or `failed`.
-pub const TLS_RELOADS: &str = "smg_tls_reloads_total";
+pub use crate::metrics::TLS_RELOADS;
 
 /// Why certificate or key files cannot be used.
 #[derive(Debug, thiserror::Error)]

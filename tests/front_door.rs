@@ -234,7 +234,13 @@ async fn api_keys_admit_their_tenants_and_refuse_everyone_else() {
         .await;
         assert_eq!(answer.status, status, "{header}: {}", answer.body);
         if status == 401 {
-            assert_refused(&answer, 401, "invalid_api_key");
+            // In Anthropic's shape, as every error of this route.
+            assert_eq!(
+                answer.body,
+                json!({"type": "error", "error": {"type": "authentication_error",
+                    "message": "the API key is not valid"}})
+            );
+            assert_eq!(answer.header("www-authenticate"), Some("Bearer"));
         } else {
             assert_eq!(answer.body["type"], "message", "{}", answer.body);
         }

@@ -167,7 +167,7 @@ async fn assert_settles(gateway: &Gateway, shm: &ShmDir, private: &[String]) {
         let in_use = metric(&text, "smg_shm_slots_in_use", &[]);
         let names = shm.names_of(gateway.pid());
         if in_use == 0.0 && names == private {
-            assert_eq!(metric(&text, "smg_shm_slots_total", &[]), 2.0);
+            assert_eq!(metric(&text, "smg_shm_slots", &[]), 2.0);
             return;
         }
         assert!(
@@ -318,7 +318,7 @@ async fn rdma_loopback_carries_the_exact_bytes_and_frees_its_slots() {
     loop {
         let text = metrics_text(&gateway).await;
         if metric(&text, "smg_rdma_slots_in_use", &[]) == 0.0 {
-            assert_eq!(metric(&text, "smg_rdma_slots_total", &[]), 2.0, "{text}");
+            assert_eq!(metric(&text, "smg_rdma_slots", &[]), 2.0, "{text}");
             break;
         }
         assert!(Instant::now() < deadline, "rdma slots stay in use: {text}");

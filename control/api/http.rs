@@ -2,11 +2,12 @@
 //! responses and SSE framing. (Connections are served by `listener`.)
 //!
 //! Every router built here passes requests through the same front door,
-//! outermost first: a request id and log span (`request_id`), the head
-//! size limit (`limits`), CORS when configured, then per route the key
-//! gate (`auth`) and the body limit (`limits`) before the handler. The
-//! body limit sits behind the gate so a caller without a key cannot make
-//! the gateway buffer a body.
+//! outermost first: a request id and log span (`request_id`), the error
+//! renderer that answers every failure in the route's dialect
+//! (`dialect`), the head size limit (`limits`), CORS when configured, then
+//! per route the key gate (`auth`), admission (`admit`) and the body limit
+//! (`limits`) before the handler. The body limit sits behind the gate so a
+//! caller without a key cannot make the gateway buffer a body.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use axum::Router as HttpRouter;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,6 +29,7 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 pub use super::state::AppState;
 
 use super::auth::{self, AdminAccess, AdminGate, InferenceGate};
+use super::dialect::{self, ErrorDialect};
 use super::endpoints;
 use super::limits::{self, BodyLimit, HeadLimit};
 use super::request_id::{self, RequestIds, X_REQUEST_ID};
@@ -125,6 +127,8 @@ fn front_door(router: HttpRouter<SharedState>, front: &FrontDoorConfig) -> HttpR
             HeadLimit(front.limits.max_header_bytes),
             limits::limit_head,
         ))
+        // Outside every layer that can fail a request.
+        .layer(axum::middleware::from_fn(dialect::speak))
         .layer(from_fn_with_state(
             RequestIds::new(&front.request_id_headers),
             request_id::assign,
@@ -185,6 +189,8 @@ pub async fn serve_metrics(
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(dialect::speak))
         .with_state(state);
     if let Err(err) = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
@@ -194,19 +200,10 @@ pub async fn serve_metrics(
     }
 }
 
-/// An OpenAI-shaped error response with the code's status.
+/// An error response with the code's status, OpenAI-shaped; the
+/// `dialect::speak` layer renders it again on a route of another dialect.
 pub fn error_response(err: &Error) -> Response {
-    let status =
-        StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, axum::Json(err.to_openai_json())).into_response();
-    if let Some(after) = err.retry_after {
-        // Whole seconds, rounded up: "0" would invite an immediate retry.
-        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
-    }
-    response
+    dialect::render(err, ErrorDialect::OpenAi)
 }
 
 impl IntoResponse for Error {
@@ -271,9 +268,9 @@ async fn readiness(State(state): State<SharedState>) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn not_found() -> Response {
+async fn not_found(uri: Uri) -> Response {
     error_response(&Error::new(
         crate::error::ErrorCode::NotFound,
-        "no such route",
+        format!("no route {}", uri.path()),
     ))
 }

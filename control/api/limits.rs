@@ -21,7 +21,7 @@ use http::{HeaderMap, HeaderValue, header};
 use http_body_util::BodyExt;
 
 use super::http::refusal;
-use crate::error::{Error, ErrorCode};
+use crate::error::{Error, ErrorCode, bytes_text};
 
 /// The most a refused body is read on before its answer.
 const DRAIN_BYTES: usize = 16 << 20;
@@ -60,7 +60,10 @@ pub async fn limit_head(
     if size > max {
         let mut response = refusal(&Error::new(
             ErrorCode::HeadersTooLarge,
-            format!("the request line and headers take {size} bytes; the limit is {max}"),
+            format!(
+                "the request line and headers take {size} bytes, over --max-header-size ({})",
+                bytes_text(max as u64)
+            ),
         ));
         close_after(&mut response);
         return response;
@@ -161,11 +164,14 @@ pub(super) async fn discard(mut body: Body) -> bool {
 }
 
 fn too_large(max: usize, declared: Option<usize>, drained: bool) -> Response {
-    let size = declared.map_or_else(|| "more than that".to_owned(), |n| format!("{n} bytes"));
-    let mut response = refusal(&Error::new(
-        ErrorCode::PayloadTooLarge,
-        format!("the request body may take {max} bytes; it takes {size}"),
-    ));
+    let limit = bytes_text(max as u64);
+    let message = match declared {
+        Some(size) => {
+            format!("the request body takes {size} bytes, over --max-payload-size ({limit})")
+        }
+        None => format!("the request body exceeds --max-payload-size ({limit})"),
+    };
+    let mut response = refusal(&Error::new(ErrorCode::PayloadTooLarge, message));
     if !drained {
         close_after(&mut response);
     }

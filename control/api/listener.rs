@@ -510,7 +510,7 @@ async fn accept_failed(err: std::io::Error) {
 async fn refuse(mut stream: TcpStream) {
     let err = Error::new(
         ErrorCode::TooManyConnections,
-        "the gateway holds as many connections as it takes; retry shortly",
+        "the gateway holds as many connections as --max-connections allows; retry shortly",
     );
     let body = err.to_openai_json().to_string();
     let answer = format!(

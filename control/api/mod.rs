@@ -1,12 +1,14 @@
 //! smg's public HTTP API: the wire types clients send and receive (`types`),
 //! the handlers that run them through the router (`endpoints`, `admin`),
 //! the front door every request passes first (`auth`, `limits`,
-//! `request_id`), and the server plumbing (`http`: routes, SSE framing,
-//! errors; `listener`: connections, their limits and timers).
+//! `request_id`), errors in each route's dialect (`dialect`), and the
+//! server plumbing (`http`: routes, SSE framing; `listener`: connections,
+//! their limits and timers).
 
 mod admin;
 mod admit;
 mod auth;
+mod dialect;
 mod endpoints;
 mod http;
 mod limits;

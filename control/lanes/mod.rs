@@ -23,7 +23,7 @@ mod settings;
 
 pub use decision::{AvailableLanes, LaneDecision, Receiver, SharedMemory, decide};
 pub use pools::{
-    BYTES_TOTAL, FALLBACKS_TOTAL, SHM_SLOTS_IN_USE, SHM_SLOTS_TOTAL, TENSORS_TOTAL, TensorLanes,
+    BYTES_TOTAL, FALLBACKS_TOTAL, SHM_SLOTS, SHM_SLOTS_IN_USE, TENSORS_TOTAL, TensorLanes,
     engine_payload, open_rdma, record_fallback, record_tensor,
 };
 pub use settings::LaneSettings;

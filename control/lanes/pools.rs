@@ -25,11 +25,11 @@ use crate::workers::{
     WorkerTransport, normalize_url,
 };
 
-pub const TENSORS_TOTAL: &str = "smg_tensor_lane_tensors_total";
-pub const BYTES_TOTAL: &str = "smg_tensor_lane_bytes_total";
-pub const FALLBACKS_TOTAL: &str = "smg_tensor_lane_fallbacks_total";
-pub const SHM_SLOTS_IN_USE: &str = "smg_shm_slots_in_use";
-pub const SHM_SLOTS_TOTAL: &str = "smg_shm_slots_total";
+// The names live with every other family in `crate::metrics::FAMILIES`.
+pub use crate::metrics::{
+    SHM_SLOTS, SHM_SLOTS_IN_USE, TENSOR_LANE_BYTES as BYTES_TOTAL,
+    TENSOR_LANE_FALLBACKS as FALLBACKS_TOTAL, TENSOR_LANE_TENSORS as TENSORS_TOTAL,
+};
 
 /// How often the reclaimer looks at the shm slots.
 const RECLAIM_INTERVAL: Duration = Duration::from_millis(200);
@@ -216,12 +216,12 @@ impl TensorLanes {
 
     fn publish_occupancy(&self) {
         if let Some(occupancy) = self.shm_occupancy() {
-            metrics::gauge!(SHM_SLOTS_TOTAL).set(occupancy.slots_total as f64);
+            metrics::gauge!(SHM_SLOTS).set(occupancy.slots_total as f64);
             metrics::gauge!(SHM_SLOTS_IN_USE).set(occupancy.slots_in_use as f64);
         }
         if let Some(rdma) = self.rdma_lane() {
             let occupancy = rdma.arena().occupancy();
-            metrics::gauge!(rdma::SLOTS_TOTAL_METRIC).set(occupancy.slots_total as f64);
+            metrics::gauge!(rdma::SLOTS_METRIC).set(occupancy.slots_total as f64);
             metrics::gauge!(rdma::SLOTS_IN_USE_METRIC).set(occupancy.slots_in_use as f64);
         }
     }

@@ -21,7 +21,7 @@ use super::guard::{DestinationPolicy, PrivateHostAllowance};
 use super::inline::{self, InlineProblem};
 use super::local::{FileProblem, FileRoots};
 use super::remote::{RemoteFetcher, RemoteProblem, redacted};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, bytes_text};
 
 /// Limits and allow-lists for media intake.
 #[derive(Debug, Clone)]
@@ -123,7 +123,7 @@ impl MediaFetcher {
             return Err(Error::new(
                 ErrorCode::TooManyImages,
                 format!(
-                    "the request has {} images; at most {} are allowed",
+                    "the request has {} images; --max-images-per-request allows {}",
                     images.len(),
                     self.config.max_images_per_request
                 ),
@@ -151,7 +151,7 @@ impl MediaFetcher {
                 Error::new(
                     ErrorCode::MediaFetchFailed,
                     format!(
-                        "timed out after {:?} fetching the image",
+                        "timed out after {:?} fetching the image (--media-fetch-timeout-secs)",
                         self.config.fetch_timeout
                     ),
                 )
@@ -275,7 +275,10 @@ fn invalid_url(message: impl Into<String>) -> Error {
 fn too_large(what: &str, size: String, max_bytes: usize) -> Error {
     Error::new(
         ErrorCode::MediaTooLarge,
-        format!("{what} {size}, over the limit of {max_bytes} bytes"),
+        format!(
+            "{what} {size}, over --media-max-bytes ({})",
+            bytes_text(max_bytes as u64)
+        ),
     )
 }
 
@@ -507,7 +510,7 @@ mod tests {
         expect_error(
             fetch(&fetcher, &[over]).await,
             ErrorCode::MediaTooLarge,
-            "the data: URL decodes to 17 bytes, over the limit of 16 bytes",
+            "the data: URL decodes to 17 bytes, over --media-max-bytes (16 bytes)",
         );
     }
 
@@ -567,7 +570,7 @@ mod tests {
         expect_error(
             fetch(&fetcher, &images).await,
             ErrorCode::TooManyImages,
-            "the request has 3 images; at most 2 are allowed",
+            "the request has 3 images; --max-images-per-request allows 2",
         );
         assert_never_connected(&listener);
         let two = vec![STANDARD.encode(b"a"), STANDARD.encode(b"b")];
@@ -795,12 +798,12 @@ mod tests {
         expect_error(
             fetch(&fetcher, &[format!("http://{address}/declared")]).await,
             ErrorCode::MediaTooLarge,
-            "declares a larger Content-Length, over the limit of 65536 bytes",
+            "declares a larger Content-Length, over --media-max-bytes (64 KiB)",
         );
         expect_error(
             fetch(&fetcher, &[format!("http://{address}/endless")]).await,
             ErrorCode::MediaTooLarge,
-            "sent more bytes, over the limit of 65536 bytes",
+            "sent more bytes, over --media-max-bytes (64 KiB)",
         );
         let exact = fetch(&fetcher, &[format!("http://{address}/exact")])
             .await

@@ -331,6 +331,79 @@ enum Supervised {
     Stopped,
 }
 
+/// The prompt's cached token count as the request's usage states it.
+///
+/// The prefix cache that saved work is the one of the worker that
+/// prefilled: in PD and EPD that is the prefill leg, whose report (its
+/// first event) is the request's `cached_tokens`; a decode worker fetched
+/// the KV cache and may report 0. Until prefill has reported, decode's
+/// events are held (a prefill answers when its forward pass is done, about
+/// when decode can start, so this costs no time in practice, but the two
+/// answers race over separate connections). They go out with decode's own
+/// count if prefill ends without a report, or has not reported
+/// [`PREFILL_REPORT_GRACE`] after decode's stream ended.
+struct PrefillCached {
+    /// Prefill's count, once it reported.
+    reported: Option<u32>,
+    /// Decode events waiting for it.
+    held: Vec<GenerateEvent>,
+    /// No report is coming (prefill ended, or decode is done): pass on.
+    given_up: bool,
+}
+
+impl PrefillCached {
+    fn new(has_prefill: bool) -> Self {
+        Self {
+            reported: None,
+            held: Vec::new(),
+            given_up: !has_prefill,
+        }
+    }
+
+    /// Notes prefill's event; returns the held events, now ready to go.
+    fn prefill_reported(&mut self, event: &GenerateEvent) -> Vec<GenerateEvent> {
+        if self.reported.is_none() {
+            let (GenerateEvent::Chunk { cached_tokens, .. }
+            | GenerateEvent::Complete { cached_tokens, .. }) = event;
+            self.reported = Some(*cached_tokens);
+        }
+        self.release()
+    }
+
+    /// Whether events pass straight on (prefill reported, or none comes).
+    fn settled(&self) -> bool {
+        self.reported.is_some() || self.given_up
+    }
+
+    /// Waits no more for prefill; returns the held events.
+    fn give_up(&mut self) -> Vec<GenerateEvent> {
+        self.given_up = true;
+        self.release()
+    }
+
+    /// Takes a decode event; returns what may go out now.
+    fn primary(&mut self, event: GenerateEvent) -> Vec<GenerateEvent> {
+        self.held.push(event);
+        if self.settled() {
+            self.release()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn release(&mut self) -> Vec<GenerateEvent> {
+        let mut events = std::mem::take(&mut self.held);
+        if let Some(reported) = self.reported {
+            for event in &mut events {
+                let (GenerateEvent::Chunk { cached_tokens, .. }
+                | GenerateEvent::Complete { cached_tokens, .. }) = event;
+                *cached_tokens = reported;
+            }
+        }
+        events
+    }
+}
+
 async fn supervise(
     primary: &mut EventStream,
     primary_url: &Arc<str>,
@@ -339,7 +412,16 @@ async fn supervise(
     sender: &mpsc::Sender<Result<GenerateEvent>>,
 ) -> Supervised {
     let mut prefill_done = prefill.is_none();
+    let mut cached = PrefillCached::new(prefill.is_some());
     let mut primary_completes = 0usize;
+    let send_all = async |events: Vec<GenerateEvent>| {
+        for event in events {
+            if sender.send(Ok(event)).await.is_err() {
+                return false;
+            }
+        }
+        true
+    };
     loop {
         tokio::select! {
             biased;
@@ -350,20 +432,28 @@ async fn supervise(
                     return Supervised::Stopped;
                 }
             }
-            event = next_prefill(prefill), if !prefill_done => match event {
-                Some(Ok(_)) => {}
-                Some(Err(err)) => {
-                    let _ = sender.send(Err(root_cause(err, side).await)).await;
+            event = next_prefill(prefill), if !prefill_done => {
+                let ready = match event {
+                    Some(Ok(event)) => cached.prefill_reported(&event),
+                    Some(Err(err)) => {
+                        let _ = sender.send(Err(root_cause(err, side).await)).await;
+                        return Supervised::Stopped;
+                    }
+                    None => {
+                        prefill_done = true;
+                        cached.give_up()
+                    }
+                };
+                if !send_all(ready).await {
                     return Supervised::Stopped;
                 }
-                None => prefill_done = true,
-            },
+            }
             event = primary.next() => match event {
                 Some(Ok(event)) => {
                     if matches!(event, GenerateEvent::Complete { .. }) {
                         primary_completes += 1;
                     }
-                    if sender.send(Ok(event)).await.is_err() {
+                    if !send_all(cached.primary(event)).await {
                         return Supervised::Stopped;
                     }
                 }
@@ -374,6 +464,25 @@ async fn supervise(
                 None => {
                     if primary_completes == 0 {
                         let _ = sender.send(Err(ended_before_completion(primary_url))).await;
+                        return Supervised::Stopped;
+                    }
+                    let mut prefill_done = prefill_done;
+                    let mut ready = Vec::new();
+                    if !cached.settled() && !prefill_done {
+                        match prefill_report(prefill).await {
+                            PrefillReport::Event(event) => {
+                                ready = cached.prefill_reported(&event);
+                            }
+                            PrefillReport::Ended => prefill_done = true,
+                            PrefillReport::Failed(err) => {
+                                let _ = sender.send(Err(root_cause(err, side).await)).await;
+                                return Supervised::Stopped;
+                            }
+                            PrefillReport::Late => {}
+                        }
+                    }
+                    ready.extend(cached.give_up());
+                    if !send_all(ready).await {
                         return Supervised::Stopped;
                     }
                     return Supervised::Finished { prefill_done };
@@ -416,6 +525,27 @@ async fn root_cause(leg_error: Error, side: &mut FuturesUnordered<SideCall>) -> 
     }
 }
 
+/// How long a finished decode waits for prefill's first report (its
+/// cached token count) before the response goes out with decode's count.
+const PREFILL_REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+enum PrefillReport {
+    Event(GenerateEvent),
+    Ended,
+    Failed(Error),
+    Late,
+}
+
+/// Prefill's next event, waited for at most [`PREFILL_REPORT_GRACE`].
+async fn prefill_report(prefill: &mut Option<EventStream>) -> PrefillReport {
+    match tokio::time::timeout(PREFILL_REPORT_GRACE, next_prefill(prefill)).await {
+        Ok(Some(Ok(event))) => PrefillReport::Event(event),
+        Ok(Some(Err(err))) => PrefillReport::Failed(err),
+        Ok(None) => PrefillReport::Ended,
+        Err(_) => PrefillReport::Late,
+    }
+}
+
 async fn next_prefill(prefill: &mut Option<EventStream>) -> Option<Result<GenerateEvent>> {
     match prefill {
         Some(stream) => stream.next().await,
@@ -426,6 +556,49 @@ async fn next_prefill(prefill: &mut Option<EventStream>) -> Option<Result<Genera
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chunk(cached_tokens: u32) -> GenerateEvent {
+        GenerateEvent::Chunk {
+            index: 0,
+            token_ids: vec![7],
+            prompt_tokens: 40,
+            completion_tokens: 1,
+            cached_tokens,
+            logprobs: None,
+        }
+    }
+
+    fn cached_of(events: &[GenerateEvent]) -> Vec<u32> {
+        events
+            .iter()
+            .map(|event| match event {
+                GenerateEvent::Chunk { cached_tokens, .. }
+                | GenerateEvent::Complete { cached_tokens, .. } => *cached_tokens,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decode_events_wait_for_prefill_and_carry_its_cached_count() {
+        let mut cached = PrefillCached::new(true);
+        assert!(cached.primary(chunk(0)).is_empty(), "held for prefill");
+        assert!(cached.primary(chunk(0)).is_empty());
+        assert_eq!(cached_of(&cached.prefill_reported(&chunk(32))), [32, 32]);
+        assert_eq!(cached_of(&cached.primary(chunk(0))), [32]);
+        // A later prefill event changes nothing.
+        assert!(cached.prefill_reported(&chunk(5)).is_empty());
+        assert_eq!(cached_of(&cached.primary(chunk(0))), [32]);
+    }
+
+    #[test]
+    fn without_a_prefill_report_decode_keeps_its_own_count() {
+        let mut cached = PrefillCached::new(true);
+        assert!(cached.primary(chunk(3)).is_empty());
+        assert_eq!(cached_of(&cached.give_up()), [3]);
+        assert_eq!(cached_of(&cached.primary(chunk(3))), [3]);
+        let mut regular = PrefillCached::new(false);
+        assert_eq!(cached_of(&regular.primary(chunk(16))), [16], "no prefill");
+    }
 
     #[test]
     fn a_stream_that_ends_early_blames_its_worker() {

@@ -59,6 +59,11 @@ pub struct Usage {
 /// What the client is told, dialect-neutral.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OutputEvent {
+    /// The engine's first report, before any text: its prompt and cached
+    /// token counts (`completion_tokens` is 0). Dialects that state the
+    /// prompt's size up front (Anthropic's `message_start`, every chunk of
+    /// `/generate`) wait for it rather than guess.
+    Started(Usage),
     /// New output of sequence `index`: answer text, and when the request's
     /// output is parsed, reasoning and tool-call fragments.
     Delta {
@@ -105,6 +110,10 @@ struct Sequence {
     parser: Option<SequenceParser>,
     tokens_seen: u32,
     finished: bool,
+    /// Whether its completion count is in the request's usage (its engine
+    /// completion arrived); a sequence a stop string ended is counted by
+    /// the tokens it produced when the stream is dropped.
+    counted: bool,
 }
 
 struct Processor {
@@ -114,11 +123,27 @@ struct Processor {
     hidden_ids: Vec<u32>,
     pending: std::collections::VecDeque<OutputEvent>,
     usage: Usage,
+    /// Whether [`OutputEvent::Started`] went out.
+    started: bool,
     deadline: tokio::time::Instant,
     done: bool,
 }
 
 impl Processor {
+    /// Records the engine's prompt and cached counts; the first report
+    /// also goes out as [`OutputEvent::Started`], ahead of any text.
+    fn note_prompt(&mut self, prompt_tokens: u32, cached_tokens: u32) {
+        self.usage.prompt_tokens = prompt_tokens;
+        self.usage.cached_tokens = cached_tokens;
+        if !std::mem::replace(&mut self.started, true) {
+            self.pending.push_back(OutputEvent::Started(Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+                cached_tokens,
+            }));
+        }
+    }
+
     fn sequence(&mut self, index: u32) -> Result<&mut Sequence> {
         let count = self.sequences.len();
         self.sequences.get_mut(index as usize).ok_or_else(|| {
@@ -231,8 +256,7 @@ impl Processor {
                 logprobs,
                 ..
             } => {
-                self.usage.prompt_tokens = prompt_tokens;
-                self.usage.cached_tokens = cached_tokens;
+                self.note_prompt(prompt_tokens, cached_tokens);
                 self.push_tokens(index, &token_ids, logprobs)
             }
             GenerateEvent::Complete {
@@ -245,8 +269,7 @@ impl Processor {
                 cached_tokens,
                 logprobs,
             } => {
-                self.usage.prompt_tokens = prompt_tokens;
-                self.usage.cached_tokens = cached_tokens;
+                self.note_prompt(prompt_tokens, cached_tokens);
                 let seen = self.sequence(index)?.tokens_seen as usize;
                 // Unary responses carry every token here; streams only the rest.
                 if let Some(unseen) = output_ids.get(seen..)
@@ -256,7 +279,16 @@ impl Processor {
                     self.push_tokens(index, unseen, logprobs)?;
                 }
                 let sequence = self.sequence(index)?;
-                if sequence.finished {
+                if std::mem::replace(&mut sequence.counted, true) {
+                    // A second completion of one sequence: already counted.
+                    return Ok(());
+                }
+                let already_finished = sequence.finished;
+                sequence.finished = true;
+                if already_finished {
+                    // A stop string ended it: it counts the tokens up to
+                    // the stop, whatever the engine generated after them
+                    // (as when the stream is dropped, below).
                     self.usage.completion_tokens += sequence.tokens_seen;
                     return Ok(());
                 }
@@ -298,9 +330,12 @@ impl Processor {
                 // Dropping the engine stream aborts legs still generating.
                 if let Some(events) = self.events.take() {
                     drop(events);
-                    for sequence in &self.sequences {
-                        self.usage.completion_tokens =
-                            self.usage.completion_tokens.max(sequence.tokens_seen);
+                    // Sequences a stop string ended before their engine
+                    // completion arrived count what they produced.
+                    for sequence in &mut self.sequences {
+                        if !std::mem::replace(&mut sequence.counted, true) {
+                            self.usage.completion_tokens += sequence.tokens_seen;
+                        }
                     }
                 }
                 self.done = true;
@@ -311,7 +346,7 @@ impl Processor {
             let result = match next {
                 Err(_) => Err(Error::new(
                     ErrorCode::RequestTimeout,
-                    "the request exceeded its time limit",
+                    "the request exceeded --request-timeout-secs",
                 )),
                 Ok(None) => Err(Error::new(
                     ErrorCode::StreamInterrupted,
@@ -342,6 +377,7 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
             parser: options.parsing.as_ref().map(OutputParsing::sequence),
             tokens_seen: 0,
             finished: false,
+            counted: false,
         })
         .collect();
     let processor = Processor {
@@ -354,6 +390,7 @@ pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
         },
         pending: std::collections::VecDeque::new(),
         usage: Usage::default(),
+        started: false,
         deadline: options.deadline,
         done: false,
     };
@@ -462,8 +499,76 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
                     choice.matched_stop = matched_stop;
                 }
             }
-            OutputEvent::Usage(usage) => collected.usage = usage,
+            OutputEvent::Started(usage) | OutputEvent::Usage(usage) => collected.usage = usage,
         }
     }
     Ok(collected)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn chunk(index: u32, token_ids: Vec<u32>) -> GenerateEvent {
+        GenerateEvent::Chunk {
+            index,
+            token_ids,
+            prompt_tokens: 40,
+            completion_tokens: 0,
+            cached_tokens: 32,
+            logprobs: None,
+        }
+    }
+
+    /// Two sequences; a stop string ends the first after two tokens, the
+    /// second completes after one ("Hello world" is [39, 415, 78, 1009]
+    /// in the fixture: "H", "ell", "o", " world").
+    #[tokio::test]
+    async fn the_prompt_counts_come_first_and_every_sequence_counts() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        let events: Vec<Result<GenerateEvent>> = vec![
+            Ok(chunk(0, vec![39])),
+            Ok(chunk(0, vec![415])),
+            Ok(chunk(1, vec![39])),
+            Ok(GenerateEvent::Complete {
+                index: 1,
+                output_ids: vec![39],
+                finish_reason: "stop".into(),
+                matched_stop: None,
+                prompt_tokens: 40,
+                completion_tokens: 1,
+                cached_tokens: 32,
+                logprobs: None,
+            }),
+        ];
+        let options = ResponseOptions {
+            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
+            n: 2,
+            skip_special_tokens: true,
+            stop_strings: vec!["ell".into()],
+            no_stop_trim: false,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            parsing: None,
+            stop_token_ids: Vec::new(),
+        };
+        let output: Vec<OutputEvent> = process(Box::pin(futures::stream::iter(events)), options)
+            .map(|event| event.unwrap())
+            .collect()
+            .await;
+        let prompt = Usage {
+            prompt_tokens: 40,
+            completion_tokens: 0,
+            cached_tokens: 32,
+        };
+        assert_eq!(output.first(), Some(&OutputEvent::Started(prompt)));
+        assert_eq!(
+            output.last(),
+            Some(&OutputEvent::Usage(Usage {
+                completion_tokens: 2 + 1,
+                ..prompt
+            })),
+            "{output:?}"
+        );
+    }
 }

@@ -377,7 +377,9 @@ fn check_message_size(items: &[MediaItem], what: &str) -> Result<()> {
         return Err(Error::new(
             ErrorCode::MessageTooLarge,
             format!(
-                "the {what} would carry {bytes} bytes of inline tensors; engines accept messages                  up to {} bytes (send fewer or smaller images, or use the shm lane)",
+                "the {what} would carry {bytes} bytes of inline tensors; engines accept messages \
+                 up to {} bytes (send fewer or smaller images, or use the shm lane: \
+                 --multimodal-tensor-transport shm)",
                 crate::proto::MAX_MESSAGE_BYTES
             ),
         )

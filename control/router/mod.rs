@@ -259,7 +259,7 @@ impl Router {
                 .unwrap_or_else(|_| {
                     Err(Error::new(
                         ErrorCode::RequestTimeout,
-                        "the request exceeded its time limit",
+                        "the request exceeded --request-timeout-secs",
                     ))
                 });
             match outcome {

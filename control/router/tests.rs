@@ -75,7 +75,7 @@ async fn a_failure_charges_only_the_worker_it_blames() {
     let other = worker_at("grpc://h:7");
     let gateway_fault = Error::new(
         ErrorCode::RequestTimeout,
-        "the request exceeded its time limit",
+        "the request exceeded --request-timeout-secs",
     );
     let unnamed = Error::new(ErrorCode::StreamInterrupted, "grpc://h:7 ended early");
     let rejected = Error::from_worker_status(&tonic::Status::invalid_argument("bad"), "grpc://h:7");
@@ -622,13 +622,16 @@ mod in_process {
             .generate(Endpoint::Completions, spec(true), None)
             .await
             .expect("starts");
-        let first = generation
-            .output
-            .next()
-            .await
-            .expect("an event")
-            .expect("text");
-        assert!(matches!(first, OutputEvent::Delta { .. }));
+        let mut next = async || {
+            generation
+                .output
+                .next()
+                .await
+                .expect("an event")
+                .expect("text")
+        };
+        assert!(matches!(next().await, OutputEvent::Started(_)));
+        assert!(matches!(next().await, OutputEvent::Delta { .. }));
         let worker = Arc::clone(&router.workers().members(WorkerRole::Regular).0[0]);
         assert_eq!(worker.in_flight(), 1, "held while the response streams");
         drop(generation);

@@ -549,6 +549,12 @@ impl WorkerSet {
     }
 
     pub fn insert(&self, worker: Arc<Worker>) {
+        crate::metrics::record_worker_joined(
+            worker.url(),
+            worker.role.name(),
+            worker.health().name(),
+            worker.breaker().state().name(),
+        );
         self.update(|by_role| by_role.entry(worker.role).or_default().push(worker));
     }
 

@@ -110,6 +110,11 @@ pub struct EngineConfig {
     pub abort_log: Option<std::path::PathBuf>,
     /// `--script`: canned completions for matching prompts.
     pub script: Option<crate::scripted::CompletionScript>,
+    /// Each completion is appended here before it is sent, one line per
+    /// sequence: `<request id> <role> index=I prompt=P completion=C
+    /// cached=K`, the counts it reports (tests check the gateway's usage
+    /// against what the engines said).
+    pub usage_log: Option<std::path::PathBuf>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -536,6 +541,7 @@ impl Engine {
         });
         let context = SequenceContext {
             scripted,
+            request_id: &job.request_id,
             prompt_digest,
             prompt_tokens,
             cached_tokens,
@@ -708,6 +714,20 @@ impl Engine {
                 break complete(&output_ids, "stop", Some(token));
             }
         };
+        if let Some(path) = &self.config.usage_log {
+            log_line(
+                path,
+                &format!(
+                    "{} {} index={} prompt={} completion={} cached={}",
+                    context.request_id,
+                    self.config.role.name(),
+                    finish.index,
+                    finish.prompt_tokens,
+                    finish.completion_tokens,
+                    finish.cached_tokens
+                ),
+            );
+        }
         if context
             .sender
             .send(Ok(Event::Complete(finish)))
@@ -838,6 +858,7 @@ impl Engine {
 struct SequenceContext<'a> {
     /// `--script`: the tokens this prompt's completion is made of.
     scripted: Option<Arc<[u32]>>,
+    request_id: &'a str,
     prompt_digest: [u8; 32],
     prompt_tokens: u32,
     cached_tokens: u32,

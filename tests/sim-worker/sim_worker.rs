@@ -222,6 +222,10 @@ struct Args {
     /// (`ID running|unknown`) to this file, before answering it.
     #[arg(long, value_name = "FILE")]
     abort_log: Option<PathBuf>,
+    /// Append each completion's token counts (`ID ROLE index=I prompt=P
+    /// completion=C cached=K`) to this file, before sending it.
+    #[arg(long, value_name = "FILE")]
+    usage_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -291,6 +295,7 @@ impl Args {
             request_log: self.request_log.clone(),
             abort_log: self.abort_log.clone(),
             script: None,
+            usage_log: self.usage_log.clone(),
         }
     }
 }
@@ -301,6 +306,7 @@ async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_level)?)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if args.protocol == Protocol::Sglang && args.role == Role::Encode {
         bail!("SGLang has no encoder protocol: run encode workers with --protocol tokenspeed");

@@ -9,9 +9,10 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
+use super::super::dialect::ErrorDialect;
 use super::super::http::{SharedState, named_frame};
 use super::super::types::spec::GenerationSpec;
 use super::super::types::validate::Limits;
@@ -72,18 +73,14 @@ impl Dialect for MessagesDialect {
         }
     }
 
-    fn error_response(err: &Error) -> Response {
-        let status = StatusCode::from_u16(err.code.http_status())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(anthropic::StreamEvent::error(err))).into_response()
-    }
+    const ERRORS: ErrorDialect = ErrorDialect::Anthropic;
 
-    fn start(&mut self, info: &GenerationInfo) -> Vec<Bytes> {
+    fn start(&mut self, info: &GenerationInfo, usage: &Usage) -> Vec<Bytes> {
         let message = message(
             info,
             self.stop.as_ref(),
             Vec::new(),
-            anthropic::Usage::from_counts(0, 0, 0),
+            anthropic::Usage::from_counts(usage.prompt_tokens, 0, usage.cached_tokens),
         );
         self.block_open = true;
         vec![
@@ -138,9 +135,11 @@ impl Dialect for MessagesDialect {
                 stop_reason,
                 stop_sequence,
             },
-            usage: anthropic::DeltaUsage {
-                output_tokens: usage.completion_tokens,
-            },
+            usage: anthropic::DeltaUsage::from(anthropic::Usage::from_counts(
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.cached_tokens,
+            )),
         }));
         frames
     }
@@ -155,7 +154,7 @@ impl Dialect for MessagesDialect {
 
     fn json(&self, info: &GenerationInfo, output: CollectedOutput) -> Response {
         let Some(choice) = output.choices.into_iter().next() else {
-            return Error::internal("the generation produced no output").into_response();
+            return Self::error_response(&Error::internal("the generation produced no output"));
         };
         let stop = choice
             .finish_reason
@@ -209,7 +208,7 @@ mod tests {
 
     const MESSAGE_START: (&str, &str) = (
         "message_start",
-        r#"{"type":"message_start","message":{"id":"req-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}}}"#,
+        r#"{"type":"message_start","message":{"id":"req-1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":0,"cache_read_input_tokens":2}}}"#,
     );
     const BLOCK_START: (&str, &str) = (
         "content_block_start",
@@ -221,7 +220,7 @@ mod tests {
     fn a_stream_is_one_text_block_between_start_and_stop() {
         let info = info();
         let mut dialect = dialect();
-        let mut out = dialect.start(&info);
+        let mut out = dialect.start(&info, &usage());
         out.extend(dialect.delta(&info, 0, "Hello".into(), &[39, 415], None));
         out.extend(dialect.delta(&info, 0, " world".into(), &[78, 1009], None));
         let matched = Some(MatchedStop::Text("!".into()));
@@ -245,7 +244,7 @@ mod tests {
             ),
             (
                 "message_delta",
-                r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"!"},"usage":{"output_tokens":3}}"#,
+                r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"!"},"usage":{"input_tokens":3,"output_tokens":3,"cache_read_input_tokens":2}}"#,
             ),
             MESSAGE_STOP,
         ];
@@ -256,7 +255,7 @@ mod tests {
     fn a_stream_that_fails_ends_with_an_error_event_then_message_stop() {
         let info = info();
         let mut dialect = dialect();
-        let mut out = dialect.start(&info);
+        let mut out = dialect.start(&info, &usage());
         out.extend(dialect.error(&Error::internal("boom")));
         out.extend(dialect.end());
         let expected = [
@@ -286,14 +285,14 @@ mod tests {
             r#"{"type":"error","error":{"type":"overloaded_error","message":"none"}}"#
         );
         // A generation without output is the gateway's fault, reported in
-        // the OpenAI shape (as before the split).
+        // Anthropic's shape like every error of this route.
         let mut empty = collected();
         empty.choices.clear();
         let response = dialect().json(&info, empty);
         assert_eq!(response.status(), 500);
         assert_eq!(
             body(response).await,
-            r#"{"error":{"message":"the generation produced no output","type":"server_error","param":null,"code":"internal_error"}}"#
+            r#"{"type":"error","error":{"type":"api_error","message":"the generation produced no output"}}"#
         );
     }
 }

@@ -38,7 +38,8 @@ use axum::response::Response;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
 
-use super::http::{DONE_FRAME, SharedState, data_frame, error_response, sse_response};
+use super::dialect::{ErrorDialect, render};
+use super::http::{DONE_FRAME, SharedState, data_frame, sse_response};
 use super::types::parse::parse_json;
 use super::types::spec::GenerationSpec;
 use super::types::validate::Limits;
@@ -86,14 +87,18 @@ trait Dialect: Sized + Send + 'static {
     /// The dialect's state for answering `spec`, made before the spec goes
     /// to the router.
     fn for_spec(spec: &GenerationSpec) -> Self;
+    /// The shape of this dialect's errors.
+    const ERRORS: ErrorDialect = ErrorDialect::OpenAi;
+
     /// A failure answered as a whole response (before any stream, or by a
     /// request that is not streamed).
     fn error_response(err: &Error) -> Response {
-        error_response(err)
+        render(err, Self::ERRORS)
     }
 
-    /// Frames before any output (Anthropic's `message_start`).
-    fn start(&mut self, _info: &GenerationInfo) -> Vec<Bytes> {
+    /// Frames before any output (Anthropic's `message_start`), once the
+    /// engine has reported the prompt's `usage` (prompt and cached tokens).
+    fn start(&mut self, _info: &GenerationInfo, _usage: &Usage) -> Vec<Bytes> {
         Vec::new()
     }
     /// New output of sequence `index` split into reasoning, text and tool
@@ -128,7 +133,7 @@ trait Dialect: Sized + Send + 'static {
     ) -> Vec<Bytes>;
     fn usage(&mut self, info: &GenerationInfo, usage: &Usage) -> Vec<Bytes>;
     fn error(&mut self, err: &Error) -> Vec<Bytes> {
-        vec![data_frame(&err.to_openai_json())]
+        vec![data_frame(&Self::ERRORS.body(err))]
     }
     fn end(&mut self) -> Vec<Bytes> {
         vec![Bytes::from_static(DONE_FRAME)]
@@ -244,11 +249,9 @@ fn stream_response<D: Dialect>(
                 true
             }
         };
-        if !send_all(dialect.start(&info)).await {
-            return;
-        }
         while let Some(event) = output.next().await {
             let frames = match event {
+                Ok(OutputEvent::Started(usage)) => dialect.start(&info, &usage),
                 Ok(OutputEvent::Delta {
                     index,
                     text,

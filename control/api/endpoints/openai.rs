@@ -460,7 +460,7 @@ mod tests {
     fn stream(dialect: &mut impl Dialect, info: &GenerationInfo) -> Vec<String> {
         let hello = report(&[39, 415]);
         let world = report(&[78, 1009]);
-        let mut frames = dialect.start(info);
+        let mut frames = dialect.start(info, &usage());
         frames.extend(dialect.delta(info, 0, "Hello".into(), &[39, 415], Some(&hello)));
         frames.extend(dialect.delta(info, 1, "Hi".into(), &[78], None));
         frames.extend(dialect.delta(info, 0, " world".into(), &[78, 1009], Some(&world)));
@@ -508,7 +508,7 @@ mod tests {
             name: name.map(str::to_owned),
             arguments: arguments.to_owned(),
         };
-        let mut frames = dialect.start(&info);
+        let mut frames = dialect.start(&info, &usage());
         frames.extend(dialect.parsed_delta(
             &info,
             0,

@@ -103,6 +103,13 @@ impl Dialect for GenerateDialect {
         }
     }
 
+    /// Every chunk states the prompt's counts, so they are known before
+    /// the first.
+    fn start(&mut self, _info: &GenerationInfo, usage: &Usage) -> Vec<Bytes> {
+        self.usage = *usage;
+        Vec::new()
+    }
+
     fn delta(
         &mut self,
         info: &GenerationInfo,
@@ -215,7 +222,7 @@ mod tests {
     fn streamed_chunks_carry_each_sequence_so_far() {
         let info = info();
         let mut dialect = dialect(2);
-        let mut out = dialect.start(&info);
+        let mut out = dialect.start(&info, &usage());
         out.extend(dialect.delta(&info, 0, "Hello".into(), &[39, 415], None));
         out.extend(dialect.usage(&info, &usage()));
         out.extend(dialect.delta(&info, 1, "Hi".into(), &[78], None));
@@ -227,7 +234,7 @@ mod tests {
         out.extend(dialect.end());
         let out: Vec<String> = text(out).iter().map(|f| without_latency(f)).collect();
         let expected = [
-            r#"{"text":"Hello","output_ids":[39,415],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":0,"completion_tokens":2,"cached_tokens":0,"e2e_latency":0},"index":0}"#,
+            r#"{"text":"Hello","output_ids":[39,415],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":2,"cached_tokens":2,"e2e_latency":0},"index":0}"#,
             r#"{"text":"Hi","output_ids":[78],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":1,"cached_tokens":2,"e2e_latency":0},"index":1}"#,
             r#"{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":null,"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0},"index":0}"#,
             r#"{"text":"Hello world","output_ids":[39,415,78,1009],"meta_info":{"id":"req-1","finish_reason":{"type":"length","length":4},"prompt_tokens":5,"completion_tokens":4,"cached_tokens":2,"e2e_latency":0},"index":0}"#,

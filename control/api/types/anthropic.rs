@@ -535,17 +535,34 @@ pub struct MessageDelta {
     pub stop_sequence: Option<String>,
 }
 
-/// `message_delta`'s usage: the output tokens so far.
+/// `message_delta`'s usage: cumulative, as Anthropic's current API sends
+/// it (the output tokens, and the input counts again, so the last event
+/// alone states the whole request's usage).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeltaUsage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens: Option<u32>,
     pub output_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_input_tokens: Option<u32>,
+}
+
+impl From<Usage> for DeltaUsage {
+    fn from(usage: Usage) -> Self {
+        Self {
+            input_tokens: Some(usage.input_tokens),
+            output_tokens: usage.output_tokens,
+            cache_read_input_tokens: Some(usage.cache_read_input_tokens),
+        }
+    }
 }
 
 /// An error as Anthropic reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorDetail {
-    /// `invalid_request_error`, `not_found_error`, `rate_limit_error`,
-    /// `overloaded_error` or `api_error`.
+    /// `invalid_request_error`, `authentication_error`,
+    /// `permission_error`, `not_found_error`, `request_too_large`,
+    /// `rate_limit_error`, `overloaded_error` or `api_error`.
     #[serde(rename = "type")]
     pub kind: String,
     pub message: String,
@@ -560,13 +577,18 @@ impl ErrorDetail {
     }
 }
 
-/// Anthropic's error type for one of smg's codes, by HTTP status.
+/// Anthropic's error type for one of smg's codes, by HTTP status (the
+/// types Anthropic documents for each status; other client errors are
+/// invalid requests, other server errors API errors).
 fn anthropic_error_type(code: ErrorCode) -> &'static str {
     match code.http_status() {
-        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
         404 => "not_found_error",
+        413 => "request_too_large",
         429 => "rate_limit_error",
-        503 => "overloaded_error",
+        503 | 529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
         _ => "api_error",
     }
 }
@@ -943,9 +965,9 @@ mod tests {
                         stop_reason: Some(StopReason::EndTurn),
                         stop_sequence: None,
                     },
-                    usage: DeltaUsage { output_tokens: 2 },
+                    usage: Usage::from_counts(30, 2, 16).into(),
                 },
-                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n",
+                "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":14,\"output_tokens\":2,\"cache_read_input_tokens\":16}}\n\n",
             ),
             (
                 StreamEvent::MessageStop,
@@ -974,6 +996,12 @@ mod tests {
             (ErrorCode::NoHealthyWorker, "overloaded_error"),
             (ErrorCode::InternalError, "api_error"),
             (ErrorCode::WorkerTimeout, "api_error"),
+            (ErrorCode::InvalidApiKey, "authentication_error"),
+            (ErrorCode::PermissionDenied, "permission_error"),
+            (ErrorCode::PayloadTooLarge, "request_too_large"),
+            (ErrorCode::QueueTimeout, "invalid_request_error"),
+            (ErrorCode::MethodNotAllowed, "invalid_request_error"),
+            (ErrorCode::QueueFull, "rate_limit_error"),
         ];
         for (code, expected) in cases {
             let detail = ErrorDetail::from_error(&Error::new(code, "x"));

@@ -137,7 +137,7 @@ struct SlotState {
 /// How the arena's slots are used right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RdmaOccupancy {
-    /// `smg_rdma_slots_total`.
+    /// `smg_rdma_slots`.
     pub slots_total: usize,
     /// `smg_rdma_slots_in_use`: being written or published.
     pub slots_in_use: usize,

@@ -64,8 +64,8 @@ pub const VERBS_TRANSPORT: &str = "rdma";
 
 /// Gauge: slots being written or published.
 pub const SLOTS_IN_USE_METRIC: &str = "smg_rdma_slots_in_use";
-/// Gauge: slots in the arena.
-pub const SLOTS_TOTAL_METRIC: &str = "smg_rdma_slots_total";
+/// Gauge: slots in the arena (not a counter, so no `_total`).
+pub const SLOTS_METRIC: &str = "smg_rdma_slots";
 /// Where the kernel lists RDMA devices.
 const INFINIBAND_CLASS: &str = "/sys/class/infiniband";
 

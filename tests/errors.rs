@@ -1,0 +1,275 @@
+//! Every error answers in its route's dialect: OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}` on the OpenAI, SGLang
+//! and admin routes, Anthropic's `{"type": "error", "error": {"type",
+//! "message"}}` on `/v1/messages`, whoever raised it: the key gate,
+//! admission, the head and body limits, the JSON parser, the request
+//! timeout, the router's fallbacks (404, 405) and the framework's own
+//! rejections. Refusals of a limit name the flag that changes it. Real
+//! `smg` and `smg-sim-worker` processes, real HTTP.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use support::{Gateway, SimWorker, bounded};
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+const MESSAGES: &str = "/v1/messages";
+const CHAT: &str = "/v1/chat/completions";
+
+/// A small valid body for `path`.
+fn body(path: &str) -> Value {
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    match path {
+        MESSAGES => json!({"model": "model", "max_tokens": 4, "messages": messages}),
+        "/generate" => json!({"text": "Hi", "sampling_params": {"max_new_tokens": 4}}),
+        "/v1/completions" => json!({"model": "model", "max_tokens": 4, "prompt": "Hi"}),
+        _ => json!({"model": "model", "max_tokens": 4, "messages": messages}),
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: Value,
+    text: String,
+}
+
+async fn send(request: reqwest::RequestBuilder) -> Answer {
+    let response = bounded("an answer", request.send())
+        .await
+        .expect("the gateway answers");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = bounded("the body", response.text()).await.expect("a body");
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Answer {
+        status,
+        headers,
+        body,
+        text,
+    }
+}
+
+/// Anthropic's error type for a status, as Anthropic documents them.
+fn anthropic_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// `answer` is the error `code` with `status`, in the dialect of `path`,
+/// as JSON; returns its message.
+fn assert_error(path: &str, answer: &Answer, status: u16, code: &str) -> String {
+    let what = format!("{path}: {} {}", answer.status, answer.text);
+    assert_eq!(answer.status, status, "{what}");
+    assert_eq!(
+        answer
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/json"),
+        "{what}"
+    );
+    let error = &answer.body["error"];
+    let message = error["message"].as_str().unwrap_or_default().to_owned();
+    assert!(!message.is_empty(), "{what}");
+    if path.starts_with(MESSAGES) {
+        assert_eq!(answer.body["type"], "error", "{what}");
+        assert_eq!(error["type"], anthropic_type(status), "{what}");
+        let keys: Vec<&String> = answer.body.as_object().expect("an object").keys().collect();
+        assert_eq!(keys, ["type", "error"], "{what}");
+        let keys: Vec<&String> = error.as_object().expect("an object").keys().collect();
+        assert_eq!(keys, ["type", "message"], "{what}");
+    } else {
+        assert_eq!(error["code"], code, "{what}");
+        assert!(error["type"].is_string(), "{what}");
+        assert!(
+            error.as_object().is_some_and(|e| e.contains_key("param")),
+            "{what}"
+        );
+    }
+    message
+}
+
+fn worker() -> SimWorker {
+    SimWorker::start("tokenspeed", "regular", &["--zero-delay"])
+}
+
+fn gateway(worker: &SimWorker, extra: &[&str]) -> Gateway {
+    let url = worker.grpc_url();
+    let mut args = vec!["--worker-urls", &url, "--served-model-name", "model"];
+    args.extend_from_slice(extra);
+    Gateway::start(&args)
+}
+
+#[tokio::test]
+async fn requests_the_front_door_refuses_are_refused_in_the_routes_dialect() {
+    let worker = worker();
+    let gateway = gateway(
+        &worker,
+        &[
+            "--api-key",
+            "sk-good",
+            "--max-payload-size",
+            "2048",
+            "--max-header-size",
+            "4096",
+        ],
+    );
+    for path in [CHAT, "/v1/completions", "/generate", MESSAGES] {
+        let post = || http().post(gateway.url(path));
+        let keyed = || post().bearer_auth("sk-good");
+
+        // The key gate.
+        let answer = send(post().json(&body(path))).await;
+        assert_error(path, &answer, 401, "invalid_api_key");
+        assert_eq!(
+            answer.headers.get("www-authenticate").map(|v| v.as_bytes()),
+            Some(&b"Bearer"[..])
+        );
+
+        // The body limit, declared and streamed, names its flag.
+        let big = "x".repeat(4096);
+        let answer = send(
+            keyed()
+                .header("content-type", "application/json")
+                .body(big.clone()),
+        )
+        .await;
+        let message = assert_error(path, &answer, 413, "payload_too_large");
+        assert!(message.contains("--max-payload-size (2 KiB)"), "{message}");
+        let chunks = futures::stream::iter([Ok::<_, std::io::Error>(big.into_bytes())]);
+        let answer = send(
+            keyed()
+                .header("content-type", "application/json")
+                .body(reqwest::Body::wrap_stream(chunks)),
+        )
+        .await;
+        let message = assert_error(path, &answer, 413, "payload_too_large");
+        assert!(message.contains("--max-payload-size"), "{message}");
+
+        // The head limit.
+        let answer = send(
+            keyed()
+                .header("x-padding", "p".repeat(5000))
+                .json(&body(path)),
+        )
+        .await;
+        let message = assert_error(path, &answer, 431, "headers_too_large");
+        assert!(message.contains("--max-header-size (4 KiB)"), "{message}");
+
+        // The JSON parser.
+        let answer = send(keyed().header("content-type", "application/json").body("{")).await;
+        assert_error(path, &answer, 400, "invalid_json");
+
+        // A method the route does not take.
+        let answer = send(http().get(gateway.url(path)).bearer_auth("sk-good")).await;
+        let message = assert_error(path, &answer, 405, "method_not_allowed");
+        assert!(message.contains("GET"), "{message}");
+        assert_eq!(
+            answer.headers.get("allow").map(|v| v.as_bytes()),
+            Some(&b"POST"[..])
+        );
+
+        // And it still serves.
+        let answer = send(keyed().json(&body(path))).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text);
+    }
+
+    // Unknown routes: JSON everywhere, Anthropic's under its route.
+    for path in ["/v1/nope", "/", "/v1/messages/nope"] {
+        let answer = send(http().get(gateway.url(path))).await;
+        let message = assert_error(path, &answer, 404, "not_found");
+        assert!(message.contains(path), "{message}");
+    }
+    // The Prometheus listener too.
+    let answer = send(http().get(format!("http://{}/nope", gateway.metrics))).await;
+    assert_error("/nope", &answer, 404, "not_found");
+    let answer = send(http().post(format!("http://{}/metrics", gateway.metrics))).await;
+    assert_error("/metrics", &answer, 405, "method_not_allowed");
+    // The framework's own rejections on the admin API are JSON too.
+    let answer = send(http().post(gateway.admin_url("/workers")).body("{}")).await;
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    assert_error("/workers", &answer, 400, "invalid_request");
+}
+
+#[tokio::test]
+async fn admission_refusals_speak_the_routes_dialect_and_name_their_flags() {
+    // Rate: one request, then nothing for a long while.
+    let worker = worker();
+    let gateway = gateway(
+        &worker,
+        &[
+            "--rate-limit-tokens-per-second",
+            "0.001",
+            "--rate-limit-burst",
+            "1",
+        ],
+    );
+    let answer = send(http().post(gateway.url(CHAT)).json(&body(CHAT))).await;
+    assert_eq!(answer.status, 200, "{}", answer.text);
+    for path in [CHAT, MESSAGES] {
+        let answer = send(http().post(gateway.url(path)).json(&body(path))).await;
+        let message = assert_error(path, &answer, 429, "rate_limited");
+        assert!(
+            message.contains("--rate-limit-tokens-per-second"),
+            "{message}"
+        );
+        assert!(answer.headers.contains_key("retry-after"));
+    }
+
+    // Concurrency: a stalled stream holds the one slot, no queue.
+    let stalled = SimWorker::start("tokenspeed", "regular", &["--stall-after-tokens", "1"]);
+    let gateway = self::gateway(
+        &stalled,
+        &["--max-concurrent-requests", "1", "--queue-size", "0"],
+    );
+    let mut stream = body(CHAT);
+    stream["stream"] = json!(true);
+    let holder = http()
+        .post(gateway.url(CHAT))
+        .json(&stream)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(holder.status(), 200);
+    let mut holder = holder.bytes_stream();
+    assert!(bounded("the first token", holder.next()).await.is_some());
+    for path in [CHAT, MESSAGES, "/generate"] {
+        let answer = send(http().post(gateway.url(path)).json(&body(path))).await;
+        let message = assert_error(path, &answer, 429, "queue_full");
+        assert!(
+            message.contains("--max-concurrent-requests") && message.contains("--queue-size"),
+            "{message}"
+        );
+    }
+    drop(holder);
+}
+
+#[tokio::test]
+async fn a_request_timeout_answers_in_the_routes_dialect_and_names_its_flag() {
+    let stalled = SimWorker::start("tokenspeed", "regular", &["--stall-after-tokens", "1"]);
+    let gateway = gateway(&stalled, &["--request-timeout-secs", "1"]);
+    for path in [CHAT, MESSAGES] {
+        let answer = send(http().post(gateway.url(path)).json(&body(path))).await;
+        let message = assert_error(path, &answer, 504, "request_timeout");
+        assert!(message.contains("--request-timeout-secs"), "{message}");
+    }
+}
