@@ -74,8 +74,15 @@ use crate::tool::{CallDelta, ToolCall, Tools};
 /// `<|message|>`, in bytes) read as one; real headers are well under 100.
 pub const MAX_HEADER_BYTES: usize = 256;
 
+/// Whether a model speaks Harmony: its id names gpt-oss, or its chat
+/// template writes channels (`<|channel|>`, which no other family uses).
+pub fn detect(model: &str, template: Option<&str>) -> bool {
+    model.to_ascii_lowercase().contains("gpt-oss")
+        || template.is_some_and(|template| template.contains(Marker::Channel.text()))
+}
+
 /// How one response is read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HarmonyOptions {
     /// `analysis` is reasoning; `false`: it is content.
     pub separate_reasoning: bool,
