@@ -82,7 +82,7 @@ pub(crate) enum Found {
 pub(crate) fn scan(text: &str, from: usize, at_end: bool) -> Found {
     let bytes = text.as_bytes();
     let mut at = from;
-    while let Some(offset) = bytes.get(at..).and_then(|rest| find_open(rest)) {
+    while let Some(offset) = bytes.get(at..).and_then(find_open) {
         let start = at + offset;
         let rest = &text[start..];
         if let Some(marker) = Marker::ALL
