@@ -21,6 +21,7 @@ const FAMILIES: &[&str] = &[
     "deepseek-v3.1",
     "kimi-k2",
     "glm45",
+    "gpt-oss",
 ];
 
 /// Families whose templates write tool-call arguments as one JSON text (the
@@ -32,6 +33,7 @@ const JSON_ARGUMENT_FAMILIES: &[&str] = &[
     "deepseek-r1",
     "deepseek-v3.1",
     "kimi-k2",
+    "gpt-oss",
 ];
 
 fn family_dir(family: &str) -> PathBuf {

@@ -29,10 +29,34 @@
 //! excepted: a tool section opened inside an unclosed think block ends it). One rule gives the
 //! finish reason, streamed or not: a sequence that made a call and stopped
 //! normally finished with `tool_calls` ([`SequenceParser::made_calls`]).
+//!
+//! # gpt-oss (Harmony)
+//!
+//! A model whose id names gpt-oss or whose template writes `<|channel|>`
+//! ([`smg_parsers::harmony::detect`]) speaks Harmony: its output is a series
+//! of messages whose headers say both what is reasoning and what is a call,
+//! so one parser ([`smg_parsers::harmony`]) does both instead of the text
+//! reasoning + tool pair. A per-model `--model-tool-call-parser` or
+//! `--model-reasoning-parser` for the model overrides the detection (then
+//! the text parsers apply as for any model; `passthrough` leaves the text
+//! raw); the global flags do not, since they name text formats.
+//!
+//! Per request: `analysis` is reasoning (content with `separate_reasoning:
+//! false`), `final` and preambles are content, and a message to
+//! `functions.NAME` is a call (ids minted as for every model) when the
+//! request offers tools and `tool_choice` is `auto`. With `tool_choice:
+//! none` or no tools, such a message's body is content, without markers.
+//! Messages to built-in tools (`python`, `browser.*`, `container.*`) are
+//! dropped: the gateway never offered them. Unlike the text families, a
+//! Harmony model's output is always parsed: raw, it is protocol, not text.
+//! `required` and a named function constrain the engine to JSON (the
+//! `json` array, or the function's arguments), so their output is read as
+//! for every model; the model's Harmony structure is then not produced.
 
 use std::sync::Arc;
 
 use serde_json::Value;
+use smg_parsers::harmony::{self, HarmonyOptions, HarmonyParser};
 use smg_parsers::reasoning::{self, ReasoningOptions, ReasoningParser, ThinkingToggle};
 use smg_parsers::tool::{self, CallDelta, ToolParser, ToolSpec, Tools};
 
@@ -48,6 +72,9 @@ pub struct ModelParsers {
     pub reasoning: Option<String>,
     /// The chat template's thinking switch.
     pub toggle: ThinkingToggle,
+    /// The model speaks Harmony (gpt-oss): one parser reads reasoning and
+    /// calls, and `tool`/`reasoning` are `None`.
+    pub harmony: bool,
 }
 
 /// A template without a thinking switch.
@@ -63,6 +90,7 @@ impl Default for ModelParsers {
             tool: None,
             reasoning: None,
             toggle: NO_TOGGLE,
+            harmony: false,
         }
     }
 }
@@ -83,8 +111,17 @@ pub struct ParserSettings {
 impl ModelParsers {
     /// The parsers of model `name` whose chat template is `template`: the
     /// per-model flag, else the global flag, else detection. `passthrough`
-    /// chosen explicitly turns parsing off.
+    /// chosen explicitly turns parsing off. A Harmony model gets the Harmony
+    /// parser unless a per-model flag names its parsers.
     pub fn resolve(settings: &ParserSettings, name: &str, template: Option<&str>) -> Self {
+        let overridden = settings.model_tool_call_parsers.contains_key(name)
+            || settings.model_reasoning_parsers.contains_key(name);
+        if !overridden && harmony::detect(name, template) {
+            return Self {
+                harmony: true,
+                ..Self::default()
+            };
+        }
         let chosen = |per_model: &std::collections::HashMap<String, String>,
                       global: &Option<String>,
                       detected: Option<&'static str>| {
@@ -107,6 +144,7 @@ impl ModelParsers {
                 reasoning::detect(name),
             ),
             toggle: template.map_or(NO_TOGGLE, reasoning::thinking_toggle),
+            harmony: false,
         }
     }
 }
@@ -136,6 +174,8 @@ enum CallIds {
 pub struct OutputParsing {
     reasoning: Option<(String, ReasoningOptions)>,
     calls: Option<(CallMode, Tools)>,
+    /// Harmony output: this replaces `reasoning` and `calls`.
+    harmony: Option<HarmonyOptions>,
     call_ids: CallIds,
     parallel_tool_calls: bool,
 }
@@ -144,6 +184,25 @@ impl OutputParsing {
     /// The parsing `chat` asks of a model with `parsers`; `None` when the
     /// output is plain text.
     pub fn for_request(parsers: &ModelParsers, chat: &ChatPrompt) -> Option<Self> {
+        let constrained = !chat.tools.is_empty()
+            && matches!(
+                chat.tool_choice,
+                ToolChoice::Required | ToolChoice::Function(_)
+            );
+        if parsers.harmony && !constrained {
+            let calls = (chat.tool_choice != ToolChoice::None && !chat.tools.is_empty())
+                .then(|| tool_specs(&chat.tools));
+            return Some(Self {
+                reasoning: None,
+                calls: None,
+                harmony: Some(HarmonyOptions {
+                    separate_reasoning: chat.separate_reasoning,
+                    calls,
+                }),
+                call_ids: CallIds::Random,
+                parallel_tool_calls: chat.parallel_tool_calls,
+            });
+        }
         let reasoning = parsers
             .reasoning
             .as_ref()
@@ -180,6 +239,7 @@ impl OutputParsing {
         (reasoning.is_some() || calls.is_some()).then(|| Self {
             reasoning,
             calls,
+            harmony: None,
             call_ids,
             parallel_tool_calls: chat.parallel_tool_calls,
         })
@@ -188,6 +248,19 @@ impl OutputParsing {
     /// Fresh parsers for one sequence. A name the parser crates do not know
     /// was refused at start-up, so a failure here only drops that parser.
     pub fn sequence(&self) -> SequenceParser {
+        let reader = match &self.harmony {
+            Some(options) => Reader::Harmony(HarmonyParser::new(options.clone())),
+            None => self.text_reader(),
+        };
+        SequenceParser {
+            reader,
+            call_ids: self.call_ids,
+            single_call: !self.parallel_tool_calls,
+            calls_made: 0,
+        }
+    }
+
+    fn text_reader(&self) -> Reader {
         let reasoning = self.reasoning.as_ref().and_then(|(name, options)| {
             reasoning::create(name, *options)
                 .inspect_err(|err| tracing::error!(%err, "reasoning parsing is off"))
@@ -203,13 +276,7 @@ impl OutputParsing {
                 started: false,
             }),
         });
-        SequenceParser {
-            reasoning,
-            calls,
-            call_ids: self.call_ids,
-            single_call: !self.parallel_tool_calls,
-            calls_made: 0,
-        }
+        Reader::Text { reasoning, calls }
     }
 }
 
@@ -279,11 +346,23 @@ enum Calls {
     },
 }
 
+/// What reads one sequence's text.
+#[derive(Debug)]
+enum Reader {
+    /// The text families: reasoning split off first, its answer text read
+    /// for calls.
+    Text {
+        reasoning: Option<Box<dyn ReasoningParser>>,
+        calls: Option<Calls>,
+    },
+    /// gpt-oss: one parser for reasoning, answer and calls.
+    Harmony(HarmonyParser),
+}
+
 /// The parsers of one sequence.
 #[derive(Debug)]
 pub struct SequenceParser {
-    reasoning: Option<Box<dyn ReasoningParser>>,
-    calls: Option<Calls>,
+    reader: Reader,
     call_ids: CallIds,
     single_call: bool,
     /// Calls whose first fragment went out.
@@ -293,26 +372,38 @@ pub struct SequenceParser {
 impl SequenceParser {
     /// Parses the next piece of text.
     pub fn push(&mut self, text: &str) -> ParsedText {
-        let (reasoning, answer) = match &mut self.reasoning {
-            Some(parser) => {
-                let delta = parser.push(text);
-                (delta.reasoning, delta.content)
+        let (parsed, calls) = match &mut self.reader {
+            Reader::Harmony(parser) => harmony_parsed(parser.push(text)),
+            Reader::Text { reasoning, calls } => {
+                let (reasoning, answer) = match reasoning {
+                    Some(parser) => {
+                        let delta = parser.push(text);
+                        (delta.reasoning, delta.content)
+                    }
+                    None => (String::new(), text.to_owned()),
+                };
+                answer_calls(calls, reasoning, &answer, false)
             }
-            None => (String::new(), text.to_owned()),
         };
-        self.answer(reasoning, &answer, false)
+        self.with_ids(parsed, calls)
     }
 
     /// The text ended: flush what the parsers held back.
     pub fn finish(&mut self) -> ParsedText {
-        let (reasoning, answer) = match &mut self.reasoning {
-            Some(parser) => {
-                let delta = parser.finish();
-                (delta.reasoning, delta.content)
+        let (parsed, calls) = match &mut self.reader {
+            Reader::Harmony(parser) => harmony_parsed(parser.finish()),
+            Reader::Text { reasoning, calls } => {
+                let (reasoning, answer) = match reasoning {
+                    Some(parser) => {
+                        let delta = parser.finish();
+                        (delta.reasoning, delta.content)
+                    }
+                    None => (String::new(), String::new()),
+                };
+                answer_calls(calls, reasoning, &answer, true)
             }
-            None => (String::new(), String::new()),
         };
-        self.answer(reasoning, &answer, true)
+        self.with_ids(parsed, calls)
     }
 
     /// Whether any call went out: the finish reason becomes `tool_calls`.
@@ -320,39 +411,9 @@ impl SequenceParser {
         self.calls_made > 0
     }
 
-    /// Runs answer text through the call parser.
-    fn answer(&mut self, reasoning: String, answer: &str, last: bool) -> ParsedText {
-        let mut parsed = ParsedText {
-            reasoning,
-            ..ParsedText::default()
-        };
-        let mut calls: Vec<CallDelta> = Vec::new();
-        match &mut self.calls {
-            None => parsed.content.push_str(answer),
-            Some(Calls::Parsed(parser)) => {
-                let mut delta = if answer.is_empty() {
-                    tool::ToolDelta::default()
-                } else {
-                    parser.push(answer)
-                };
-                if last {
-                    let tail = parser.finish();
-                    delta.content.push_str(&tail.content);
-                    delta.calls.extend(tail.calls);
-                }
-                parsed.content = delta.content;
-                calls = delta.calls;
-            }
-            Some(Calls::Arguments { name, started }) => {
-                if !answer.is_empty() || (last && !*started) {
-                    calls.push(CallDelta {
-                        index: 0,
-                        name: (!std::mem::replace(started, true)).then(|| name.clone()),
-                        arguments: answer.to_owned(),
-                    });
-                }
-            }
-        }
+    /// Keeps only the first call without `parallel_tool_calls`, and gives
+    /// each call its id on its first fragment.
+    fn with_ids(&mut self, mut parsed: ParsedText, mut calls: Vec<CallDelta>) -> ParsedText {
         if self.single_call {
             calls.retain(|call| call.index == 0);
         }
@@ -378,6 +439,57 @@ impl SequenceParser {
             .collect();
         parsed
     }
+}
+
+/// A Harmony delta as text and call fragments.
+fn harmony_parsed(delta: harmony::HarmonyDelta) -> (ParsedText, Vec<CallDelta>) {
+    let parsed = ParsedText {
+        reasoning: delta.reasoning,
+        content: delta.content,
+        calls: Vec::new(),
+    };
+    (parsed, delta.calls)
+}
+
+/// Runs answer text through the call parser (`last`: the text ended).
+fn answer_calls(
+    parser: &mut Option<Calls>,
+    reasoning: String,
+    answer: &str,
+    last: bool,
+) -> (ParsedText, Vec<CallDelta>) {
+    let mut parsed = ParsedText {
+        reasoning,
+        ..ParsedText::default()
+    };
+    let mut calls: Vec<CallDelta> = Vec::new();
+    match parser {
+        None => parsed.content.push_str(answer),
+        Some(Calls::Parsed(parser)) => {
+            let mut delta = if answer.is_empty() {
+                tool::ToolDelta::default()
+            } else {
+                parser.push(answer)
+            };
+            if last {
+                let tail = parser.finish();
+                delta.content.push_str(&tail.content);
+                delta.calls.extend(tail.calls);
+            }
+            parsed.content = delta.content;
+            calls = delta.calls;
+        }
+        Some(Calls::Arguments { name, started }) => {
+            if !answer.is_empty() || (last && !*started) {
+                calls.push(CallDelta {
+                    index: 0,
+                    name: (!std::mem::replace(started, true)).then(|| name.clone()),
+                    arguments: answer.to_owned(),
+                });
+            }
+        }
+    }
+    (parsed, calls)
 }
 
 #[cfg(test)]
@@ -409,6 +521,7 @@ mod tests {
             tool: Some("qwen".into()),
             reasoning: Some("qwen3".into()),
             toggle: NO_TOGGLE,
+            harmony: false,
         }
     }
 
@@ -576,5 +689,127 @@ mod tests {
         let mut prompt = chat(json!([]), ToolChoice::None);
         prompt.separate_reasoning = false;
         assert_eq!(OutputParsing::for_request(&qwen3(), &prompt), None);
+    }
+
+    fn gpt_oss() -> ModelParsers {
+        ModelParsers::resolve(&ParserSettings::default(), "openai/gpt-oss-20b", None)
+    }
+
+    const HARMONY_CALL: &str = "<|channel|>analysis<|message|>Need the weather.<|end|>\
+        <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json\
+        <|message|>{\"city\":\"Paris\"}";
+
+    #[test]
+    fn gpt_oss_is_detected_by_id_or_template_and_per_model_flags_override_it() {
+        let by_id = gpt_oss();
+        assert!(by_id.harmony);
+        assert_eq!((by_id.tool, by_id.reasoning), (None, None));
+        let by_template = ModelParsers::resolve(
+            &ParserSettings::default(),
+            "my-model",
+            Some("{{- '<|start|>assistant<|channel|>final<|message|>' -}}"),
+        );
+        assert!(by_template.harmony);
+        // The global flags name text formats: they do not turn Harmony off.
+        let global = ParserSettings {
+            tool_call_parser: Some("qwen".into()),
+            reasoning_parser: Some("qwen3".into()),
+            ..ParserSettings::default()
+        };
+        assert!(ModelParsers::resolve(&global, "openai/gpt-oss-120b", None).harmony);
+        let per_model = ParserSettings {
+            model_tool_call_parsers: [("openai/gpt-oss-20b".to_owned(), "passthrough".to_owned())]
+                .into(),
+            ..ParserSettings::default()
+        };
+        let off = ModelParsers::resolve(&per_model, "openai/gpt-oss-20b", None);
+        assert!(!off.harmony);
+        assert_eq!(off.tool, None);
+        assert!(!ModelParsers::resolve(&ParserSettings::default(), "Qwen/Qwen3-8B", None).harmony);
+    }
+
+    #[test]
+    fn harmony_gives_reasoning_and_calls_with_minted_ids() {
+        let parsing =
+            OutputParsing::for_request(&gpt_oss(), &chat(weather(), ToolChoice::Auto)).unwrap();
+        let mut parser = parsing.sequence();
+        // The call ends with the text: <|call|> is an EOS id the gateway hides.
+        let (head, tail) = HARMONY_CALL.split_at(HARMONY_CALL.len() - 9);
+        let out = run(&mut parser, &[head, tail]);
+        assert_eq!(out.reasoning, "Need the weather.");
+        assert_eq!(out.content, "");
+        assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+        let id = out.calls[0].id.as_deref().unwrap();
+        assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+        assert!(
+            out.calls[1..]
+                .iter()
+                .all(|c| c.id.is_none() && c.name.is_none())
+        );
+        let arguments: String = out.calls.iter().map(|c| c.arguments.as_str()).collect();
+        assert_eq!(arguments, "{\"city\":\"Paris\"}");
+        assert!(parser.made_calls());
+    }
+
+    #[test]
+    fn harmony_without_calls_or_separate_reasoning_still_hides_the_markers() {
+        let mut none = chat(weather(), ToolChoice::None);
+        let out = run(
+            &mut OutputParsing::for_request(&gpt_oss(), &none)
+                .unwrap()
+                .sequence(),
+            &[HARMONY_CALL],
+        );
+        assert_eq!(out.reasoning, "Need the weather.");
+        assert_eq!(out.content, "{\"city\":\"Paris\"}");
+        assert!(out.calls.is_empty());
+        none.separate_reasoning = false;
+        let mut parser = OutputParsing::for_request(&gpt_oss(), &none)
+            .unwrap()
+            .sequence();
+        let out = run(&mut parser, &[HARMONY_CALL]);
+        assert_eq!(out.reasoning, "");
+        assert_eq!(out.content, "Need the weather.{\"city\":\"Paris\"}");
+        assert!(!parser.made_calls());
+        // No tools: still parsed (raw Harmony is protocol, not text).
+        let plain = chat(json!([]), ToolChoice::Auto);
+        let out = run(
+            &mut OutputParsing::for_request(&gpt_oss(), &plain)
+                .unwrap()
+                .sequence(),
+            &[
+                "<|channel|>analysis<|message|>Hi?<|end|><|start|>assistant<|channel|>final<|message|>Hello.",
+            ],
+        );
+        assert_eq!(
+            (out.reasoning.as_str(), out.content.as_str()),
+            ("Hi?", "Hello.")
+        );
+    }
+
+    #[test]
+    fn harmony_under_required_reads_the_constrained_json_and_parallel_off_keeps_one_call() {
+        let required = chat(weather(), ToolChoice::Required);
+        let out = run(
+            &mut OutputParsing::for_request(&gpt_oss(), &required)
+                .unwrap()
+                .sequence(),
+            &["[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}]"],
+        );
+        assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+        let mut single = chat(weather(), ToolChoice::Auto);
+        single.parallel_tool_calls = false;
+        let two = format!(
+            "{HARMONY_CALL}<|call|><|start|>assistant<|channel|>commentary \
+             to=functions.get_weather <|constrain|>json<|message|>{{\"city\":\"Rome\"}}"
+        );
+        let out = run(
+            &mut OutputParsing::for_request(&gpt_oss(), &single)
+                .unwrap()
+                .sequence(),
+            &[&two],
+        );
+        assert!(out.calls.iter().all(|c| c.index == 0));
+        assert_eq!(out.calls.iter().filter(|c| c.name.is_some()).count(), 1);
     }
 }

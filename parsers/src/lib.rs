@@ -1,5 +1,6 @@
 //! Parsers that turn a model's generated text into what an API client reads:
-//! tool calls (`tool`) and reasoning (`reasoning`).
+//! tool calls (`tool`), reasoning (`reasoning`), and both at once for
+//! gpt-oss's Harmony messages (`harmony`).
 //!
 //! In gRPC mode the engines return token ids only, so everything an agent
 //! framework needs from the text (OpenAI `tool_calls`, `reasoning_content`,
@@ -11,5 +12,6 @@
 
 #![deny(unsafe_code)]
 
+pub mod harmony;
 pub mod reasoning;
 pub mod tool;

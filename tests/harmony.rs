@@ -1,0 +1,308 @@
+//! gpt-oss end to end: a scripted Harmony model (the `gpt-oss` family
+//! fixture and `smg-sim-worker --script`) reasons on `analysis`, calls a
+//! function on `commentary` and, given the result, answers on `final`; the
+//! worker streams the fixture tokenizer's ids (each Harmony marker one
+//! special id) and stops at `<|call|>` and `<|return|>`, its end-of-sequence
+//! ids. The gateway must return OpenAI's shapes: `reasoning_content`,
+//! `tool_calls` with `call_` ids, `finish_reason: "tool_calls"`, the same
+//! message streamed and whole, and no Harmony marker anywhere, in Regular
+//! and PD.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use support::{Gateway, SimWorker};
+
+const MODEL_ID: &str = "openai/gpt-oss-20b";
+
+const WEATHER: &str = "What is the weather in Paris?";
+const WEATHER_REASONING: &str = "The user wants the weather in Paris; I should call get_weather.";
+const WEATHER_ANSWER: &str = "<|channel|>analysis<|message|>The user wants the weather in Paris; I should call get_weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\",\"unit\":\"celsius\"}<|call|>";
+const CALL_ARGUMENTS: &str = "{\"city\":\"Paris\",\"unit\":\"celsius\"}";
+/// The call and its result as the template renders them for turn two: the
+/// call on `commentary` to its function (arguments re-serialized from the
+/// object the gateway hands the template), the result as a message from the
+/// function the call id names. Matching it proves the prompt was Harmony.
+const TOOL_RESULT: &str = "sunny, 21 °C";
+const TOOL_RESULT_PROMPT: &str = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny, 21 °C<|end|><|start|>assistant";
+const FOLLOW_UP_ANSWER: &str = "<|channel|>analysis<|message|>The tool says sunny.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny in Paris, 21 °C.<|return|>";
+
+const MARKERS: &[&str] = &[
+    "<|start|>",
+    "<|channel|>",
+    "<|constrain|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+];
+
+fn gpt_oss_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/gpt-oss")
+}
+
+fn script() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("script.jsonl");
+    let lines = [
+        // The follow-up's prompt also holds the question: it must match first.
+        json!({"when": TOOL_RESULT_PROMPT, "text": FOLLOW_UP_ANSWER}),
+        json!({"when": WEATHER, "text": WEATHER_ANSWER}),
+    ];
+    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
+    std::fs::write(&path, text).expect("write the script");
+    let path = path.to_str().expect("UTF-8").to_owned();
+    (dir, path)
+}
+
+fn worker(role: &str, script: &str) -> SimWorker {
+    SimWorker::start_with_model(
+        "tokenspeed",
+        role,
+        &gpt_oss_dir(),
+        &[
+            "--zero-delay",
+            "--script",
+            script,
+            "--served-model-name",
+            MODEL_ID,
+        ],
+    )
+}
+
+fn gateway(args: &[&str]) -> Gateway {
+    let mut all = args.to_vec();
+    all.extend(["--served-model-name", MODEL_ID]);
+    Gateway::start_with_model(Some(&gpt_oss_dir()), &all)
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]},
+    }}])
+}
+
+fn request(messages: Value, stream: bool) -> Value {
+    json!({"model": MODEL_ID, "messages": messages, "tools": tools(),
+           "max_tokens": 300, "stream": stream})
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("http client")
+}
+
+async fn whole(gateway: &Gateway, body: &Value) -> Value {
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("JSON");
+    assert_eq!(status, 200, "{body}");
+    assert_no_markers(&body);
+    body
+}
+
+/// The stream's chunks, parsed.
+async fn chunks(gateway: &Gateway, body: &Value) -> Vec<Value> {
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status().as_u16(), 200);
+    let mut text = String::new();
+    let mut bytes = response.bytes_stream();
+    while let Some(piece) = bytes.next().await {
+        text.push_str(std::str::from_utf8(&piece.expect("body")).expect("UTF-8"));
+    }
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|frame| frame.strip_prefix("data: "))
+        .filter(|payload| *payload != "[DONE]")
+        .map(|payload| serde_json::from_str(payload).expect("a JSON chunk"))
+        .collect();
+    for chunk in &chunks {
+        assert_no_markers(chunk);
+    }
+    chunks
+}
+
+fn assert_no_markers(body: &Value) {
+    let text = body.to_string();
+    for marker in MARKERS {
+        assert!(
+            !text.contains(marker),
+            "{marker} reached the client: {text}"
+        );
+    }
+}
+
+/// A streamed message put back together as clients do.
+#[derive(Debug, Default)]
+struct Assembled {
+    content: String,
+    reasoning: String,
+    /// (id, name, arguments) per index.
+    calls: Vec<(String, String, String)>,
+    finish_reason: String,
+}
+
+fn assemble(chunks: &[Value]) -> Assembled {
+    let mut out = Assembled::default();
+    for chunk in chunks {
+        let Some(choice) = chunk["choices"].get(0) else {
+            continue;
+        };
+        let delta = &choice["delta"];
+        out.content
+            .push_str(delta["content"].as_str().unwrap_or_default());
+        out.reasoning
+            .push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let index = call["index"].as_u64().expect("index") as usize;
+            if let Some(name) = call["function"]["name"].as_str() {
+                assert_eq!(index, out.calls.len(), "indexes 0..n-1 in order");
+                assert_eq!(call["type"], "function");
+                let id = call["id"].as_str().expect("the first fragment has an id");
+                out.calls
+                    .push((id.to_owned(), name.to_owned(), String::new()));
+            } else {
+                assert!(
+                    call.get("id").is_none() && call.get("type").is_none(),
+                    "{call}"
+                );
+            }
+            let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+            out.calls[index].2.push_str(arguments);
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            out.finish_reason = reason.to_owned();
+        }
+    }
+    out
+}
+
+async fn check_two_turn_tool_loop(gateway: &Gateway) {
+    let first = json!([{"role": "user", "content": WEATHER}]);
+    let body = whole(gateway, &request(first.clone(), false)).await;
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let message = &choice["message"];
+    assert_eq!(message["reasoning_content"], WEATHER_REASONING);
+    assert_eq!(message["content"], Value::Null, "{message}");
+    let calls = message["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{message}");
+    let id = calls[0]["id"].as_str().expect("id");
+    assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], CALL_ARGUMENTS);
+
+    // Streamed: the same message, rebuilt from the deltas.
+    let streamed = assemble(&chunks(gateway, &request(first.clone(), true)).await);
+    assert_eq!(streamed.finish_reason, "tool_calls");
+    assert_eq!(streamed.reasoning, WEATHER_REASONING);
+    assert_eq!(streamed.content, "");
+    assert_eq!(streamed.calls.len(), 1);
+    let (streamed_id, name, arguments) = &streamed.calls[0];
+    assert!(streamed_id.starts_with("call_"), "{streamed_id}");
+    assert_eq!(
+        (name.as_str(), arguments.as_str()),
+        ("get_weather", CALL_ARGUMENTS)
+    );
+
+    // Turn two: the call and its result go back (with the reasoning, as
+    // clients send it); the template renders them as Harmony messages and
+    // the model answers on final.
+    let mut history = first.as_array().expect("list").clone();
+    history.push(json!({"role": "assistant", "content": null,
+                        "reasoning_content": message["reasoning_content"],
+                        "tool_calls": calls}));
+    history.push(json!({"role": "tool", "tool_call_id": id, "content": TOOL_RESULT}));
+    let second = Value::Array(history);
+    let body = whole(gateway, &request(second.clone(), false)).await;
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{body}");
+    assert_eq!(choice["message"]["content"], "It is sunny in Paris, 21 °C.");
+    assert_eq!(
+        choice["message"]["reasoning_content"],
+        "The tool says sunny."
+    );
+    assert!(choice["message"].get("tool_calls").is_none());
+    let streamed = assemble(&chunks(gateway, &request(second, true)).await);
+    assert_eq!(streamed.finish_reason, "stop");
+    assert_eq!(streamed.content, "It is sunny in Paris, 21 °C.");
+    assert_eq!(streamed.reasoning, "The tool says sunny.");
+    assert!(streamed.calls.is_empty());
+}
+
+#[tokio::test]
+async fn regular_mode_serves_a_two_turn_harmony_tool_loop() {
+    let (_dir, script) = script();
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    check_two_turn_tool_loop(&gateway).await;
+}
+
+#[tokio::test]
+async fn pd_mode_serves_a_two_turn_harmony_tool_loop() {
+    let (_dir, script) = script();
+    let prefill = worker("prefill", &script);
+    let decode = worker("decode", &script);
+    let gateway = gateway(&[
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.grpc_url(),
+        &prefill.bootstrap_port().to_string(),
+        "--decode",
+        &decode.grpc_url(),
+    ]);
+    check_two_turn_tool_loop(&gateway).await;
+}
+
+/// `tool_choice: none` and `separate_reasoning: false` still hide the
+/// protocol: the call's body is the answer, reasoning moves into content.
+#[tokio::test]
+async fn tool_choice_none_and_inline_reasoning_never_show_markers() {
+    let (_dir, script) = script();
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let mut body = request(json!([{"role": "user", "content": WEATHER}]), false);
+    body["tool_choice"] = json!("none");
+    let answer = whole(&gateway, &body).await;
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["message"]["content"], CALL_ARGUMENTS);
+    assert_eq!(choice["message"]["reasoning_content"], WEATHER_REASONING);
+    assert!(choice["message"].get("tool_calls").is_none());
+
+    body["separate_reasoning"] = json!(false);
+    let answer = whole(&gateway, &body).await;
+    let choice = &answer["choices"][0];
+    assert_eq!(
+        choice["message"]["content"],
+        format!("{WEATHER_REASONING}{CALL_ARGUMENTS}")
+    );
+    assert!(choice["message"].get("reasoning_content").is_none());
+    body["stream"] = json!(true);
+    let streamed = assemble(&chunks(&gateway, &body).await);
+    assert_eq!(
+        streamed.content,
+        format!("{WEATHER_REASONING}{CALL_ARGUMENTS}")
+    );
+    assert_eq!(streamed.finish_reason, "stop");
+}
