@@ -315,3 +315,161 @@ async fn unknown_parser_names_stop_the_gateway_at_start_up() {
     assert!(!status.success());
     assert!(stderr.contains("model-reasoning-parser"), "{stderr}");
 }
+
+/// The SSE events of a `/v1/messages` stream: (name, data).
+async fn message_events(gateway: &Gateway, body: &Value) -> Vec<(String, Value)> {
+    let response = http()
+        .post(gateway.url("/v1/messages"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.expect("a body");
+    text.split("\n\n")
+        .filter(|frame| !frame.is_empty())
+        .map(|frame| {
+            let mut lines = frame.lines();
+            let name = lines
+                .next()
+                .and_then(|l| l.strip_prefix("event: "))
+                .expect("event");
+            let data = lines
+                .next()
+                .and_then(|l| l.strip_prefix("data: "))
+                .expect("data");
+            (
+                name.to_owned(),
+                serde_json::from_str(data).expect("JSON data"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn anthropic_messages_carry_thinking_and_tool_use_blocks() {
+    let (_dir, script) = script();
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let tools = json!([{"name": "get_weather", "description": "Current weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"},
+                         "unit": {"type": "string"}}, "required": ["city"]}}]);
+    let first = json!([{"role": "user", "content": WEATHER}]);
+    let body = json!({"model": MODEL_ID, "max_tokens": 300, "tools": tools, "messages": first});
+    let response = http()
+        .post(gateway.url("/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status().as_u16(), 200);
+    let message: Value = response.json().await.expect("JSON");
+    assert_eq!(message["stop_reason"], "tool_use", "{message}");
+    let blocks = message["content"].as_array().expect("content");
+    let kinds: Vec<&str> = blocks
+        .iter()
+        .map(|b| b["type"].as_str().expect("type"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["thinking", "text", "tool_use", "tool_use"],
+        "{message}"
+    );
+    assert_eq!(
+        blocks[0]["thinking"],
+        "\nTwo cities: two calls. <tool_call> here is just thought.\n"
+    );
+    // The whitespace between the two calls is no text block.
+    assert_eq!(blocks[1]["text"], "\n\nLet me check.\n");
+    assert_eq!(blocks[2]["name"], "get_weather");
+    assert_eq!(blocks[2]["input"], json!({"city": "Paris"}));
+    assert_eq!(
+        blocks[3]["input"],
+        json!({"city": "Rome", "unit": "celsius"})
+    );
+
+    // Streamed: the same blocks, rebuilt from the events.
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let events = message_events(&gateway, &streamed_body).await;
+    let mut rebuilt: Vec<Value> = Vec::new();
+    let mut inputs: Vec<String> = Vec::new();
+    let mut stop_reason = Value::Null;
+    for (name, data) in &events {
+        match name.as_str() {
+            "content_block_start" => {
+                assert_eq!(data["index"], rebuilt.len(), "blocks open in order");
+                rebuilt.push(data["content_block"].clone());
+                inputs.push(String::new());
+            }
+            "content_block_delta" => {
+                let index = data["index"].as_u64().expect("index") as usize;
+                let delta = &data["delta"];
+                let block = &mut rebuilt[index];
+                match delta["type"].as_str().expect("type") {
+                    "thinking_delta" => {
+                        let joined = format!(
+                            "{}{}",
+                            block["thinking"].as_str().expect("thinking"),
+                            delta["thinking"].as_str().expect("text")
+                        );
+                        block["thinking"] = json!(joined);
+                    }
+                    "text_delta" => {
+                        let joined = format!(
+                            "{}{}",
+                            block["text"].as_str().expect("text"),
+                            delta["text"].as_str().expect("text")
+                        );
+                        block["text"] = json!(joined);
+                    }
+                    "input_json_delta" => {
+                        inputs[index].push_str(delta["partial_json"].as_str().expect("json"))
+                    }
+                    other => panic!("unexpected delta {other}"),
+                }
+            }
+            "message_delta" => stop_reason = data["delta"]["stop_reason"].clone(),
+            _ => {}
+        }
+    }
+    for (block, input) in rebuilt.iter_mut().zip(&inputs) {
+        if block["type"] == "tool_use" {
+            block["input"] = serde_json::from_str(input).expect("input JSON");
+        }
+    }
+    assert_eq!(stop_reason, "tool_use");
+    for (streamed, whole) in rebuilt.iter().zip(blocks) {
+        let mut whole = whole.clone();
+        let mut streamed = streamed.clone();
+        // Ids are minted per response.
+        for block in [&mut whole, &mut streamed] {
+            if let Some(object) = block.as_object_mut() {
+                object.remove("id");
+            }
+        }
+        assert_eq!(streamed, whole);
+    }
+    assert_eq!(rebuilt.len(), blocks.len());
+
+    // Turn two: thinking and tool_use go back, results as tool_result.
+    let mut history = first.as_array().expect("list").clone();
+    history.push(json!({"role": "assistant", "content": blocks}));
+    history.push(json!({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": blocks[2]["id"], "content": FOLLOW_UP},
+        {"type": "tool_result", "tool_use_id": blocks[3]["id"], "content": "21 °C"},
+    ]}));
+    let body = json!({"model": MODEL_ID, "max_tokens": 300, "tools": tools,
+                      "messages": history});
+    let response = http()
+        .post(gateway.url("/v1/messages"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    let message: Value = response.json().await.expect("JSON");
+    assert_eq!(message["stop_reason"], "end_turn", "{message}");
+    let blocks = message["content"].as_array().expect("content");
+    assert_eq!(blocks[0]["type"], "thinking");
+    assert_eq!(blocks[1]["text"], "\n\nParis is sunny and Rome is 21 °C.");
+}

@@ -173,13 +173,9 @@ pub async fn prepare(
         }
     }
     sampling.n = sampling.n.max(1);
-    // Anthropic's messages show text only until its dialect writes thinking
-    // and tool_use blocks.
     let parsing = match &spec.prompt {
-        Prompt::Chat(chat) if endpoint == Endpoint::ChatCompletions => {
-            OutputParsing::for_request(&model.parsers, chat)
-        }
-        _ => None,
+        Prompt::Chat(chat) => OutputParsing::for_request(&model.parsers, chat),
+        Prompt::Text(_) | Prompt::TokenIds(_) => None,
     };
     Ok(PreparedRequest {
         endpoint,

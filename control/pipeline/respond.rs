@@ -189,15 +189,37 @@ impl Processor {
         token_ids: Vec<u32>,
         logprobs: Option<LogProbs>,
     ) -> Result<()> {
-        let parsed = match &mut self.sequence(index)?.parser {
-            Some(parser) if !text.is_empty() => parser.push(&text),
-            Some(_) => ParsedText::default(),
-            None => ParsedText {
+        let Some(parser) = &mut self.sequence(index)?.parser else {
+            let parsed = ParsedText {
                 content: text,
                 ..ParsedText::default()
-            },
+            };
+            self.queue_parsed(index, parsed, token_ids, logprobs);
+            return Ok(());
         };
-        self.queue_parsed(index, parsed, token_ids, logprobs);
+        // A parsed delta says its text comes before its calls. A long text
+        // (a whole unary response) is parsed in token-sized pieces, and a
+        // delta ends at each call, so text written after a call follows it,
+        // as it would have streamed.
+        let mut events = Vec::new();
+        let mut pending = ParsedText::default();
+        for piece in pieces(&text, PARSE_PIECE_BYTES) {
+            let parsed = parser.push(piece);
+            pending.reasoning.push_str(&parsed.reasoning);
+            pending.content.push_str(&parsed.content);
+            if !parsed.calls.is_empty() {
+                pending.calls = parsed.calls;
+                events.push(std::mem::take(&mut pending));
+            }
+        }
+        if !pending.is_empty() || events.is_empty() {
+            events.push(pending);
+        }
+        let mut first = Some((token_ids, logprobs));
+        for parsed in events {
+            let (token_ids, logprobs) = first.take().unwrap_or_default();
+            self.queue_parsed(index, parsed, token_ids, logprobs);
+        }
         Ok(())
     }
 
@@ -364,6 +386,26 @@ impl Processor {
     }
 }
 
+/// The size of the pieces a long text is parsed in: a few tokens' worth.
+const PARSE_PIECE_BYTES: usize = 16;
+
+/// `text` cut into pieces of about `size` bytes, at character boundaries.
+fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = size.min(rest.len());
+        while !rest.is_char_boundary(end) {
+            end += 1;
+        }
+        let (piece, tail) = rest.split_at(end);
+        rest = tail;
+        Some(piece)
+    })
+}
+
 /// Turns a request's engine events into client output events.
 pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
     let keep_special_tokens = options.parsing.is_some();
@@ -434,6 +476,10 @@ pub struct CollectedCall {
     pub name: String,
     /// JSON text.
     pub arguments: String,
+    /// How much of the choice's text came before the call (a byte offset
+    /// into `CollectedChoice::text`), so that dialects with ordered blocks
+    /// (Anthropic) place text and calls as a stream would.
+    pub text_before: usize,
 }
 
 /// A whole non-streaming response.
@@ -479,6 +525,7 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
                                 id: call.id.unwrap_or_default(),
                                 name,
                                 arguments: String::new(),
+                                text_before: choice.text.len(),
                             });
                         }
                         if let Some(whole) = choice.tool_calls.get_mut(call.index) {
@@ -508,6 +555,18 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn long_texts_are_cut_at_character_boundaries() {
+        let text = "ab東京é".repeat(9);
+        let cut: Vec<&str> = pieces(&text, 4).collect();
+        assert_eq!(cut.concat(), text);
+        assert!(
+            cut.iter()
+                .all(|piece| !piece.is_empty() && piece.len() <= 4 + 3)
+        );
+        assert_eq!(pieces("", 4).count(), 0);
+    }
+
     use super::*;
 
     fn chunk(index: u32, token_ids: Vec<u32>) -> GenerateEvent {

@@ -1,11 +1,16 @@
 //! Anthropic's Messages API (`/v1/messages`).
 //!
-//! Why it exists: Anthropic clients expect named SSE events around the text
-//! (`message_start`, one text block's `content_block_start`/`_delta`/`_stop`,
-//! `message_delta` with the stop reason and usage, `message_stop`) and
-//! Anthropic-shaped errors, both streamed and as whole responses. The
-//! dialect remembers only whether its text block is open and why the
-//! generation stopped; streaming itself is the driver's.
+//! Why it exists: Anthropic clients expect named SSE events around the
+//! output (`message_start`, then per content block `content_block_start`,
+//! `_delta`s and `_stop`, then `message_delta` with the stop reason and
+//! usage, `message_stop`) and Anthropic-shaped errors, streamed and whole.
+//! The output arrives parsed (`pipeline::parsing`): reasoning becomes a
+//! `thinking` block (`thinking_delta`), text a `text` block, each tool call
+//! a `tool_use` block whose input streams as `input_json_delta`; a block
+//! opens when its first piece arrives and closes when another kind starts,
+//! and text that is only whitespace between blocks is dropped, as is
+//! `content: null` on OpenAI's side. The dialect remembers its open block
+//! and why the generation stopped; streaming itself is the driver's.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -21,13 +26,29 @@ use super::{Dialect, GenerationInfo, run};
 use crate::engine::{LogProbs, MatchedStop};
 use crate::error::{Error, Result};
 use crate::pipeline::Endpoint;
+use crate::pipeline::parsing::ParsedText;
 use crate::pipeline::respond::{CollectedOutput, FinishReason, Usage};
 
 /// Why a generation stopped, and the stop sequence that did it.
 type Stop = (anthropic::StopReason, Option<String>);
 
+/// The content block a stream has open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OpenBlock {
+    Thinking,
+    Text,
+    /// The tool call of this index.
+    ToolUse(usize),
+}
+
 struct MessagesDialect {
-    block_open: bool,
+    /// The open block and its index.
+    open: Option<(OpenBlock, u32)>,
+    /// Blocks opened so far (the next block's index).
+    blocks: u32,
+    /// Whitespace held back until text that is not whitespace follows it
+    /// (whitespace around tool calls is no answer).
+    held_whitespace: String,
     stop: Option<Stop>,
 }
 
@@ -67,10 +88,7 @@ impl Dialect for MessagesDialect {
     }
 
     fn for_spec(_spec: &GenerationSpec) -> Self {
-        MessagesDialect {
-            block_open: false,
-            stop: None,
-        }
+        MessagesDialect::new()
     }
 
     const ERRORS: ErrorDialect = ErrorDialect::Anthropic;
@@ -82,16 +100,60 @@ impl Dialect for MessagesDialect {
             Vec::new(),
             anthropic::Usage::from_counts(usage.prompt_tokens, 0, usage.cached_tokens),
         );
-        self.block_open = true;
-        vec![
-            event_frame(&anthropic::StreamEvent::MessageStart { message }),
-            event_frame(&anthropic::StreamEvent::ContentBlockStart {
-                index: 0,
-                content_block: anthropic::ResponseBlock::Text {
-                    text: String::new(),
+        vec![event_frame(&anthropic::StreamEvent::MessageStart {
+            message,
+        })]
+    }
+
+    fn parsed_delta(
+        &mut self,
+        _info: &GenerationInfo,
+        _index: u32,
+        parsed: ParsedText,
+        _token_ids: &[u32],
+        _logprobs: Option<&LogProbs>,
+    ) -> Vec<Bytes> {
+        let mut frames = Vec::new();
+        if !parsed.reasoning.is_empty() {
+            let index = self.open_block(OpenBlock::Thinking, &mut frames, || {
+                anthropic::ResponseBlock::Thinking {
+                    thinking: String::new(),
+                    signature: String::new(),
+                }
+            });
+            frames.push(event_frame(&anthropic::StreamEvent::ContentBlockDelta {
+                index,
+                delta: anthropic::BlockDelta::ThinkingDelta {
+                    thinking: parsed.reasoning,
                 },
-            }),
-        ]
+            }));
+        }
+        self.text(parsed.content, &mut frames);
+        for call in parsed.calls {
+            let id = call.id.clone().unwrap_or_default();
+            let name = call.name.clone();
+            let block = OpenBlock::ToolUse(call.index);
+            let index = match (name, &self.open) {
+                (None, Some((open, index))) if *open == block => *index,
+                (name, _) => {
+                    self.held_whitespace.clear();
+                    self.open_block(block, &mut frames, || anthropic::ResponseBlock::ToolUse {
+                        id,
+                        name: name.unwrap_or_default(),
+                        input: serde_json::json!({}),
+                    })
+                }
+            };
+            if !call.arguments.is_empty() {
+                frames.push(event_frame(&anthropic::StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: anthropic::BlockDelta::InputJsonDelta {
+                        partial_json: call.arguments,
+                    },
+                }));
+            }
+        }
+        frames
     }
 
     fn delta(
@@ -102,10 +164,9 @@ impl Dialect for MessagesDialect {
         _token_ids: &[u32],
         _logprobs: Option<&LogProbs>,
     ) -> Vec<Bytes> {
-        vec![event_frame(&anthropic::StreamEvent::ContentBlockDelta {
-            index: 0,
-            delta: anthropic::BlockDelta::TextDelta { text },
-        })]
+        let mut frames = Vec::new();
+        self.text(text, &mut frames);
+        frames
     }
 
     fn finish(
@@ -121,11 +182,12 @@ impl Dialect for MessagesDialect {
 
     fn usage(&mut self, _info: &GenerationInfo, usage: &Usage) -> Vec<Bytes> {
         let mut frames = Vec::new();
-        if std::mem::replace(&mut self.block_open, false) {
-            frames.push(event_frame(&anthropic::StreamEvent::ContentBlockStop {
-                index: 0,
-            }));
+        // Whitespace alone is still an answer when nothing else came.
+        if self.blocks == 0 || self.open == Some((OpenBlock::Text, self.blocks - 1)) {
+            let text = std::mem::take(&mut self.held_whitespace);
+            self.text_now(text, &mut frames);
         }
+        self.close_block(&mut frames);
         let (stop_reason, stop_sequence) = match &self.stop {
             Some((reason, sequence)) => (Some(*reason), sequence.clone()),
             None => (None, None),
@@ -164,13 +226,123 @@ impl Dialect for MessagesDialect {
             output.usage.completion_tokens,
             output.usage.cached_tokens,
         );
-        axum::Json(message(
-            info,
-            stop.as_ref(),
-            vec![anthropic::ResponseBlock::Text { text: choice.text }],
-            usage,
-        ))
-        .into_response()
+        let mut content = Vec::new();
+        if !choice.reasoning.is_empty() {
+            content.push(anthropic::ResponseBlock::Thinking {
+                thinking: choice.reasoning,
+                signature: String::new(),
+            });
+        }
+        // Text between calls, as a stream would have put it: a piece that
+        // is only whitespace is no block (unless it is all there is).
+        let mut from = 0;
+        let mut text_block = |content: &mut Vec<anthropic::ResponseBlock>, to: usize| {
+            let piece = choice.text.get(from..to).unwrap_or_default();
+            from = to.max(from);
+            if !piece.trim().is_empty() {
+                content.push(anthropic::ResponseBlock::Text {
+                    text: piece.to_owned(),
+                });
+            }
+        };
+        for call in &choice.tool_calls {
+            text_block(&mut content, call.text_before);
+            content.push(anthropic::ResponseBlock::ToolUse {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                input: tool_input(&call.arguments),
+            });
+        }
+        text_block(&mut content, choice.text.len());
+        if content.is_empty() {
+            content.push(anthropic::ResponseBlock::Text { text: choice.text });
+        }
+        axum::Json(message(info, stop.as_ref(), content, usage)).into_response()
+    }
+}
+
+/// A call's arguments as the `input` object; the parsers write JSON, so
+/// anything else is a model that wrote a broken call: an empty input.
+fn tool_input(arguments: &str) -> serde_json::Value {
+    match serde_json::from_str(arguments) {
+        Ok(value @ serde_json::Value::Object(_)) => value,
+        _ if arguments.trim().is_empty() => serde_json::json!({}),
+        _ => {
+            tracing::warn!(arguments, "a tool call's arguments are not a JSON object");
+            serde_json::json!({})
+        }
+    }
+}
+
+impl MessagesDialect {
+    fn new() -> Self {
+        MessagesDialect {
+            open: None,
+            blocks: 0,
+            held_whitespace: String::new(),
+            stop: None,
+        }
+    }
+
+    /// Answer text: whitespace waits until something that is not
+    /// whitespace follows it in the same text block.
+    fn text(&mut self, text: String, frames: &mut Vec<Bytes>) {
+        if text.is_empty() {
+            return;
+        }
+        if text.trim().is_empty() && !matches!(self.open, Some((OpenBlock::Text, _))) {
+            self.held_whitespace.push_str(&text);
+            return;
+        }
+        let mut text = text;
+        if !self.held_whitespace.is_empty() {
+            text.insert_str(0, &std::mem::take(&mut self.held_whitespace));
+        }
+        self.text_now(text, frames);
+    }
+
+    fn text_now(&mut self, text: String, frames: &mut Vec<Bytes>) {
+        let index = self.open_block(OpenBlock::Text, frames, || anthropic::ResponseBlock::Text {
+            text: String::new(),
+        });
+        if !text.is_empty() {
+            frames.push(event_frame(&anthropic::StreamEvent::ContentBlockDelta {
+                index,
+                delta: anthropic::BlockDelta::TextDelta { text },
+            }));
+        }
+    }
+
+    /// The index of an open block of kind `block`, opening it (and closing
+    /// another) when needed.
+    fn open_block(
+        &mut self,
+        block: OpenBlock,
+        frames: &mut Vec<Bytes>,
+        start: impl FnOnce() -> anthropic::ResponseBlock,
+    ) -> u32 {
+        if let Some((open, index)) = &self.open
+            && *open == block
+        {
+            return *index;
+        }
+        self.close_block(frames);
+        let index = self.blocks;
+        self.blocks += 1;
+        self.open = Some((block, index));
+        frames.push(event_frame(&anthropic::StreamEvent::ContentBlockStart {
+            index,
+            content_block: start(),
+        }));
+        index
+    }
+
+    fn close_block(&mut self, frames: &mut Vec<Bytes>) {
+        if let Some((_, index)) = self.open.take() {
+            frames.push(event_frame(&anthropic::StreamEvent::ContentBlockStop {
+                index,
+            }));
+        }
     }
 }
 
@@ -192,10 +364,7 @@ mod tests {
     use crate::error::ErrorCode;
 
     fn dialect() -> MessagesDialect {
-        MessagesDialect {
-            block_open: false,
-            stop: None,
-        }
+        MessagesDialect::new()
     }
 
     /// The `event: <name>\ndata: <json>\n\n` frames of `events`.
@@ -258,9 +427,9 @@ mod tests {
         let mut out = dialect.start(&info, &usage());
         out.extend(dialect.error(&Error::internal("boom")));
         out.extend(dialect.end());
+        // Blocks open with their first piece: none had come.
         let expected = [
             MESSAGE_START,
-            BLOCK_START,
             (
                 "error",
                 r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
@@ -268,6 +437,101 @@ mod tests {
             MESSAGE_STOP,
         ];
         assert_eq!(text(out), events(&expected));
+    }
+
+    #[tokio::test]
+    async fn thinking_text_and_tool_use_blocks_streamed_and_whole() {
+        use crate::pipeline::parsing::ToolCallDelta;
+        use crate::pipeline::respond::CollectedCall;
+        let info = info();
+        let mut dialect = dialect();
+        let call = |id: Option<&str>, name: Option<&str>, arguments: &str| ToolCallDelta {
+            index: 0,
+            id: id.map(str::to_owned),
+            name: name.map(str::to_owned),
+            arguments: arguments.to_owned(),
+        };
+        let mut out = dialect.start(&info, &usage());
+        let pieces = [
+            ParsedText {
+                reasoning: "Need the".into(),
+                ..ParsedText::default()
+            },
+            ParsedText {
+                reasoning: " weather.".into(),
+                // Whitespace before a call is no answer.
+                content: "\n\n".into(),
+                ..ParsedText::default()
+            },
+            ParsedText {
+                calls: vec![call(Some("call_1"), Some("get_weather"), "")],
+                ..ParsedText::default()
+            },
+            ParsedText {
+                calls: vec![call(None, None, "{\"city\":\"Paris\"}")],
+                ..ParsedText::default()
+            },
+        ];
+        for piece in pieces {
+            out.extend(dialect.parsed_delta(&info, 0, piece, &[], None));
+        }
+        out.extend(dialect.finish(&info, 0, FinishReason::ToolCalls, None));
+        out.extend(dialect.usage(&info, &usage()));
+        out.extend(dialect.end());
+        let expected = [
+            MESSAGE_START,
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Need the"}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":" weather."}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"call_1","name":"get_weather","input":{}}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"city\":\"Paris\"}"}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":1}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":3,"output_tokens":3,"cache_read_input_tokens":2}}"#,
+            ),
+            MESSAGE_STOP,
+        ];
+        assert_eq!(text(out), events(&expected));
+
+        let mut whole = collected();
+        whole.choices.truncate(1);
+        let choice = &mut whole.choices[0];
+        choice.text = "\n\n".into();
+        choice.reasoning = "Need the weather.".into();
+        choice.finish_reason = Some(FinishReason::ToolCalls);
+        choice.tool_calls = vec![CollectedCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: "{\"city\":\"Paris\"}".into(),
+            text_before: 2,
+        }];
+        assert_eq!(
+            body(MessagesDialect::new().json(&info, whole)).await,
+            r#"{"id":"req-1","type":"message","role":"assistant","content":[{"type":"thinking","thinking":"Need the weather.","signature":""},{"type":"tool_use","id":"call_1","name":"get_weather","input":{"city":"Paris"}}],"model":"m","stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":3,"cache_read_input_tokens":2}}"#
+        );
     }
 
     #[tokio::test]

@@ -550,6 +550,7 @@ mod tests {
             id: "call_1".into(),
             name: "get_weather".into(),
             arguments: "{\"city\":\"Paris\"}".into(),
+            text_before: 2,
         }];
         assert_eq!(
             body(dialect.json(&info, whole)).await,

@@ -77,6 +77,17 @@ pub enum ContentBlock {
         name: String,
         input: Value,
     },
+    /// Assistant messages only: reasoning returned earlier, replayed to
+    /// templates that read it (`reasoning_content`).
+    Thinking {
+        thinking: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// Assistant messages only: reasoning the client cannot read; dropped.
+    RedactedThinking {
+        data: String,
+    },
     /// User messages only: the answer to a `tool_use`.
     ToolResult {
         tool_use_id: String,
@@ -377,6 +388,13 @@ fn push_user_message(
                     "tool_use blocks belong in assistant messages",
                 ));
             }
+            ContentBlock::Thinking { .. } | ContentBlock::RedactedThinking { .. } => {
+                return Err(block_error(
+                    index,
+                    block_index,
+                    "thinking blocks belong in assistant messages",
+                ));
+            }
         }
     }
     if !parts.is_empty() {
@@ -391,10 +409,13 @@ fn assistant_message(index: usize, content: &TextOrList<ContentBlock>) -> Result
         TextOrList::List(blocks) => blocks,
     };
     let mut texts = Vec::new();
+    let mut thinking = Vec::new();
     let mut tool_calls = Vec::new();
     for (block_index, block) in blocks.iter().enumerate() {
         match block {
             ContentBlock::Text { text } => texts.push(text.as_str()),
+            ContentBlock::Thinking { thinking: text, .. } => thinking.push(text.as_str()),
+            ContentBlock::RedactedThinking { .. } => {}
             ContentBlock::ToolUse { id, name, input } => tool_calls.push(json!({
                 "id": id,
                 "type": "function",
@@ -424,6 +445,9 @@ fn assistant_message(index: usize, content: &TextOrList<ContentBlock>) -> Result
     let mut message = json!({"role": "assistant", "content": content});
     if !tool_calls.is_empty() {
         message["tool_calls"] = Value::from(tool_calls);
+    }
+    if !thinking.is_empty() {
+        message["reasoning_content"] = Value::from(thinking.join("\n"));
     }
     Ok(message)
 }
@@ -490,6 +514,12 @@ impl Usage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponseBlock {
+    /// A thinking model's reasoning. smg signs nothing: `signature` is
+    /// empty, and a signature sent back is not checked.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
     Text {
         text: String,
     },
@@ -521,6 +551,9 @@ pub struct MessagesResponse {
 pub enum BlockDelta {
     TextDelta {
         text: String,
+    },
+    ThinkingDelta {
+        thinking: String,
     },
     /// A fragment of a `tool_use` block's input JSON.
     InputJsonDelta {

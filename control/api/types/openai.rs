@@ -144,6 +144,10 @@ pub struct ChatMessage {
     /// Which call a `tool` message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's reasoning, as a response returned it; templates
+    /// that replay reasoning (gpt-oss, DeepSeek) read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool the model may call.
