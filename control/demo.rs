@@ -2,6 +2,13 @@
 //! (`smg-sim-worker` processes from the same build) on loopback in the chosen
 //! mode with the bundled test model, then launches the gateway in front of
 //! it and prints a `curl` that works. The workers die with the gateway.
+//!
+//! The workers play an agentic model (`smg-sim-worker --agent`): a request
+//! with `tools` gets a tool call built from the tools' schemas, and the
+//! follow-up with the tool results gets an answer quoting them, so an SDK
+//! or agent framework can run its own tool loop against the demo. The
+//! gateway picks the tool-call parser by detection, as for any model (the
+//! bundled template's `<tool_call>` selects `qwen`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -125,6 +132,7 @@ fn start_worker(
         ])
         .arg("--model-path")
         .arg(model)
+        .arg("--agent")
         .args(["--log-level", "warn"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

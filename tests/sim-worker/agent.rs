@@ -258,12 +258,12 @@ fn tool_responses_in(content: &str) -> Option<Vec<String>> {
     (!results.is_empty()).then_some(results)
 }
 
-/// What arguments are made from: the tool the user named, and a word of
+/// What arguments are made from: the tool the user named, and words of
 /// theirs for string values.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Hints {
     preferred_tool: Option<String>,
-    word: Option<String>,
+    words: SalientWords,
 }
 
 impl Hints {
@@ -275,37 +275,72 @@ impl Hints {
                 .iter()
                 .find(|tool| text.contains(&tool.name))
                 .map(|tool| tool.name.clone()),
-            word: salient_word(text),
+            words: SalientWords::of(text),
         }
     }
 
-    fn word(&self) -> &str {
-        self.word.as_deref().unwrap_or(FALLBACK_WORD)
+    /// The string for property `property` (`None`: an array item, a bare
+    /// schema): a word with digits for an id-like name, else a name-like
+    /// word, else any salient word, else [`FALLBACK_WORD`].
+    fn word_for(&self, property: Option<&str>) -> &str {
+        let words = &self.words;
+        let wants_digits = property.is_some_and(|name| {
+            let lower = name.to_lowercase();
+            lower == "id"
+                || lower.ends_with("_id")
+                || name.ends_with("Id")
+                || ID_LIKE_NAMES.iter().any(|part| lower.contains(part))
+        });
+        let ordered = if wants_digits {
+            [&words.with_digits, &words.capitalised, &words.plain]
+        } else {
+            [&words.capitalised, &words.plain, &words.with_digits]
+        };
+        ordered
+            .into_iter()
+            .find_map(Option::as_deref)
+            .unwrap_or(FALLBACK_WORD)
     }
 }
 
-/// The word of `text` a string argument most plausibly wants: the last
-/// capitalised word that does not open a sentence (a place, a name), else
-/// the last word of three or more characters that is not a stop word.
-fn salient_word(text: &str) -> Option<String> {
-    let mut capitalised = None;
-    let mut plain = None;
-    let mut opens_sentence = true;
-    for raw in text.split_whitespace() {
-        let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
-        let starts_upper = word.chars().next().is_some_and(char::is_uppercase);
-        if !word.is_empty() {
-            if starts_upper && !opens_sentence && word != "I" {
-                capitalised = Some(word);
+/// Parts of a property name that ask for a number-like string.
+const ID_LIKE_NAMES: &[&str] = &["number", "code", "zip", "phone", "sku"];
+
+/// The words of the user's text a string argument most plausibly wants,
+/// the last of each kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct SalientWords {
+    /// A capitalised word that does not open a sentence: a place, a name.
+    capitalised: Option<String>,
+    /// A word with a digit in it: an id, a number.
+    with_digits: Option<String>,
+    /// A word of three or more characters that is not a stop word.
+    plain: Option<String>,
+}
+
+impl SalientWords {
+    fn of(text: &str) -> Self {
+        let mut words = Self::default();
+        let mut opens_sentence = true;
+        for raw in text.split_whitespace() {
+            let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
+            if !word.is_empty() {
+                let starts_upper = word.chars().next().is_some_and(char::is_uppercase);
+                if starts_upper && !opens_sentence && word != "I" {
+                    words.capitalised = Some(word.to_owned());
+                }
+                if word.chars().any(|c| c.is_ascii_digit()) {
+                    words.with_digits = Some(word.to_owned());
+                }
+                let lower = word.to_lowercase();
+                if word.chars().count() >= 3 && !STOP_WORDS.contains(&lower.as_str()) {
+                    words.plain = Some(word.to_owned());
+                }
             }
-            let lower = word.to_lowercase();
-            if word.chars().count() >= 3 && !STOP_WORDS.contains(&lower.as_str()) {
-                plain = Some(word);
-            }
+            opens_sentence = raw.ends_with(['.', '?', '!', ':']);
         }
-        opens_sentence = raw.ends_with(['.', '?', '!', ':']);
+        words
     }
-    capitalised.or(plain).map(str::to_owned)
 }
 
 /// A value that satisfies `schema` (the common JSON-schema keywords: `$ref`
@@ -317,7 +352,7 @@ fn value_for_schema(schema: &Value, hints: &Hints) -> Value {
         root: schema,
         hints,
     }
-    .value(schema, 0)
+    .value(schema, 0, None)
 }
 
 struct SchemaWalk<'a> {
@@ -326,14 +361,14 @@ struct SchemaWalk<'a> {
 }
 
 impl SchemaWalk<'_> {
-    fn value(&self, schema: &Value, depth: usize) -> Value {
+    fn value(&self, schema: &Value, depth: usize, property: Option<&str>) -> Value {
         if depth > MAX_SCHEMA_DEPTH {
             return Value::Null;
         }
         let Some(object) = schema.as_object() else {
             // `true` (anything) or `false` (nothing can match).
             return match schema {
-                Value::Bool(true) => Value::String(self.hints.word().to_owned()),
+                Value::Bool(true) => Value::String(self.hints.word_for(property).to_owned()),
                 _ => Value::Null,
             };
         };
@@ -341,7 +376,9 @@ impl SchemaWalk<'_> {
             let resolved = target
                 .strip_prefix('#')
                 .and_then(|pointer| self.root.pointer(pointer));
-            return resolved.map_or(Value::Null, |schema| self.value(schema, depth + 1));
+            return resolved.map_or(Value::Null, |schema| {
+                self.value(schema, depth + 1, property)
+            });
         }
         if let Some(value) = object.get("const") {
             return value.clone();
@@ -356,12 +393,12 @@ impl SchemaWalk<'_> {
         for key in ["anyOf", "oneOf"] {
             if let Some(alternatives) = object.get(key).and_then(Value::as_array) {
                 if let Some(chosen) = self.choose(alternatives) {
-                    return self.value(chosen, depth + 1);
+                    return self.value(chosen, depth + 1, property);
                 }
             }
         }
         if let Some(parts) = object.get("allOf").and_then(Value::as_array) {
-            return self.value(&merge_all_of(object, parts), depth + 1);
+            return self.value(&merge_all_of(object, parts), depth + 1, property);
         }
         match schema_type(object) {
             "object" => self.object(object, depth),
@@ -377,14 +414,14 @@ impl SchemaWalk<'_> {
                     .unwrap_or(u64::MAX);
                 let items = object.get("items").unwrap_or(&Value::Bool(true));
                 (0..wanted.min(allowed))
-                    .map(|_| self.value(items, depth + 1))
+                    .map(|_| self.value(items, depth + 1, None))
                     .collect()
             }
             "integer" => Value::from(bounded_number(object, 1.0).ceil() as i64),
             "number" => json_number(bounded_number(object, 1.0)),
             "boolean" => Value::Bool(true),
             "null" => Value::Null,
-            _ => Value::String(self.string(object)),
+            _ => Value::String(self.string(object, property)),
         }
     }
 
@@ -424,12 +461,12 @@ impl SchemaWalk<'_> {
         let mut out = Map::new();
         for name in names {
             let schema = properties.get(name).unwrap_or(&Value::Bool(true));
-            out.insert(name.to_owned(), self.value(schema, depth + 1));
+            out.insert(name.to_owned(), self.value(schema, depth + 1, Some(name)));
         }
         Value::Object(out)
     }
 
-    fn string(&self, object: &Map<String, Value>) -> String {
+    fn string(&self, object: &Map<String, Value>, property: Option<&str>) -> String {
         let text = match object.get("format").and_then(Value::as_str) {
             Some("date") => "2025-01-01".to_owned(),
             Some("date-time") => "2025-01-01T00:00:00Z".to_owned(),
@@ -437,7 +474,7 @@ impl SchemaWalk<'_> {
             Some("email") => "demo@example.com".to_owned(),
             Some("uri" | "url") => "https://example.com/".to_owned(),
             Some("uuid") => "00000000-0000-4000-8000-000000000000".to_owned(),
-            _ => self.hints.word().to_owned(),
+            _ => self.hints.word_for(property).to_owned(),
         };
         let length = |key| {
             object
@@ -712,19 +749,23 @@ mod tests {
     }
 
     #[test]
-    fn salient_words() {
+    fn string_arguments_take_the_users_words() {
+        let hints = |text| Hints {
+            preferred_tool: None,
+            words: SalientWords::of(text),
+        };
+        let paris = hints("What's the weather in Paris today?");
+        assert_eq!(paris.word_for(Some("city")), "Paris");
+        let order = hints("Look up order 8812 for Alice");
+        assert_eq!(order.word_for(Some("order_id")), "8812");
+        assert_eq!(order.word_for(Some("orderId")), "8812");
+        assert_eq!(order.word_for(Some("customer")), "Alice");
+        assert_eq!(order.word_for(None), "Alice");
         assert_eq!(
-            salient_word("What's the weather in Paris?").as_deref(),
-            Some("Paris")
+            hints("Look up the orders").word_for(Some("query")),
+            "orders"
         );
-        assert_eq!(
-            salient_word("Look up order 8812 for me").as_deref(),
-            Some("8812")
-        );
-        assert_eq!(salient_word("What is it?"), None);
-        assert_eq!(
-            salient_word("Hello. Weather please"),
-            Some("Weather".to_owned())
-        );
+        assert_eq!(hints("What is it?").word_for(Some("city")), FALLBACK_WORD);
+        assert_eq!(hints("Hello. Weather please").word_for(None), "Weather");
     }
 }
