@@ -221,28 +221,34 @@ impl Conversation {
 
 /// The tools of a Hermes `<tools>` block: one JSON object a line, OpenAI's
 /// shape (`{"type": "function", "function": {…}}`) or the bare function.
+/// The first block that lists any counts (instructions may name the tags,
+/// as Qwen3's "listed between <tools></tools>" does).
 fn tools_in(system: &str) -> Vec<Tool> {
-    let Some((_, after)) = system.split_once("<tools>") else {
-        return Vec::new();
-    };
-    let block = after
-        .split_once("</tools>")
-        .map_or(after, |(block, _)| block);
-    block
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
-        .filter_map(|tool| {
-            let function = tool.get("function").unwrap_or(&tool);
-            Some(Tool {
-                name: function.get("name")?.as_str()?.to_owned(),
-                parameters: function
-                    .get("parameters")
-                    .filter(|schema| !schema.is_null())
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object"})),
-            })
+    system
+        .split("<tools>")
+        .skip(1)
+        .map(|after| {
+            let block = after
+                .split_once("</tools>")
+                .map_or(after, |(block, _)| block);
+            block
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line.trim()).ok())
+                .filter_map(|tool| {
+                    let function = tool.get("function").unwrap_or(&tool);
+                    Some(Tool {
+                        name: function.get("name")?.as_str()?.to_owned(),
+                        parameters: function
+                            .get("parameters")
+                            .filter(|schema| !schema.is_null())
+                            .cloned()
+                            .unwrap_or_else(|| json!({"type": "object"})),
+                    })
+                })
+                .collect::<Vec<_>>()
         })
-        .collect()
+        .find(|tools| !tools.is_empty())
+        .unwrap_or_default()
 }
 
 /// The results of a user turn made of `<tool_response>` blocks (how Qwen3's
@@ -649,8 +655,11 @@ mod tests {
 
     #[test]
     fn qwen3_style_results_and_the_thinking_switch() {
-        let system =
-            format!("<|im_start|>system\n# Tools\n<tools>\n{TOOLS_LINE}\n</tools>\n<|im_end|>\n");
+        // Qwen3's instructions name the tags before the block itself.
+        let system = format!(
+            "<|im_start|>system\n# Tools\n\nlisted between <tools></tools>, one a line:\n\
+             <tools>\n{TOOLS_LINE}\n</tools>\n<|im_end|>\n"
+        );
         let user = "<|im_start|>user\nFind order 8812<|im_end|>\n";
         let thinking = format!("{system}{user}<|im_start|>assistant\n");
         let text = agent(true).completion_for(&thinking, None).expect("a call");
