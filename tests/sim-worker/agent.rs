@@ -287,8 +287,15 @@ impl Hints {
 
     /// The string for property `property` (`None`: an array item, a bare
     /// schema): a word with digits for an id-like name, else a name-like
-    /// word, else any salient word, else [`FALLBACK_WORD`].
-    fn word_for(&self, property: Option<&str>) -> &str {
+    /// word (the `names_taken`-th in the text, so `origin` and `destination`
+    /// get the two places the user named, in order; the last once they run
+    /// out), else any salient word, else [`FALLBACK_WORD`].
+    fn word_for(&self, property: Option<&str>, names_taken: usize) -> &str {
+        self.pick_word(property, names_taken).0
+    }
+
+    /// [`Hints::word_for`]'s word, and whether it is one of the names.
+    fn pick_word(&self, property: Option<&str>, names_taken: usize) -> (&str, bool) {
         let words = &self.words;
         let wants_digits = property.is_some_and(|name| {
             let lower = name.to_lowercase();
@@ -297,30 +304,35 @@ impl Hints {
                 || name.ends_with("Id")
                 || ID_LIKE_NAMES.iter().any(|part| lower.contains(part))
         });
+        let name = words
+            .capitalised
+            .get(names_taken)
+            .or(words.capitalised.last());
+        let (digits, plain) = (words.with_digits.as_ref(), words.plain.as_ref());
         let ordered = if wants_digits {
-            [&words.with_digits, &words.capitalised, &words.plain]
+            [(digits, false), (name, true), (plain, false)]
         } else {
-            [&words.capitalised, &words.plain, &words.with_digits]
+            [(name, true), (plain, false), (digits, false)]
         };
         ordered
             .into_iter()
-            .find_map(Option::as_deref)
-            .unwrap_or(FALLBACK_WORD)
+            .find_map(|(word, is_name)| Some((word?.as_str(), is_name)))
+            .unwrap_or((FALLBACK_WORD, false))
     }
 }
 
 /// Parts of a property name that ask for a number-like string.
 const ID_LIKE_NAMES: &[&str] = &["number", "code", "zip", "phone", "sku"];
 
-/// The words of the user's text a string argument most plausibly wants,
-/// the last of each kind.
+/// The words of the user's text a string argument most plausibly wants.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct SalientWords {
-    /// A capitalised word that does not open a sentence: a place, a name.
-    capitalised: Option<String>,
-    /// A word with a digit in it: an id, a number.
+    /// Capitalised words that do not open a sentence (places, names), each
+    /// once, in the order of the text.
+    capitalised: Vec<String>,
+    /// The last word with a digit in it: an id, a number.
     with_digits: Option<String>,
-    /// A word of three or more characters that is not a stop word.
+    /// The last word of three or more characters that is not a stop word.
     plain: Option<String>,
 }
 
@@ -332,8 +344,12 @@ impl SalientWords {
             let word = raw.trim_matches(|c: char| !c.is_alphanumeric());
             if !word.is_empty() {
                 let starts_upper = word.chars().next().is_some_and(char::is_uppercase);
-                if starts_upper && !opens_sentence && word != "I" {
-                    words.capitalised = Some(word.to_owned());
+                if starts_upper
+                    && !opens_sentence
+                    && word != "I"
+                    && !words.capitalised.iter().any(|known| known == word)
+                {
+                    words.capitalised.push(word.to_owned());
                 }
                 if word.chars().any(|c| c.is_ascii_digit()) {
                     words.with_digits = Some(word.to_owned());
@@ -357,6 +373,7 @@ fn value_for_schema(schema: &Value, hints: &Hints) -> Value {
     SchemaWalk {
         root: schema,
         hints,
+        names_taken: std::cell::Cell::new(0),
     }
     .value(schema, 0, None)
 }
@@ -364,6 +381,9 @@ fn value_for_schema(schema: &Value, hints: &Hints) -> Value {
 struct SchemaWalk<'a> {
     root: &'a Value,
     hints: &'a Hints,
+    /// How many names string values have taken so far (see
+    /// [`Hints::word_for`]).
+    names_taken: std::cell::Cell<usize>,
 }
 
 impl SchemaWalk<'_> {
@@ -374,7 +394,7 @@ impl SchemaWalk<'_> {
         let Some(object) = schema.as_object() else {
             // `true` (anything) or `false` (nothing can match).
             return match schema {
-                Value::Bool(true) => Value::String(self.hints.word_for(property).to_owned()),
+                Value::Bool(true) => Value::String(self.word_for(property)),
                 _ => Value::Null,
             };
         };
@@ -450,6 +470,15 @@ impl SchemaWalk<'_> {
             .or_else(|| alternatives.first())
     }
 
+    fn word_for(&self, property: Option<&str>) -> String {
+        let taken = self.names_taken.get();
+        let (word, is_name) = self.hints.pick_word(property, taken);
+        if is_name {
+            self.names_taken.set(taken + 1);
+        }
+        word.to_owned()
+    }
+
     fn object(&self, object: &Map<String, Value>, depth: usize) -> Value {
         let empty = Map::new();
         let properties = object
@@ -480,7 +509,7 @@ impl SchemaWalk<'_> {
             Some("email") => "demo@example.com".to_owned(),
             Some("uri" | "url") => "https://example.com/".to_owned(),
             Some("uuid") => "00000000-0000-4000-8000-000000000000".to_owned(),
-            _ => self.hints.word_for(property).to_owned(),
+            _ => self.word_for(property),
         };
         let length = |key| {
             object
@@ -764,17 +793,35 @@ mod tests {
             words: SalientWords::of(text),
         };
         let paris = hints("What's the weather in Paris today?");
-        assert_eq!(paris.word_for(Some("city")), "Paris");
+        assert_eq!(paris.word_for(Some("city"), 0), "Paris");
+        assert_eq!(paris.word_for(Some("country"), 1), "Paris");
         let order = hints("Look up order 8812 for Alice");
-        assert_eq!(order.word_for(Some("order_id")), "8812");
-        assert_eq!(order.word_for(Some("orderId")), "8812");
-        assert_eq!(order.word_for(Some("customer")), "Alice");
-        assert_eq!(order.word_for(None), "Alice");
+        assert_eq!(order.word_for(Some("order_id"), 0), "8812");
+        assert_eq!(order.word_for(Some("orderId"), 0), "8812");
+        assert_eq!(order.word_for(Some("customer"), 0), "Alice");
+        assert_eq!(order.word_for(None, 0), "Alice");
+        let trip = hints("Fly me from Lisbon to Oslo, then Lisbon again.");
+        assert_eq!(trip.word_for(Some("origin"), 0), "Lisbon");
+        assert_eq!(trip.word_for(Some("destination"), 1), "Oslo");
+        assert_eq!(trip.word_for(Some("stopover"), 2), "Oslo");
         assert_eq!(
-            hints("Look up the orders").word_for(Some("query")),
+            hints("Look up the orders").word_for(Some("query"), 0),
             "orders"
         );
-        assert_eq!(hints("What is it?").word_for(Some("city")), FALLBACK_WORD);
-        assert_eq!(hints("Hello. Weather please").word_for(None), "Weather");
+        assert_eq!(
+            hints("What is it?").word_for(Some("city"), 0),
+            FALLBACK_WORD
+        );
+        assert_eq!(hints("Hello. Weather please").word_for(None, 0), "Weather");
+
+        // An id takes no name: the two places go to the two place fields.
+        let trip = hints("Rebook 77A from Lisbon to Oslo");
+        let schema = json!({"type": "object", "required": ["booking_id", "origin", "destination"],
+            "properties": {"booking_id": {"type": "string"}, "origin": {"type": "string"},
+                           "destination": {"type": "string"}}});
+        assert_eq!(
+            value_for_schema(&schema, &trip),
+            json!({"booking_id": "77A", "origin": "Lisbon", "destination": "Oslo"})
+        );
     }
 }
