@@ -206,6 +206,10 @@ pub async fn run(plan: DemoPlan, cores: smg_dataplane::runtime::CorePlan) -> any
         "try:\n  curl -s http://127.0.0.1:{}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
         gateway.listen.port
     );
+    println!(
+        "requests with \"tools\" get a simulated tool call, and the follow-up with the tool \
+         result an answer quoting it"
+    );
     let result = crate::server::launch(gateway, cores).await;
     drop(fleet);
     result

@@ -289,13 +289,9 @@ impl Hints {
     /// schema): a word with digits for an id-like name, else a name-like
     /// word (the `names_taken`-th in the text, so `origin` and `destination`
     /// get the two places the user named, in order; the last once they run
-    /// out), else any salient word, else [`FALLBACK_WORD`].
-    fn word_for(&self, property: Option<&str>, names_taken: usize) -> &str {
-        self.pick_word(property, names_taken).0
-    }
-
-    /// [`Hints::word_for`]'s word, and whether it is one of the names.
-    fn pick_word(&self, property: Option<&str>, names_taken: usize) -> (&str, bool) {
+    /// out), else any salient word, else [`FALLBACK_WORD`]; and whether the
+    /// word is one of the names.
+    fn word_for(&self, property: Option<&str>, names_taken: usize) -> (&str, bool) {
         let words = &self.words;
         let wants_digits = property.is_some_and(|name| {
             let lower = name.to_lowercase();
@@ -472,7 +468,7 @@ impl SchemaWalk<'_> {
 
     fn word_for(&self, property: Option<&str>) -> String {
         let taken = self.names_taken.get();
-        let (word, is_name) = self.hints.pick_word(property, taken);
+        let (word, is_name) = self.hints.word_for(property, taken);
         if is_name {
             self.names_taken.set(taken + 1);
         }
@@ -793,26 +789,29 @@ mod tests {
             words: SalientWords::of(text),
         };
         let paris = hints("What's the weather in Paris today?");
-        assert_eq!(paris.word_for(Some("city"), 0), "Paris");
-        assert_eq!(paris.word_for(Some("country"), 1), "Paris");
+        assert_eq!(paris.word_for(Some("city"), 0).0, "Paris");
+        assert_eq!(paris.word_for(Some("country"), 1).0, "Paris");
         let order = hints("Look up order 8812 for Alice");
-        assert_eq!(order.word_for(Some("order_id"), 0), "8812");
-        assert_eq!(order.word_for(Some("orderId"), 0), "8812");
-        assert_eq!(order.word_for(Some("customer"), 0), "Alice");
-        assert_eq!(order.word_for(None, 0), "Alice");
+        assert_eq!(order.word_for(Some("order_id"), 0).0, "8812");
+        assert_eq!(order.word_for(Some("orderId"), 0).0, "8812");
+        assert_eq!(order.word_for(Some("customer"), 0).0, "Alice");
+        assert_eq!(order.word_for(None, 0).0, "Alice");
         let trip = hints("Fly me from Lisbon to Oslo, then Lisbon again.");
-        assert_eq!(trip.word_for(Some("origin"), 0), "Lisbon");
-        assert_eq!(trip.word_for(Some("destination"), 1), "Oslo");
-        assert_eq!(trip.word_for(Some("stopover"), 2), "Oslo");
+        assert_eq!(trip.word_for(Some("origin"), 0).0, "Lisbon");
+        assert_eq!(trip.word_for(Some("destination"), 1).0, "Oslo");
+        assert_eq!(trip.word_for(Some("stopover"), 2).0, "Oslo");
         assert_eq!(
-            hints("Look up the orders").word_for(Some("query"), 0),
+            hints("Look up the orders").word_for(Some("query"), 0).0,
             "orders"
         );
         assert_eq!(
-            hints("What is it?").word_for(Some("city"), 0),
+            hints("What is it?").word_for(Some("city"), 0).0,
             FALLBACK_WORD
         );
-        assert_eq!(hints("Hello. Weather please").word_for(None, 0), "Weather");
+        assert_eq!(
+            hints("Hello. Weather please").word_for(None, 0).0,
+            "Weather"
+        );
 
         // An id takes no name: the two places go to the two place fields.
         let trip = hints("Rebook 77A from Lisbon to Oslo");
