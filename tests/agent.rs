@@ -2,9 +2,11 @@
 //! loop (the model calls a tool, the client runs it and sends the result
 //! back, the model answers) with a tool set this test invents, streamed and
 //! whole, with `tool_choice` auto, required and a named function, in Regular
-//! and PD; a thinking model (the Qwen3 family fixture) adds
-//! `reasoning_content`; and the same loop through `smg demo` in every mode,
-//! whose gateway detects the `qwen` parser from the bundled template.
+//! and PD, on both protocols; a thinking model (the Qwen3 family fixture)
+//! adds `reasoning_content`; prompts without tools keep the usual output
+//! unless `response_format` constrains them; and the same loop through
+//! `smg demo` in every mode, whose gateway detects the `qwen` parser from the
+//! bundled template.
 //!
 //! Why: `tests/tool_calls.rs` replays canned text; here nothing about the
 //! tools is known to the worker in advance, as with a real client, so the
@@ -341,6 +343,13 @@ async fn regular_mode_runs_tool_loops_with_any_tools() {
 }
 
 #[tokio::test]
+async fn sglang_workers_run_tool_loops_too() {
+    let worker = SimWorker::start("sglang", "regular", &["--zero-delay", "--agent"]);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    check_tool_loops(&base(&gateway), "model", NO_THINKING).await;
+}
+
+#[tokio::test]
 async fn pd_mode_runs_tool_loops_with_any_tools() {
     let prefill = agent_worker("prefill", &bundled_model(), &[]);
     let decode = agent_worker("decode", &bundled_model(), &[]);
@@ -399,7 +408,7 @@ async fn a_thinking_model_adds_reasoning_unless_switched_off() {
 }
 
 #[tokio::test]
-async fn prompts_without_tools_keep_the_usual_output() {
+async fn prompts_without_tools_keep_the_usual_output_unless_constrained() {
     let worker = agent_worker("regular", &bundled_model(), &[]);
     let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
     let body = json!({"model": "model", "max_tokens": 8,
@@ -410,6 +419,16 @@ async fn prompts_without_tools_keep_the_usual_output() {
         reply.content.starts_with("digest="),
         "the digest output: {reply:?}"
     );
+
+    // Structured output is a JSON-schema constraint too: matching JSON.
+    let body = json!({"model": "model", "messages": [{"role": "user", "content": QUESTION}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "order", "schema": {
+            "type": "object", "properties": {"order_id": {"type": "string"},
+            "late": {"type": "boolean"}}, "required": ["order_id", "late"]}}}});
+    let reply = complete(&base(&gateway), &body).await;
+    assert_eq!(reply.finish_reason, "stop", "{reply:?}");
+    let parsed: Value = serde_json::from_str(&reply.content).expect("JSON content");
+    assert_eq!(parsed, json!({"order_id": "8812", "late": true}));
 }
 
 /// A running `smg demo`, killed (with its fleet) on drop.
