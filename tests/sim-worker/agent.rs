@@ -16,8 +16,9 @@
 //!    engine would write. No think block: the gateway parses it as JSON.
 //! 2. The prompt renders tools and its last turn is the user's: a Hermes
 //!    call `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` of the
-//!    tool the user's text names (first in the list), else the first tool,
-//!    with arguments built from that tool's schema.
+//!    tool the user's text points to ([`most_relevant_tool`]: named outright,
+//!    else sharing the most words with its name and description), else the
+//!    first tool, with arguments built from that tool's schema.
 //! 3. The prompt renders tools and its last turn holds tool results (a
 //!    `tool` turn, or `<tool_response>` blocks in a user turn, Qwen3 style):
 //!    plain text quoting them, `The tool said: …`.
@@ -63,6 +64,7 @@ pub struct AgentModel {
 #[derive(Debug, Clone, PartialEq)]
 struct Tool {
     name: String,
+    description: String,
     parameters: Value,
 }
 
@@ -238,6 +240,11 @@ fn tools_in(system: &str) -> Vec<Tool> {
                     let function = tool.get("function").unwrap_or(&tool);
                     Some(Tool {
                         name: function.get("name")?.as_str()?.to_owned(),
+                        description: function
+                            .get("description")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned(),
                         parameters: function
                             .get("parameters")
                             .filter(|schema| !schema.is_null())
@@ -264,8 +271,8 @@ fn tool_responses_in(content: &str) -> Option<Vec<String>> {
     (!results.is_empty()).then_some(results)
 }
 
-/// What arguments are made from: the tool the user named, and words of
-/// theirs for string values.
+/// What a call is made from: the tool the user's text points to, and words
+/// of theirs for string values.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Hints {
     preferred_tool: Option<String>,
@@ -276,10 +283,7 @@ impl Hints {
     fn from_conversation(conversation: &Conversation) -> Self {
         let text = &conversation.user_text;
         Self {
-            preferred_tool: conversation
-                .tools
-                .iter()
-                .find(|tool| text.contains(&tool.name))
+            preferred_tool: most_relevant_tool(&conversation.tools, text)
                 .map(|tool| tool.name.clone()),
             words: SalientWords::of(text),
         }
@@ -315,6 +319,68 @@ impl Hints {
             .find_map(|(word, is_name)| Some((word?.as_str(), is_name)))
             .unwrap_or((FALLBACK_WORD, false))
     }
+}
+
+/// The tool the user's text points to: the first it names outright, else
+/// the one whose name and description share the most words with it (a name
+/// word counts twice; `flight` matches `flights`), the first on a tie;
+/// `None` when no tool shares a word.
+fn most_relevant_tool<'t>(tools: &'t [Tool], text: &str) -> Option<&'t Tool> {
+    if let Some(named) = tools.iter().find(|tool| text.contains(&tool.name)) {
+        return Some(named);
+    }
+    let user_words = content_words(text);
+    let shared = |words: Vec<String>| {
+        words
+            .iter()
+            .filter(|word| user_words.iter().any(|user| same_word(user, word)))
+            .count()
+    };
+    let mut best: Option<(&Tool, usize)> = None;
+    for tool in tools {
+        let score = 2 * shared(content_words(&split_identifier(&tool.name)))
+            + shared(content_words(&tool.description));
+        if score > 0 && best.is_none_or(|(_, top)| score > top) {
+            best = Some((tool, score));
+        }
+    }
+    best.map(|(tool, _)| tool)
+}
+
+/// The distinct lowercase words of `text` of three or more characters that
+/// are not stop words.
+fn content_words(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    for word in text.split(|c: char| !c.is_alphanumeric()) {
+        let word = word.to_lowercase();
+        if word.chars().count() >= 3
+            && !STOP_WORDS.contains(&word.as_str())
+            && !words.contains(&word)
+        {
+            words.push(word);
+        }
+    }
+    words
+}
+
+/// `get_weather`, `getWeather` and `get-weather` as `get weather`.
+fn split_identifier(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if c.is_uppercase() && previous_lower {
+            out.push(' ');
+        }
+        previous_lower = c.is_lowercase();
+        out.push(if c.is_alphanumeric() { c } else { ' ' });
+    }
+    out
+}
+
+/// Equal, or one a prefix of the other when both have four or more
+/// characters (`flight`, `flights`; `book`, `booking`).
+fn same_word(a: &str, b: &str) -> bool {
+    a == b || (a.len().min(b.len()) >= 4 && (a.starts_with(b) || b.starts_with(a)))
 }
 
 /// Parts of a property name that ask for a number-like string.
@@ -653,6 +719,33 @@ mod tests {
             text,
             "<tool_call>\n{\"name\":\"cancel_order\",\"arguments\":{}}\n</tool_call>"
         );
+    }
+
+    #[test]
+    fn the_tool_the_text_points_to_is_the_one_called() {
+        let tool = |name: &str, description: &str| Tool {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            parameters: json!({"type": "object"}),
+        };
+        let tools = [
+            tool("get_time", "The current time"),
+            tool("getWeather", "Current weather for a location"),
+            tool("search_flights", "Finds flights between two cities"),
+        ];
+        let pick = |text| most_relevant_tool(&tools, text).map(|tool| tool.name.as_str());
+        assert_eq!(
+            pick("What's the weather like in Boston today?"),
+            Some("getWeather")
+        );
+        assert_eq!(
+            pick("Any flight from Lisbon to Oslo?"),
+            Some("search_flights")
+        );
+        assert_eq!(pick("Use getWeather, not the time"), Some("getWeather"));
+        assert_eq!(pick("Hello there"), None);
+        // A tie goes to the first tool.
+        assert_eq!(pick("the current thing"), Some("get_time"));
     }
 
     #[test]
