@@ -479,10 +479,12 @@ impl SchemaWalk<'_> {
             return first.clone();
         }
         for key in ["anyOf", "oneOf"] {
-            if let Some(alternatives) = object.get(key).and_then(Value::as_array) {
-                if let Some(chosen) = self.choose(alternatives) {
-                    return self.value(chosen, depth + 1, property);
-                }
+            if let Some(chosen) = object
+                .get(key)
+                .and_then(Value::as_array)
+                .and_then(|alternatives| self.choose(alternatives))
+            {
+                return self.value(chosen, depth + 1, property);
             }
         }
         if let Some(parts) = object.get("allOf").and_then(Value::as_array) {
