@@ -2,6 +2,13 @@
 //! (`smg-sim-worker` processes from the same build) on loopback in the chosen
 //! mode with the bundled test model, then launches the gateway in front of
 //! it and prints a `curl` that works. The workers die with the gateway.
+//!
+//! The workers play an agentic model (`smg-sim-worker --agent`): a request
+//! with `tools` gets a tool call built from the tools' schemas, and the
+//! follow-up with the tool results gets an answer quoting them, so an SDK
+//! or agent framework can run its own tool loop against the demo. The
+//! gateway picks the tool-call parser by detection, as for any model (the
+//! bundled template's `<tool_call>` selects `qwen`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -125,6 +132,7 @@ fn start_worker(
         ])
         .arg("--model-path")
         .arg(model)
+        .arg("--agent")
         .args(["--log-level", "warn"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -197,6 +205,10 @@ pub async fn run(plan: DemoPlan, cores: smg_dataplane::runtime::CorePlan) -> any
     println!(
         "try:\n  curl -s http://127.0.0.1:{}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"model\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'",
         gateway.listen.port
+    );
+    println!(
+        "requests with \"tools\" get a simulated tool call, and the follow-up with the tool \
+         result an answer quoting it"
     );
     let result = crate::server::launch(gateway, cores).await;
     drop(fleet);

@@ -115,6 +115,8 @@ pub struct EngineConfig {
     /// cached=K`, the counts it reports (tests check the gateway's usage
     /// against what the engines said).
     pub usage_log: Option<std::path::PathBuf>,
+    /// `--agent`: tool calls and answers made from the prompt's tools.
+    pub agent: Option<crate::agent::AgentModel>,
 }
 
 /// A peer's bootstrap server and the room to fetch there.
@@ -146,6 +148,9 @@ pub struct Sampling {
     pub n: u32,
     /// Output logprobs requested, with this many alternatives per token.
     pub logprobs: Option<u32>,
+    /// The request's JSON-schema constraint (`--agent` writes JSON that
+    /// matches it; other constraints are not simulated).
+    pub json_schema: Option<String>,
 }
 
 /// Simulated output logprobs: the token at output position `p` (0-based)
@@ -533,12 +538,7 @@ impl Engine {
             sampling.max_new_tokens = Some(1);
             sampling.min_new_tokens = 0;
         }
-        // A scripted completion for this prompt, decoded with special tokens
-        // kept (decode in PD sees the same prompt ids as prefill).
-        let scripted = self.config.script.as_ref().and_then(|script| {
-            let prompt = self.model.tokenizer.decode(&job.input_ids, false).ok()?;
-            script.completion_for(&prompt)
-        });
+        let scripted = self.planned_completion(&job, &mut sampling);
         let context = SequenceContext {
             scripted,
             request_id: &job.request_id,
@@ -554,6 +554,40 @@ impl Engine {
         match futures::future::try_join_all(sequences).await {
             Ok(_) | Err(Stop::ClientGone) | Err(Stop::Fault) => Ok(()),
         }
+    }
+
+    /// The completion `--script` or `--agent` plans for this prompt, if
+    /// any, read from the prompt decoded with special tokens kept (decode in
+    /// PD sees the same prompt ids as prefill, so plans the same text). An
+    /// agent's answer is as long as it needs when the request sets no
+    /// `max_new_tokens`, as a real engine's is; a script's keeps the default.
+    fn planned_completion(&self, job: &GenerateJob, sampling: &mut Sampling) -> Option<Arc<[u32]>> {
+        if self.config.script.is_none() && self.config.agent.is_none() {
+            return None;
+        }
+        let prompt = self.model.tokenizer.decode(&job.input_ids, false).ok()?;
+        if let Some(tokens) = self
+            .config
+            .script
+            .as_ref()
+            .and_then(|script| script.completion_for(&prompt))
+        {
+            return Some(tokens);
+        }
+        let agent = self.config.agent.as_ref()?;
+        let text = agent.completion_for(&prompt, job.sampling.json_schema.as_deref())?;
+        let tokens = match self.model.encode(&text) {
+            Ok(tokens) => tokens,
+            Err(err) => {
+                tracing::warn!(%err, "the agent's answer cannot be encoded; usual output instead");
+                return None;
+            }
+        };
+        if sampling.max_new_tokens.is_none() {
+            let needed = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+            sampling.max_new_tokens = Some(needed.max(self.config.default_max_new_tokens));
+        }
+        Some(tokens.into())
     }
 
     /// Computes the prompt's fingerprint (fetching EPD embeddings) and

@@ -147,6 +147,10 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
                 logprobs: request
                     .return_logprob
                     .then(|| request.top_logprobs_num.max(0) as u32),
+                json_schema: match sampling.constraint {
+                    Some(sg::sampling_params::Constraint::JsonSchema(schema)) => Some(schema),
+                    _ => None,
+                },
             },
             stream: request.stream,
             kv,

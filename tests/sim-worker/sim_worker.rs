@@ -9,9 +9,11 @@
 //! faults on request (and, with `--hostile`, breaks the protocol's promises
 //! as a buggy or compromised engine could; see `hostile`). With `--script`,
 //! prompts that match get canned completions instead, streamed as the model's
-//! real token ids (see `scripted`). When it is listening it prints one line to stdout:
+//! real token ids (see `scripted`); with `--agent`, prompts that carry tools
+//! get tool calls and answers made from them (see `agent`). When it is listening it prints one line to stdout:
 //! `smg-sim-worker ready grpc=HOST:PORT bootstrap=HOST:PORT|none`.
 
+mod agent;
 mod digest;
 mod engine;
 mod hostile;
@@ -42,6 +44,7 @@ use smg_shared::shm::ShmNamespace;
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
+use crate::agent::AgentModel;
 use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
 use crate::hostile::{Hostility, Misbehaviour};
 use crate::model::ModelFacts;
@@ -91,6 +94,14 @@ struct Args {
     /// at start-up.
     #[arg(long, value_name = "FILE")]
     script: Option<PathBuf>,
+    /// Play an agentic model: a prompt whose chat template rendered tools
+    /// gets a Hermes tool call built from the tools' schemas (after the
+    /// user's turn) or an answer quoting the tool results (after them),
+    /// with a think block on models that have think tokens; a JSON-schema
+    /// constraint gets matching JSON. Other prompts get the usual output;
+    /// --script lines match first.
+    #[arg(long)]
+    agent: bool,
     /// Overrides the advertised `/dev/shm` identity (`"<boot_id>:<st_dev>"`).
     #[arg(long)]
     shm_namespace_id: Option<String>,
@@ -296,6 +307,7 @@ impl Args {
             abort_log: self.abort_log.clone(),
             script: None,
             usage_log: self.usage_log.clone(),
+            agent: None,
         }
     }
 }
@@ -322,6 +334,9 @@ async fn main() -> Result<()> {
                 std::process::exit(2);
             }
         }
+    }
+    if args.agent {
+        config.agent = Some(AgentModel::new(&model));
     }
     let engine = Arc::new(Engine::new(config, model)?);
     if let Some(dir) = &args.shm_dir {

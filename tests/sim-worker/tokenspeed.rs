@@ -48,6 +48,10 @@ impl TokenSpeed {
                 logprobs: request
                     .return_logprob
                     .then(|| request.top_logprobs_num.max(0) as u32),
+                json_schema: match sampling.constraint {
+                    Some(ts::sampling_params::Constraint::JsonSchema(schema)) => Some(schema),
+                    _ => None,
+                },
             },
             stream: request.stream,
             kv,
