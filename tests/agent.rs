@@ -343,6 +343,23 @@ async fn regular_mode_runs_tool_loops_with_any_tools() {
 }
 
 #[tokio::test]
+async fn tool_choice_none_offers_the_model_no_tools() {
+    let worker = agent_worker("regular", &bundled_model(), &[]);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    let messages = json!([{"role": "user", "content": "Where is order A123?"}]);
+    for stream in [false, true] {
+        let mut body = request("model", &messages, &json!("none"), stream);
+        body["max_tokens"] = json!(24);
+        let reply = complete(&base(&gateway), &body).await;
+        // The agent saw no tools: its usual text, no call, no markup.
+        assert!(reply.calls.is_empty(), "{reply:?}");
+        assert!(!reply.content.contains("<tool_call>"), "{reply:?}");
+        assert!(!reply.content.is_empty(), "{reply:?}");
+        assert_ne!(reply.finish_reason, "tool_calls");
+    }
+}
+
+#[tokio::test]
 async fn sglang_workers_run_tool_loops_too() {
     let worker = SimWorker::start("sglang", "regular", &["--zero-delay", "--agent"]);
     let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);

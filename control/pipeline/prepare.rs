@@ -4,7 +4,7 @@
 //! strings that are single tokens into `stop_token_ids` (engines reject string
 //! stops; the gateway still trims the text itself).
 
-use super::spec::{GenerationSpec, Prompt};
+use super::spec::{GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result};
 use crate::lanes::LaneDecision;
@@ -125,7 +125,9 @@ pub async fn prepare(
         Prompt::Chat(chat) => {
             let options = ChatTemplateOptions {
                 add_generation_prompt: true,
-                tools: (!chat.tools.is_empty())
+                // `tool_choice: "none"` means no call: the model is not told
+                // about tools, so it writes no call markup to leak.
+                tools: (!chat.tools.is_empty() && chat.tool_choice != ToolChoice::None)
                     .then(|| serde_json::Value::Array(chat.tools.clone())),
                 extra: chat.template_kwargs.clone(),
             };
