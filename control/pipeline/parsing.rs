@@ -216,9 +216,9 @@ impl OutputParsing {
                         chat.reasoning_effort.as_deref(),
                     ),
                     // Markup inside a think block is never a call, except
-                    // for Kimi models, which open a tool section without
-                    // closing their think block (their calls would be lost).
-                    tool_call_ends_reasoning: name.starts_with("kimi"),
+                    // where the family table says models open a tool
+                    // section without closing their think block (Kimi).
+                    tool_call_ends_reasoning: reasoning::tool_call_ends_reasoning(name),
                 };
                 (name.clone(), options)
             });

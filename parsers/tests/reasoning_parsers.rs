@@ -499,4 +499,7 @@ fn tool_markers_are_listed_per_parser() {
     assert!(reasoning::tool_markers("kimi_thinking").contains(&"<|tool_calls_section_begin|>"));
     assert!(reasoning::tool_markers("passthrough").is_empty());
     assert!(reasoning::tool_markers("nope").is_empty());
+    assert!(reasoning::tool_call_ends_reasoning("kimi_thinking"));
+    assert!(!reasoning::tool_call_ends_reasoning("qwen3"));
+    assert!(!reasoning::tool_call_ends_reasoning("nope"));
 }

@@ -21,6 +21,11 @@ pub(crate) struct Family {
     /// Markers of this family's tool-call syntax. One of them inside
     /// reasoning ends it (see [`super::ReasoningOptions`]).
     pub(crate) tool_markers: &'static [&'static str],
+    /// Whether the gateway turns that cut on for this family: only where
+    /// models are known to open a tool section without closing their think
+    /// block. Elsewhere markup inside a think block stays reasoning, so a
+    /// call the model only thought about is never made.
+    pub(crate) cut_by_default: bool,
 }
 
 /// The strings that open and close a think block.
@@ -63,6 +68,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "qwen3",
         markers: Some(THINK),
         always_thinks: false,
+        cut_by_default: false,
         tool_markers: TOOL_CALL_TAG,
     },
     Family {
@@ -71,6 +77,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "qwen3_thinking",
         markers: Some(THINK),
         always_thinks: true,
+        cut_by_default: false,
         tool_markers: TOOL_CALL_TAG,
     },
     Family {
@@ -79,6 +86,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "deepseek_r1",
         markers: Some(THINK),
         always_thinks: true,
+        cut_by_default: false,
         tool_markers: DEEPSEEK_TOOL_CALLS,
     },
     Family {
@@ -87,6 +95,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "deepseek_v31",
         markers: Some(THINK),
         always_thinks: false,
+        cut_by_default: false,
         tool_markers: DEEPSEEK_TOOL_CALLS,
     },
     Family {
@@ -95,6 +104,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "glm45",
         markers: Some(THINK),
         always_thinks: false,
+        cut_by_default: false,
         tool_markers: TOOL_CALL_TAG,
     },
     Family {
@@ -102,6 +112,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "kimi",
         markers: Some(KIMI_TRIANGLES),
         always_thinks: false,
+        cut_by_default: true,
         tool_markers: KIMI_TOOL_SECTION,
     },
     Family {
@@ -110,6 +121,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "kimi_thinking",
         markers: Some(THINK),
         always_thinks: true,
+        cut_by_default: true,
         tool_markers: KIMI_TOOL_SECTION,
     },
     Family {
@@ -117,6 +129,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "kimi_k25",
         markers: Some(THINK),
         always_thinks: false,
+        cut_by_default: true,
         tool_markers: KIMI_TOOL_SECTION,
     },
     Family {
@@ -124,6 +137,7 @@ pub(crate) const FAMILIES: &[Family] = &[
         name: "passthrough",
         markers: None,
         always_thinks: false,
+        cut_by_default: false,
         tool_markers: &[],
     },
 ];
@@ -162,6 +176,13 @@ const MODEL_PATTERNS: &[(&str, &str)] = &[
 
 pub(crate) fn family(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|family| family.name == name)
+}
+
+/// Whether a tool-call marker should end reasoning for parser `name` when
+/// the caller has no reason to choose ([`super::ReasoningOptions::tool_call_ends_reasoning`]):
+/// true for the Kimi families (MoonshotAI/Kimi-K2#89), false elsewhere.
+pub fn tool_call_ends_reasoning(name: &str) -> bool {
+    family(name).is_some_and(|family| family.cut_by_default)
 }
 
 /// The tool-call markers that end reasoning for parser `name` (empty for an

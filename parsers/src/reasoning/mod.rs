@@ -26,7 +26,7 @@ mod families;
 mod markers;
 mod toggle;
 
-pub use families::{PARSER_NAMES, detect, tool_markers};
+pub use families::{PARSER_NAMES, detect, tool_call_ends_reasoning, tool_markers};
 pub use toggle::{
     ThinkingToggle, ToggleKey, starts_in_reasoning, thinking_preference, thinking_toggle,
 };
