@@ -7,11 +7,8 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use futures::StreamExt;
 use serde_json::{Value, json};
+use support::chat::{FamilyModel, Script, assemble, chunks, http, weather_tools, whole};
 use support::{Gateway, SimWorker};
 
 const MODEL_ID: &str = "Qwen/Qwen3-8B";
@@ -22,148 +19,29 @@ const FOLLOW_UP: &str = "sunny in Paris";
 const FOLLOW_UP_ANSWER: &str =
     "<think>\nBoth answered.\n</think>\n\nParis is sunny and Rome is 21 °C.";
 
-fn qwen3_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3")
+fn model() -> FamilyModel {
+    FamilyModel::new("qwen3", MODEL_ID)
 }
 
-fn script() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let path = dir.path().join("script.jsonl");
-    let lines = [
+fn script() -> Script {
+    support::chat::script(&[
         // The follow-up's prompt holds the tool result; it must match first.
         json!({"when": FOLLOW_UP, "text": FOLLOW_UP_ANSWER}),
         json!({"when": WEATHER, "text": WEATHER_ANSWER}),
-    ];
-    let text: String = lines.iter().map(|line| format!("{line}\n")).collect();
-    std::fs::write(&path, text).expect("write the script");
-    let path = path.to_str().expect("UTF-8").to_owned();
-    (dir, path)
+    ])
 }
 
-fn worker(role: &str, script: &str) -> SimWorker {
-    SimWorker::start_with_model(
-        "tokenspeed",
-        role,
-        &qwen3_dir(),
-        &[
-            "--zero-delay",
-            "--script",
-            script,
-            "--served-model-name",
-            MODEL_ID,
-        ],
-    )
+fn worker(role: &str, script: &Script) -> SimWorker {
+    model().worker(role, script)
 }
 
 fn gateway(args: &[&str]) -> Gateway {
-    let mut all = args.to_vec();
-    all.extend(["--served-model-name", MODEL_ID]);
-    Gateway::start_with_model(Some(&qwen3_dir()), &all)
-}
-
-fn tools() -> Value {
-    json!([{"type": "function", "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]},
-    }}])
+    model().gateway(args)
 }
 
 fn request(messages: Value, stream: bool) -> Value {
-    json!({"model": MODEL_ID, "messages": messages, "tools": tools(),
+    json!({"model": MODEL_ID, "messages": messages, "tools": weather_tools(),
            "max_tokens": 300, "stream": stream})
-}
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("http client")
-}
-
-async fn whole(gateway: &Gateway, body: &Value) -> Value {
-    let response = http()
-        .post(gateway.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.expect("JSON");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// The stream's chunks, parsed.
-async fn chunks(gateway: &Gateway, body: &Value) -> Vec<Value> {
-    let response = http()
-        .post(gateway.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(response.status().as_u16(), 200);
-    let mut text = String::new();
-    let mut bytes = response.bytes_stream();
-    while let Some(piece) = bytes.next().await {
-        text.push_str(std::str::from_utf8(&piece.expect("body")).expect("UTF-8"));
-    }
-    text.split("\n\n")
-        .filter_map(|frame| frame.strip_prefix("data: "))
-        .filter(|payload| *payload != "[DONE]")
-        .map(|payload| serde_json::from_str(payload).expect("a JSON chunk"))
-        .collect()
-}
-
-/// A streamed message put back together as clients do: text and reasoning
-/// concatenated, calls accumulated by `index`.
-struct Assembled {
-    content: String,
-    reasoning: String,
-    /// (id, name, arguments) per index.
-    calls: Vec<(String, String, String)>,
-    finish_reason: String,
-}
-
-fn assemble(chunks: &[Value]) -> Assembled {
-    let mut out = Assembled {
-        content: String::new(),
-        reasoning: String::new(),
-        calls: Vec::new(),
-        finish_reason: String::new(),
-    };
-    for chunk in chunks {
-        let Some(choice) = chunk["choices"].get(0) else {
-            continue;
-        };
-        let delta = &choice["delta"];
-        out.content
-            .push_str(delta["content"].as_str().unwrap_or_default());
-        out.reasoning
-            .push_str(delta["reasoning_content"].as_str().unwrap_or_default());
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
-            let index = call["index"].as_u64().expect("index") as usize;
-            if let Some(name) = call["function"]["name"].as_str() {
-                assert_eq!(index, out.calls.len(), "indexes 0..n-1 in order");
-                assert_eq!(call["type"], "function");
-                let id = call["id"].as_str().expect("the first fragment has an id");
-                out.calls
-                    .push((id.to_owned(), name.to_owned(), String::new()));
-            } else {
-                assert!(
-                    call.get("id").is_none() && call.get("type").is_none(),
-                    "{call}"
-                );
-            }
-            let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
-            out.calls[index].2.push_str(arguments);
-        }
-        if let Some(reason) = choice["finish_reason"].as_str() {
-            out.finish_reason = reason.to_owned();
-        }
-    }
-    out
 }
 
 fn arguments(text: &str) -> Value {
@@ -230,7 +108,7 @@ async fn check_two_turn_tool_loop(gateway: &Gateway) {
 
 #[tokio::test]
 async fn regular_mode_serves_a_two_turn_tool_loop() {
-    let (_dir, script) = script();
+    let script = script();
     let worker = worker("regular", &script);
     let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
     check_two_turn_tool_loop(&gateway).await;
@@ -238,7 +116,7 @@ async fn regular_mode_serves_a_two_turn_tool_loop() {
 
 #[tokio::test]
 async fn pd_mode_serves_a_two_turn_tool_loop() {
-    let (_dir, script) = script();
+    let script = script();
     let prefill = worker("prefill", &script);
     let decode = worker("decode", &script);
     let gateway = gateway(&[
@@ -254,7 +132,7 @@ async fn pd_mode_serves_a_two_turn_tool_loop() {
 
 #[tokio::test]
 async fn tool_choice_none_and_inline_reasoning_leave_the_text_raw() {
-    let (_dir, script) = script();
+    let script = script();
     let worker = worker("regular", &script);
     let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
     let mut body = request(json!([{"role": "user", "content": WEATHER}]), false);
@@ -348,7 +226,7 @@ async fn message_events(gateway: &Gateway, body: &Value) -> Vec<(String, Value)>
 
 #[tokio::test]
 async fn anthropic_messages_carry_thinking_and_tool_use_blocks() {
-    let (_dir, script) = script();
+    let script = script();
     let worker = worker("regular", &script);
     let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
     let tools = json!([{"name": "get_weather", "description": "Current weather in a city",

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub mod chat;
 #[path = "../sim-worker/digest.rs"]
 pub mod digest;
 pub mod media;
