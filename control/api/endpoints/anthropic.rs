@@ -534,6 +534,14 @@ mod tests {
         );
     }
 
+    #[test]
+    fn broken_call_arguments_become_an_empty_input() {
+        assert_eq!(tool_input("{\"a\":1}"), serde_json::json!({"a": 1}));
+        assert_eq!(tool_input(""), serde_json::json!({}));
+        assert_eq!(tool_input("{\"a\":"), serde_json::json!({}));
+        assert_eq!(tool_input("[1]"), serde_json::json!({}));
+    }
+
     #[tokio::test]
     async fn the_whole_message_and_errors_are_pinned() {
         let info = info();
