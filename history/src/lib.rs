@@ -16,10 +16,16 @@
 
 #![deny(unsafe_code)]
 
+mod config;
+pub mod memory;
+pub mod none;
+
 use std::fmt::Debug;
 
 use async_trait::async_trait;
 use serde_json::Value;
+
+pub use config::{HistoryConfig, open};
 
 /// One stored response: the step of a chain.
 #[derive(Debug, Clone, PartialEq)]
