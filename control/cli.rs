@@ -29,7 +29,8 @@ use crate::config::{
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
 use crate::lanes::LaneSettings;
-use crate::media::MediaConfig;
+use crate::mcp::McpConfig;
+use crate::media::{MediaConfig, PrivateHostAllowance};
 use crate::mode::Mode;
 use crate::policies::{
     CacheAwareConfig, ManualConfig, PolicyKind, PolicyTunables, PrefixHashConfig,
@@ -357,6 +358,7 @@ mod heading {
     pub const MODEL: &str = "Model and tokenizer";
     pub const PARSERS: &str = "Parsers";
     pub const MEDIA: &str = "Images";
+    pub const MCP: &str = "MCP tools";
     pub const LANES: &str = "Tensor lanes";
     pub const DATAPLANE: &str = "Data plane";
     pub const CONNECTIONS: &str = "Worker connections";
@@ -551,6 +553,16 @@ pub struct LaunchArgs {
     /// public addresses (repeatable); everything else private is refused.
     #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append, help_heading = heading::MEDIA)]
     pub media_allow_private_host: Vec<String>,
+
+    // ==== MCP tools ====
+    /// Hosts or networks (CIDR) the MCP servers of Responses requests'
+    /// `mcp` tools may be at although they are not public addresses
+    /// (repeatable); everything else private is refused.
+    #[arg(long, value_name = "HOST_OR_CIDR", action = ArgAction::Append, help_heading = heading::MCP)]
+    pub mcp_allow_private_host: Vec<String>,
+    /// Time an MCP server gets to list its tools or answer one tool call.
+    #[arg(long, value_name = "SECS", default_value_t = 30, help_heading = heading::MCP)]
+    pub mcp_call_timeout_secs: u64,
 
     // ==== Tensor lanes ====
     /// How image tensors reach encode/prefill workers. `auto` writes them
@@ -1374,6 +1386,21 @@ fn admission(args: &LaunchArgs) -> Result<AdmissionConfig, ConfigError> {
     })
 }
 
+/// `--media-allow-private-host`, `--mcp-allow-private-host`: the SSRF
+/// guard's exceptions, one syntax for both.
+fn private_hosts(
+    flag: &'static str,
+    texts: &[String],
+) -> Result<Vec<PrivateHostAllowance>, ConfigError> {
+    texts
+        .iter()
+        .map(|text| {
+            text.parse()
+                .map_err(|err| ConfigError::new(flag, format!("{text}: {err}")))
+        })
+        .collect()
+}
+
 fn seconds(flag: &'static str, secs: u64) -> Result<Duration, ConfigError> {
     at_least(flag, secs, 1).map(Duration::from_secs)
 }
@@ -1623,22 +1650,24 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             rdma_slot_bytes: args.multimodal_rdma_slot_bytes,
             rdma_deadline: Duration::from_millis(args.multimodal_rdma_deadline_ms),
         };
-        let allow_private_hosts = args
-            .media_allow_private_host
-            .iter()
-            .map(|text| {
-                text.parse().map_err(|err| {
-                    ConfigError::new("media-allow-private-host", format!("{text}: {err}"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let media = MediaConfig {
             max_bytes: args.media_max_bytes,
             max_images_per_request: args.max_images_per_request,
             fetch_timeout: seconds("media-fetch-timeout-secs", args.media_fetch_timeout_secs)?,
             allowed_file_dirs: args.allowed_local_media_path.clone(),
-            allow_private_hosts,
+            allow_private_hosts: private_hosts(
+                "media-allow-private-host",
+                &args.media_allow_private_host,
+            )?,
             ..MediaConfig::default()
+        };
+        let mcp = McpConfig {
+            allow_private_hosts: private_hosts(
+                "mcp-allow-private-host",
+                &args.mcp_allow_private_host,
+            )?,
+            call_timeout: seconds("mcp-call-timeout-secs", args.mcp_call_timeout_secs)?,
+            ..McpConfig::default()
         };
         let admission = admission(&args)?;
         let dataplane = DataPlaneSettings {
@@ -1666,6 +1695,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             lifecycle,
             lanes,
             media,
+            mcp,
             admission,
             dataplane,
             startup: StartupConfig {
@@ -1859,6 +1889,29 @@ mod tests {
     }
 
     #[test]
+    fn mcp_flags_become_the_mcp_config_with_the_media_guards_syntax() {
+        let defaults = config_ok("smg launch --worker-urls grpc://a:1");
+        assert_eq!(defaults.mcp, crate::mcp::McpConfig::default());
+        assert_eq!(defaults.mcp.call_timeout, Duration::from_secs(30));
+        let config = config_ok(
+            "smg launch --worker-urls grpc://a:1 --mcp-allow-private-host 10.0.0.0/8 \
+             --mcp-allow-private-host *.corp.example --mcp-call-timeout-secs 5 \
+             --media-allow-private-host 127.0.0.1",
+        );
+        let allowances: Vec<PrivateHostAllowance> = ["10.0.0.0/8", "*.corp.example"]
+            .iter()
+            .map(|text| text.parse().expect("valid allowance"))
+            .collect();
+        assert_eq!(config.mcp.allow_private_hosts, allowances);
+        assert_eq!(config.mcp.call_timeout, Duration::from_secs(5));
+        assert_eq!(
+            config.media.allow_private_hosts,
+            vec!["127.0.0.1".parse().expect("valid allowance")],
+            "the two guards' exceptions stay apart"
+        );
+    }
+
+    #[test]
     fn a_launch_line_becomes_one_typed_config() {
         let config = config(
             "smg launch --pd-disaggregation --prefill grpc://a:1 8998 --decode grpc://c:1 \
@@ -1973,6 +2026,14 @@ mod tests {
             (
                 "smg launch --worker-urls grpc://a:1 --media-allow-private-host not/a/net",
                 "media-allow-private-host",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --mcp-allow-private-host not/a/net",
+                "mcp-allow-private-host",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --mcp-call-timeout-secs 0",
+                "mcp-call-timeout-secs",
             ),
             (
                 "smg launch --pd-disaggregation --prefill 9000 --decode grpc://d:1",

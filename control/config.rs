@@ -23,6 +23,7 @@ use smg_dataplane::runtime::{CorePlan, DataPlaneConfig};
 use crate::admission::AdmissionConfig;
 use crate::engine::Runtime;
 use crate::lanes::LaneSettings;
+use crate::mcp::McpConfig;
 use crate::media::MediaConfig;
 use crate::mode::Mode;
 use crate::pipeline::stages::RolePolicies;
@@ -49,6 +50,9 @@ pub struct GatewayConfig {
     pub lifecycle: Lifecycle,
     pub lanes: LaneSettings,
     pub media: MediaConfig,
+    /// The MCP servers of Responses requests' `mcp` tools: where they may
+    /// be, how long they get.
+    pub mcp: McpConfig,
     /// How much work the gateway takes on at once, and who waits.
     pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,

@@ -126,6 +126,26 @@ error_codes! {
     /// the engines accept (256 MiB); fewer or smaller images, or the shm
     /// lane, fit.
     MessageTooLarge => ("message_too_large", 413, Client, false, free),
+    /// An MCP tool's `server_url` leads where the gateway must not go: not
+    /// http(s), or a loopback, private, link-local (cloud metadata) or
+    /// otherwise non-public address the operator did not allow
+    /// (`--mcp-allow-private-host`).
+    McpServerForbidden => ("mcp_server_forbidden", 400, Client, false, free),
+    /// An MCP server refused the request's credentials (HTTP 401 or 403):
+    /// the tool's `headers` (or their absence) do not satisfy it.
+    McpServerUnauthorized => ("mcp_server_unauthorized", 400, Client, false, free),
+    /// An MCP server could not be reached, or did not answer as an MCP
+    /// server must: an HTTP error, a body that is not MCP, a JSON-RPC error
+    /// (an unknown tool, arguments it refuses), a closed session. Never
+    /// retried: a tool call may have effects.
+    McpServerUnavailable => ("mcp_server_unavailable", 502, Gateway, false, free),
+    /// An MCP server took longer than `--mcp-call-timeout-secs` to connect,
+    /// list its tools or answer a tool call.
+    McpTimeout => ("mcp_timeout", 504, Gateway, false, free),
+    /// An MCP answer is larger than the gateway reads: a tool result over
+    /// the result cap, or a tool list over its count or byte cap. Refused
+    /// whole, never cut: half a JSON document would mislead the model.
+    McpResultTooLarge => ("mcp_result_too_large", 502, Gateway, false, free),
     /// A worker with this URL is already registered (admin API).
     WorkerAlreadyExists => ("worker_already_exists", 409, Client, false, free),
     /// No worker has this id (admin API).
@@ -488,6 +508,33 @@ mod tests {
                 "invalid_request_error",
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn mcp_codes_are_pinned() {
+        // Typed out by hand: these strings and statuses are API. None is
+        // retried (a tool call may have effects) and none blames a worker.
+        let expected = [
+            (ErrorCode::McpServerForbidden, "mcp_server_forbidden", 400),
+            (
+                ErrorCode::McpServerUnauthorized,
+                "mcp_server_unauthorized",
+                400,
+            ),
+            (
+                ErrorCode::McpServerUnavailable,
+                "mcp_server_unavailable",
+                502,
+            ),
+            (ErrorCode::McpTimeout, "mcp_timeout", 504),
+            (ErrorCode::McpResultTooLarge, "mcp_result_too_large", 502),
+        ];
+        for (code, text, status) in expected {
+            assert_eq!(code.as_str(), text);
+            assert_eq!(code.http_status(), status, "{text}");
+            assert!(!code.retryable(), "{text}");
+            assert!(!code.charges_worker(), "{text}");
         }
     }
 

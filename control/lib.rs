@@ -24,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod lanes;
 pub mod logging;
+pub mod mcp;
 pub mod media;
 pub mod metrics;
 pub mod mode;

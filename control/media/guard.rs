@@ -310,6 +310,21 @@ impl DestinationPolicy {
     }
 }
 
+/// The address a URL host names literally (`10.0.0.1`, `[::1]`), or `None`
+/// for a host name. Such hosts never reach a resolver, so a client vets
+/// them itself with [`DestinationPolicy::check`] before every request.
+///
+/// The URL parser normalizes every IPv4 spelling (`2852039166`,
+/// `0xA9FEA9FE`) to dotted form and brackets IPv6, so a host that parses as
+/// an address here is exactly what the HTTP client would dial.
+pub fn literal_address(host: &str) -> Option<IpAddr> {
+    host.strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'))
+        .unwrap_or(host)
+        .parse()
+        .ok()
+}
+
 /// The HTTP client's resolver: looks the name up once and hands the client
 /// only the addresses the policy allows, so the connection goes exactly to
 /// a vetted address.

@@ -12,7 +12,6 @@
 //! the cap and the connection dropped. The blake3 hash is updated chunk by
 //! chunk in the same pass.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -20,7 +19,7 @@ use reqwest::header::LOCATION;
 use reqwest::{Client, StatusCode, Url};
 
 use super::HashedBytes;
-use super::guard::{DestinationPolicy, ForbiddenDestination, VettingResolver};
+use super::guard::{DestinationPolicy, ForbiddenDestination, VettingResolver, literal_address};
 
 /// Never reserve more than this up front on a server's word
 /// (`Content-Length`); beyond it the buffer grows as bytes really arrive.
@@ -112,16 +111,7 @@ impl RemoteFetcher {
             .host_str()
             .filter(|host| !host.is_empty())
             .ok_or_else(|| RemoteProblem::Malformed(format!("{}: no host", redacted(url))))?;
-        // The URL parser normalizes every IPv4 spelling (`2852039166`,
-        // `0xA9FEA9FE`) to dotted form and brackets IPv6, so a host that
-        // parses as an address here is exactly what the client would dial.
-        let literal = host
-            .strip_prefix('[')
-            .and_then(|inner| inner.strip_suffix(']'))
-            .unwrap_or(host)
-            .parse::<IpAddr>()
-            .ok();
-        if let Some(address) = literal {
+        if let Some(address) = literal_address(host) {
             self.policy
                 .check(&address.to_string(), address)
                 .map_err(|refusal| forbidden(url, &refusal))?;
@@ -226,7 +216,7 @@ fn forbidden(url: &Url, refusal: &ForbiddenDestination) -> RemoteProblem {
 
 /// An error and its causes on one line: reqwest's top-level message alone
 /// ("error sending request") does not say what went wrong.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -14,6 +14,7 @@ use std::time::Duration;
 pub mod chat;
 #[path = "../sim-worker/digest.rs"]
 pub mod digest;
+pub mod mcp;
 pub mod media;
 pub mod proxy;
 pub mod shm;
