@@ -6,7 +6,10 @@
 
 use std::{fmt, path::PathBuf, sync::Arc};
 
-use crate::{HistoryError, HistoryResult, HistoryStore, memory::MemoryStore, none::NoneStore};
+use crate::{
+    HistoryError, HistoryResult, HistoryStore, memory::MemoryStore, none::NoneStore,
+    sqlite::SqliteStore,
+};
 
 /// The history backend and its settings.
 #[derive(Clone, PartialEq, Eq)]
@@ -80,12 +83,11 @@ pub async fn open(config: &HistoryConfig) -> HistoryResult<Arc<dyn HistoryStore>
     match config {
         HistoryConfig::None => Ok(Arc::new(NoneStore)),
         HistoryConfig::Memory => Ok(Arc::new(MemoryStore::new())),
-        HistoryConfig::Sqlite { .. } | HistoryConfig::Postgres { .. } => {
-            Err(HistoryError::Unavailable(format!(
-                "the {} history backend is not built yet",
-                config.backend()
-            )))
-        }
+        HistoryConfig::Sqlite { path } => Ok(Arc::new(SqliteStore::open(path).await?)),
+        HistoryConfig::Postgres { .. } => Err(HistoryError::Unavailable(format!(
+            "the {} history backend is not built yet",
+            config.backend()
+        ))),
     }
 }
 

@@ -19,6 +19,8 @@
 mod config;
 pub mod memory;
 pub mod none;
+mod sql;
+pub mod sqlite;
 
 use std::fmt::Debug;
 

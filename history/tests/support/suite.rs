@@ -597,3 +597,42 @@ pub async fn a_duplicate_item_id_is_a_conflict_and_adds_nothing(store: &dyn Hist
         .unwrap();
     assert_eq!(item_ids(&listed.items), ["conv_items_1"]);
 }
+
+/// Writes a chain of 3 and a conversation of 3 items, for a second store to
+/// read with [`read_the_sample`].
+pub async fn write_a_sample(store: &dyn HistoryStore) {
+    save_chain(store, "sample", 3).await;
+    conversation_with_items(store, "conv_sample", 3).await;
+}
+
+/// Reads back what [`write_a_sample`] wrote, through another store.
+pub async fn read_the_sample(store: &dyn HistoryStore) {
+    assert_eq!(
+        chain_ids(&store.response_chain("sample_3", 10).await.unwrap()),
+        ["sample_1", "sample_2", "sample_3"]
+    );
+    assert_eq!(
+        store.get_response("sample_2").await.unwrap(),
+        Some(response("sample_2", Some("sample_1")))
+    );
+    assert_eq!(
+        store.get_conversation("conv_sample").await.unwrap(),
+        Some(conversation("conv_sample"))
+    );
+    let listed = store
+        .list_items("conv_sample", &page(2, Order::Desc, None))
+        .await
+        .unwrap();
+    assert_eq!(item_ids(&listed.items), ["conv_sample_3", "conv_sample_2"]);
+    assert!(listed.has_more);
+    // The order continues after the items already there.
+    store
+        .add_items("conv_sample", &[item("sample_more", "conv_sample")])
+        .await
+        .unwrap();
+    let listed = store
+        .list_items("conv_sample", &page(10, Order::Asc, Some("conv_sample_3")))
+        .await
+        .unwrap();
+    assert_eq!(item_ids(&listed.items), ["sample_more"]);
+}

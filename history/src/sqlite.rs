@@ -1,0 +1,121 @@
+//! The `sqlite` backend: an embedded database file, the gateway's default.
+//!
+//! Why it exists: one gateway keeps its history across restarts with no
+//! server to run. The file is opened in WAL mode (readers never wait for
+//! the writer) with `synchronous=NORMAL` (a commit survives a gateway crash;
+//! an OS crash may lose the last ones, never corrupt the file), a busy
+//! timeout (writers queue instead of failing), and foreign keys on (items
+//! die with their conversation). Write transactions start with `BEGIN
+//! IMMEDIATE`, so they take the write lock first and wait in the busy
+//! timeout instead of failing when they upgrade from reading.
+
+use std::{path::Path, time::Duration};
+
+use sqlx::{
+    SqlitePool,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+
+use crate::{
+    HistoryError, HistoryResult,
+    sql::{Queries, sql_store},
+};
+
+/// How long a write waits for another writer before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Readers in parallel (WAL); writers take turns anyway.
+const MAX_CONNECTIONS: u32 = 4;
+
+/// The history in a sqlite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (or creates, with its parent directories) the database file
+    /// and brings its schema up to date.
+    pub async fn open(path: &Path) -> HistoryResult<Self> {
+        let unavailable = |what: &str, err: &dyn std::fmt::Display| -> HistoryError {
+            HistoryError::Unavailable(format!("{what} {}: {err}", path.display()))
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|err| unavailable("cannot create the directory of", &err))?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(BUSY_TIMEOUT)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(options)
+            .await
+            .map_err(|err| unavailable("cannot open", &err))?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&pool)
+            .await
+            .map_err(|err| unavailable("cannot migrate", &err))?;
+        Ok(Self { pool })
+    }
+}
+
+const QUERIES: Queries = Queries {
+    begin_write: "BEGIN IMMEDIATE",
+    upsert_response: "INSERT INTO responses
+            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        ON CONFLICT (id) DO UPDATE SET
+            previous_response_id = excluded.previous_response_id,
+            conversation_id = excluded.conversation_id,
+            model = excluded.model,
+            status = excluded.status,
+            created_at = excluded.created_at,
+            input = excluded.input,
+            output = excluded.output,
+            raw = excluded.raw",
+    get_response: "SELECT id, previous_response_id, conversation_id, model, status, created_at,
+            input, output, raw
+        FROM responses WHERE id = $1",
+    delete_response: "DELETE FROM responses WHERE id = $1",
+    // Walks previous_response_id by primary key, one row per step, newest
+    // at depth 1; returned oldest first.
+    response_chain: "WITH RECURSIVE chain (id, previous_response_id, depth) AS (
+            SELECT id, previous_response_id, 1 FROM responses WHERE id = $1
+            UNION ALL
+            SELECT r.id, r.previous_response_id, chain.depth + 1
+            FROM chain JOIN responses r ON r.id = chain.previous_response_id
+            WHERE chain.depth < $2
+        )
+        SELECT r.id, r.previous_response_id, r.conversation_id, r.model, r.status, r.created_at,
+            r.input, r.output, r.raw
+        FROM chain JOIN responses r ON r.id = chain.id
+        ORDER BY chain.depth DESC",
+    insert_conversation: "INSERT INTO conversations (id, created_at, metadata) VALUES ($1, $2, $3)",
+    get_conversation: "SELECT id, created_at, metadata FROM conversations WHERE id = $1",
+    update_conversation: "UPDATE conversations SET metadata = $2 WHERE id = $1
+        RETURNING id, created_at, metadata",
+    delete_conversation: "DELETE FROM conversations WHERE id = $1",
+    insert_item: "INSERT INTO conversation_items (id, conversation_id, created_at, item)
+        VALUES ($1, $2, $3, $4)",
+    list_asc: "SELECT id, conversation_id, created_at, item FROM conversation_items
+        WHERE conversation_id = $1 ORDER BY seq ASC LIMIT $2",
+    list_desc: "SELECT id, conversation_id, created_at, item FROM conversation_items
+        WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
+    list_asc_after: "SELECT id, conversation_id, created_at, item FROM conversation_items
+        WHERE conversation_id = $1 AND seq > (
+            SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
+        ORDER BY seq ASC LIMIT $2",
+    list_desc_after: "SELECT id, conversation_id, created_at, item FROM conversation_items
+        WHERE conversation_id = $1 AND seq < (
+            SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
+        ORDER BY seq DESC LIMIT $2",
+    get_item: "SELECT id, conversation_id, created_at, item FROM conversation_items
+        WHERE conversation_id = $1 AND id = $2",
+    delete_item: "DELETE FROM conversation_items WHERE conversation_id = $1 AND id = $2",
+};
+
+sql_store!(SqliteStore, sqlx::Sqlite, "sqlite", QUERIES);
