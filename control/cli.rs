@@ -22,9 +22,9 @@ use smg_dataplane::lanes::rdma::RdmaBackend;
 use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
     AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
-    FrontDoorConfig, GatewayConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig, ModelSource,
-    ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, StartupConfig, TlsFiles,
-    WorkerAddress, WorkerTlsFiles,
+    FrontDoorConfig, GatewayConfig, HistoryConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig,
+    ModelSource, ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, StartupConfig,
+    TlsFiles, WorkerAddress, WorkerTlsFiles,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
@@ -357,6 +357,7 @@ mod heading {
     pub const IGW: &str = "Several models (IGW)";
     pub const MODEL: &str = "Model and tokenizer";
     pub const PARSERS: &str = "Parsers";
+    pub const HISTORY: &str = "Responses and conversation history";
     pub const MEDIA: &str = "Images";
     pub const MCP: &str = "MCP tools";
     pub const LANES: &str = "Tensor lanes";
@@ -371,6 +372,15 @@ mod heading {
     pub const TLS: &str = "TLS / mTLS";
     pub const PROMETHEUS: &str = "Prometheus metrics and probes";
     pub const LOGGING: &str = "Logging";
+}
+
+/// `--history-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HistoryBackendArg {
+    Sqlite,
+    Postgres,
+    Memory,
+    None,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -535,6 +545,22 @@ pub struct LaunchArgs {
     /// --reasoning-parser. Repeatable.
     #[arg(long, value_name = "MODEL=NAME", action = ArgAction::Append, help_heading = heading::PARSERS)]
     pub model_reasoning_parser: Vec<String>,
+
+    // ==== Responses and conversation history ====
+    /// Where stored responses and conversations are kept: sqlite (an
+    /// embedded file, --history-path), postgres (--history-url; shared by
+    /// several gateways), memory (lost on restart) or none.
+    #[arg(long, value_enum, default_value_t = HistoryBackendArg::Sqlite, help_heading = heading::HISTORY)]
+    pub history_backend: HistoryBackendArg,
+    /// The sqlite backend's database file (created with its directory).
+    #[arg(long, value_name = "FILE", default_value = "smg-history.sqlite3", help_heading = heading::HISTORY)]
+    pub history_path: PathBuf,
+    /// The postgres backend's URL (postgres://user:password@host/db).
+    #[arg(long, alias = "postgres-db-url", value_name = "URL", help_heading = heading::HISTORY)]
+    pub history_url: Option<String>,
+    /// The postgres backend's most open connections.
+    #[arg(long, alias = "history-pool-size", value_name = "N", default_value_t = 16, help_heading = heading::HISTORY)]
+    pub postgres_pool_max_size: u32,
 
     // ==== Images ====
     /// Directories `file://` image URLs may read from (repeatable).
@@ -1686,6 +1712,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             worker_tls,
             runtime: args.runtime.map(RuntimeArg::runtime),
             parsers: parser_settings(&args)?,
+            history: history_config(&args)?,
             model: ModelSource {
                 model_path: args.model_path,
                 tokenizer_path: args.tokenizer_path,
@@ -1724,6 +1751,26 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
     }
 }
 
+/// `--history-backend` and the options of the backend it names.
+fn history_config(args: &LaunchArgs) -> Result<HistoryConfig, ConfigError> {
+    Ok(match args.history_backend {
+        HistoryBackendArg::None => HistoryConfig::None,
+        HistoryBackendArg::Memory => HistoryConfig::Memory,
+        HistoryBackendArg::Sqlite => HistoryConfig::Sqlite {
+            path: args.history_path.clone(),
+        },
+        HistoryBackendArg::Postgres => HistoryConfig::Postgres {
+            url: args.history_url.clone().ok_or_else(|| {
+                ConfigError::new(
+                    "history-url",
+                    "--history-backend postgres needs --history-url postgres://…",
+                )
+            })?,
+            max_connections: at_least("postgres-pool-max-size", args.postgres_pool_max_size, 1)?,
+        },
+    })
+}
+
 /// The defaults of every `smg launch` flag.
 fn launch_defaults() -> Result<LaunchArgs, CliError> {
     let matches = command().try_get_matches_from(["smg", "launch"])?;
@@ -1758,6 +1805,13 @@ pub struct DemoArgs {
     /// Data-plane threads (as `smg launch --dataplane-cores`).
     #[arg(long, value_name = "N")]
     pub dataplane_cores: Option<usize>,
+    /// Where stored responses go (as `smg launch --history-backend`, but
+    /// memory by default: a demo leaves no files behind).
+    #[arg(long, value_enum, default_value_t = HistoryBackendArg::Memory)]
+    pub history_backend: HistoryBackendArg,
+    /// The sqlite file, with `--history-backend sqlite`.
+    #[arg(long, value_name = "FILE", default_value = "smg-history.sqlite3")]
+    pub history_path: PathBuf,
 }
 
 impl DemoArgs {
@@ -1775,6 +1829,20 @@ impl DemoArgs {
             .dataplane_cores
             .map(|n| at_least("dataplane-cores", n, 1))
             .transpose()?;
+        gateway.history = match self.history_backend {
+            HistoryBackendArg::Sqlite => HistoryConfig::Sqlite {
+                path: self.history_path,
+            },
+            HistoryBackendArg::Memory => HistoryConfig::Memory,
+            HistoryBackendArg::None => HistoryConfig::None,
+            HistoryBackendArg::Postgres => {
+                return Err(ConfigError::new(
+                    "history-backend",
+                    "the demo keeps history in memory or sqlite; run `smg launch` for postgres",
+                )
+                .into());
+            }
+        };
         Ok(DemoPlan {
             mode: self.mode,
             protocol: self.protocol,
@@ -2685,7 +2753,11 @@ mod tests {
                 Some("SECS")
             } else if long.ends_with("-ms") {
                 Some("MS")
-            } else if long.ends_with("-bytes") || long.ends_with("-size") && long != "queue-size" {
+            } else if long.ends_with("-bytes")
+                || long.ends_with("-size")
+                    && long != "queue-size"
+                    && long != "postgres-pool-max-size"
+            {
                 Some(if long == "max-tree-size" {
                     "TOKENS"
                 } else {

@@ -13,6 +13,7 @@
 //! fleet, where the model comes from, logging).
 
 pub use crate::pipeline::parsing::ParserSettings;
+pub use smg_history::HistoryConfig;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,6 +47,8 @@ pub struct GatewayConfig {
     pub model: ModelSource,
     /// How chat output is parsed into reasoning and tool calls.
     pub parsers: ParserSettings,
+    /// Where stored responses and conversations are kept.
+    pub history: HistoryConfig,
     pub routing: RoutingConfig,
     pub lifecycle: Lifecycle,
     pub lanes: LaneSettings,

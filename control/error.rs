@@ -150,6 +150,33 @@ error_codes! {
     WorkerAlreadyExists => ("worker_already_exists", 409, Client, false, free),
     /// No worker has this id (admin API).
     WorkerNotFound => ("worker_not_found", 404, Client, false, free),
+    /// `previous_response_id` names no stored response, or its chain
+    /// reaches a response that was deleted.
+    PreviousResponseNotFound => ("previous_response_not_found", 400, Client, false, free),
+    /// No stored response has this id (`/v1/responses/{id}`).
+    ResponseNotFound => ("response_not_found", 404, Client, false, free),
+    /// No conversation has this id.
+    ConversationNotFound => ("conversation_not_found", 404, Client, false, free),
+    /// The conversation has no item with this id.
+    ItemNotFound => ("item_not_found", 404, Client, false, free),
+    /// Two parameters that exclude each other were both given
+    /// (`conversation` and `previous_response_id`).
+    MutuallyExclusiveParameters => ("mutually_exclusive_parameters", 400, Client, false, free),
+    /// A Responses `input` item (or a conversation item) has an unknown
+    /// type or lacks what its type needs.
+    InvalidInputItem => ("invalid_input_item", 400, Client, false, free),
+    /// A Responses tool type the gateway does not run (only `function` and
+    /// `mcp` tools are served).
+    UnsupportedTool => ("unsupported_tool", 400, Client, false, free),
+    /// The response has finished already and cannot be cancelled.
+    ResponseNotCancellable => ("response_not_cancellable", 400, Client, false, free),
+    /// The request needs stored history (`background`, a conversation, the
+    /// conversations API) and the gateway keeps none
+    /// (`--history-backend none`).
+    HistoryDisabled => ("history_disabled", 501, Gateway, false, free),
+    /// The history store failed (unreachable, or an error in its
+    /// database): nothing was stored, and no chain was changed.
+    HistoryUnavailable => ("history_unavailable", 503, Gateway, true, free),
     /// The model's registered workers do not yet make up a servable mode
     /// (e.g. prefill without decode), or none is registered.
     ModelNotReady => ("model_not_ready", 503, Gateway, true, free),

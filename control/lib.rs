@@ -22,6 +22,7 @@ pub mod demo;
 pub mod discovery;
 pub mod engine;
 pub mod error;
+pub mod history;
 pub mod lanes;
 pub mod logging;
 pub mod mcp;

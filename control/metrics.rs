@@ -51,6 +51,9 @@ pub const SHM_SLOTS_IN_USE: &str = "smg_shm_slots_in_use";
 /// A gauge (the slots the pools hold), so not `_total`.
 pub const SHM_SLOTS: &str = "smg_shm_slots";
 pub const TLS_RELOADS: &str = "smg_tls_reloads_total";
+pub const HISTORY_DURATION: &str = "smg_history_operation_duration_seconds";
+pub const HISTORY_ERRORS: &str = "smg_history_errors_total";
+pub const RESPONSES_STORED: &str = "smg_history_responses_stored_total";
 
 /// What a family is, as Prometheus types it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,6 +257,21 @@ pub const FAMILIES: &[Family] = &[
         Kind::Counter,
         "Certificate reloads on SIGHUP, by outcome (ok, failed).",
     ),
+    family(
+        HISTORY_DURATION,
+        Kind::Histogram,
+        "History store operations (Responses, conversations), by backend and operation.",
+    ),
+    family(
+        HISTORY_ERRORS,
+        Kind::Counter,
+        "History store operations that failed, by backend and operation.",
+    ),
+    family(
+        RESPONSES_STORED,
+        Kind::Counter,
+        "Responses written to the history store, by backend and status.",
+    ),
 ];
 
 /// Latency buckets (seconds) for every histogram.
@@ -294,6 +312,20 @@ pub fn record_request(
     ];
     metrics::counter!(REQUESTS_TOTAL, &labels).increment(1);
     metrics::histogram!(REQUEST_DURATION, &labels).record(elapsed.as_secs_f64());
+}
+
+/// One history store operation and whether it failed.
+pub fn record_history(backend: &'static str, operation: &'static str, elapsed: Duration, ok: bool) {
+    let labels = [("backend", backend), ("operation", operation)];
+    metrics::histogram!(HISTORY_DURATION, &labels).record(elapsed.as_secs_f64());
+    if !ok {
+        metrics::counter!(HISTORY_ERRORS, &labels).increment(1);
+    }
+}
+
+/// One response stored.
+pub fn record_response_stored(backend: &'static str, status: &'static str) {
+    metrics::counter!(RESPONSES_STORED, "backend" => backend, "status" => status).increment(1);
 }
 
 /// One failed request, by its stable error code.

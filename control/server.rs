@@ -129,6 +129,12 @@ async fn serve_with(
     }
     let worker_tls = load_worker_tls(&config.worker_tls)
         .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
+    // The history store before any listener: a database that cannot be
+    // reached (or migrated) fails start-up, not the first response.
+    let history = smg_history::open(&config.history)
+        .await
+        .map_err(|err| anyhow::anyhow!("history store ({:?}): {err}", config.history))?;
+    tracing::info!(backend = history.backend(), "history store open");
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
     let (state, label, static_fleet) = match &config.fleet {
@@ -156,6 +162,11 @@ async fn serve_with(
         state
             .with_aliases(config.routing.aliases.clone())
             .with_admission(config.admission.clone())
+            .with_history(crate::history::History::new(history))
+            .with_mcp(
+                crate::mcp::McpClients::new(config.mcp.clone())
+                    .map_err(|err| anyhow::anyhow!("MCP client: {}", err.message))?,
+            )
             .with_shutdown(&shutdown),
     );
 

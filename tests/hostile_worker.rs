@@ -184,6 +184,8 @@ fn launch_exits(model: bool, args: &[&str]) -> (std::process::ExitStatus, String
         "0",
         "--log-level",
         "warn",
+        "--history-backend",
+        "memory",
     ]);
     if model {
         command.arg("--model-path").arg(support::model_dir());

@@ -412,7 +412,7 @@ fn failed_start(args: &[&str]) -> String {
         ])
         .arg("--model-path")
         .arg(support::model_dir())
-        .args(["--log-level", "error"])
+        .args(["--log-level", "error", "--history-backend", "memory"])
         .args(args)
         .env("RUST_BACKTRACE", "1")
         .env_remove("RUST_LOG")

@@ -64,8 +64,40 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         .route("/v1/classify", post(endpoints::classify))
         .route("/v1/tokenize", post(endpoints::tokenize))
         .route("/v1/detokenize", post(endpoints::detokenize))
+        .route("/v1/responses", post(endpoints::create_response))
         .route_layer(body.clone())
         .route_layer(admission.clone())
+        .route_layer(gate(false));
+    // Stored responses and conversations: storage only, not admitted.
+    let history = HttpRouter::new()
+        .route(
+            "/v1/responses/{id}",
+            get(endpoints::get_response).delete(endpoints::delete_response),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(endpoints::cancel_response),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(endpoints::list_input_items),
+        )
+        .route("/v1/conversations", post(endpoints::create_conversation))
+        .route(
+            "/v1/conversations/{id}",
+            get(endpoints::get_conversation)
+                .post(endpoints::update_conversation)
+                .delete(endpoints::delete_conversation),
+        )
+        .route(
+            "/v1/conversations/{id}/items",
+            get(endpoints::list_conversation_items).post(endpoints::add_conversation_items),
+        )
+        .route(
+            "/v1/conversations/{id}/items/{item_id}",
+            get(endpoints::get_conversation_item).delete(endpoints::delete_conversation_item),
+        )
+        .route_layer(body.clone())
         .route_layer(gate(false));
     // Not admitted, and without a body.
     let models = HttpRouter::new()
@@ -81,7 +113,11 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness));
-    let mut router = inference.merge(models).merge(messages).merge(open);
+    let mut router = inference
+        .merge(history)
+        .merge(models)
+        .merge(messages)
+        .merge(open);
     if admin_on_public(front) {
         router = router.merge(admin_routes(front, AdminAccess::Keys));
     }

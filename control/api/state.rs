@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::endpoints::InFlightResponses;
 use crate::admission::{Admission, AdmissionConfig};
 use crate::error::{Error, ErrorCode, Result};
+use crate::history::History;
+use crate::mcp::{McpClients, McpConfig};
 use crate::models::ModelTable;
 use crate::pipeline::prepare::ServedModel;
 use crate::router::Router;
@@ -58,6 +61,13 @@ pub struct AppState {
     pub tasks: RequestTasks,
     /// Cancelled when the gateway is shutting down: readiness answers 503.
     pub unready: CancellationToken,
+    /// Stored responses and conversations (`--history-backend`).
+    pub history: History,
+    /// Responses running here, for cancellation.
+    pub responses: InFlightResponses,
+    /// Connections to the MCP servers Responses requests name (`None` when
+    /// its HTTP client could not be built: MCP tools are then refused).
+    pub mcp: Option<McpClients>,
 }
 
 impl AppState {
@@ -106,7 +116,22 @@ impl AppState {
             admission: Admission::new(AdmissionConfig::default()),
             tasks: RequestTasks::new(),
             unready: CancellationToken::new(),
+            history: History::memory(),
+            responses: InFlightResponses::default(),
+            mcp: McpClients::new(McpConfig::default()).ok(),
         }
+    }
+
+    /// Stores history in `history` (an in-memory store otherwise).
+    pub fn with_history(mut self, history: History) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// Reaches MCP servers through `mcp`.
+    pub fn with_mcp(mut self, mcp: McpClients) -> Self {
+        self.mcp = Some(mcp);
+        self
     }
 
     /// Takes part in `shutdown`: its request tasks, and its readiness.

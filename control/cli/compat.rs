@@ -99,7 +99,6 @@ const NO_MESH: Treatment =
     Refused("smg has no HA mesh: run replicas side by side behind a load balancer");
 const NO_JWT: Treatment =
     Refused("admin routes take keys, not JWTs: --control-plane-api-keys ID:NAME:ROLE:KEY");
-const HISTORY: Treatment = Coming(17);
 const NO_ORACLE_OR_REDIS: Treatment = Refused(
     "conversation history is stored with --history-backend sqlite|postgres|memory|none \
      (issue 17); there is no Oracle or Redis backend",
@@ -430,7 +429,14 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
         Value,
         differs("also spelled --runtime; tokenspeed or sglang workers over gRPC only"),
     ),
-    flag("history-backend", Value, HISTORY),
+    flag(
+        "history-backend",
+        Value,
+        differs(
+            "sqlite (an embedded file, --history-path) by default, so history survives a \
+             restart; memory, postgres and none as in SMG; no oracle or redis",
+        ),
+    ),
     flag("enable-wasm", Switch, NO_WASM),
     flag("storage-hook-wasm-path", Value, NO_WASM),
     flag("schema-config", Value, NO_ORACLE_OR_REDIS),
@@ -443,8 +449,16 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag("oracle-pool-min", Value, NO_ORACLE_OR_REDIS),
     flag("oracle-pool-max", Value, NO_ORACLE_OR_REDIS),
     flag("oracle-pool-timeout-secs", Value, NO_ORACLE_OR_REDIS),
-    flag("postgres-db-url", Value, HISTORY),
-    flag("postgres-pool-max-size", Value, HISTORY),
+    flag(
+        "postgres-db-url",
+        Value,
+        differs("also spelled --history-url"),
+    ),
+    flag(
+        "postgres-pool-max-size",
+        Value,
+        differs("16 connections when not given (SMG states no default)"),
+    ),
     flag("redis-url", Value, NO_ORACLE_OR_REDIS),
     flag("redis-pool-max-size", Value, NO_ORACLE_OR_REDIS),
     flag("redis-retention-days", Value, NO_ORACLE_OR_REDIS),

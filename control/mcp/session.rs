@@ -168,7 +168,7 @@ impl McpSession {
                 .service
                 .list_tools(Some(params))
                 .await
-                .map_err(|error| self.from_service_error("listing tools", &error))?;
+                .map_err(|error| self.service_error("listing tools", &error))?;
             for tool in page.tools {
                 if !self.allows(&tool.name) {
                     continue;
@@ -221,7 +221,7 @@ impl McpSession {
         let result = tokio::time::timeout(timeout, self.service.call_tool(params))
             .await
             .map_err(|_| timed_out(&self.label, &format!("calling {tool}"), timeout))?
-            .map_err(|error| self.from_service_error(&format!("calling {tool}"), &error))?;
+            .map_err(|error| self.service_error(&format!("calling {tool}"), &error))?;
         let output = joined_output(&result);
         if output.len() > self.config.max_result_bytes {
             return Err(self.error(
@@ -247,7 +247,7 @@ impl McpSession {
         let _ = tokio::time::timeout(timeout, self.service.cancel()).await;
     }
 
-    fn from_service_error(&self, what: &str, error: &ServiceError) -> Error {
+    fn service_error(&self, what: &str, error: &ServiceError) -> Error {
         match error {
             ServiceError::McpError(data) => from_server_error(&self.label, what, data),
             other => from_transport(&self.label, what, other, &self.failures),

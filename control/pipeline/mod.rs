@@ -29,16 +29,19 @@ pub enum Endpoint {
     Generate,
     /// Anthropic `/v1/messages`.
     Messages,
+    /// OpenAI `/v1/responses` (its generations; storage is the handler's).
+    Responses,
     Embeddings,
     Classify,
 }
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 6] = [
+    pub const ALL: [Endpoint; 7] = [
         Endpoint::ChatCompletions,
         Endpoint::Completions,
         Endpoint::Generate,
         Endpoint::Messages,
+        Endpoint::Responses,
         Endpoint::Embeddings,
         Endpoint::Classify,
     ];
@@ -50,6 +53,7 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::Generate => "generate",
             Endpoint::Messages => "messages",
+            Endpoint::Responses => "responses",
             Endpoint::Embeddings => "embeddings",
             Endpoint::Classify => "classify",
         }
@@ -216,6 +220,14 @@ mod tests {
             (Messages, PrefillDecode, Some(TEXT), Some(TEXT)),
             (
                 Messages,
+                EncodePrefillDecode,
+                Some(WITH_ENCODE),
+                Some(WITH_ENCODE),
+            ),
+            (Responses, Regular, Some(TEXT), Some(TEXT)),
+            (Responses, PrefillDecode, Some(TEXT), Some(TEXT)),
+            (
+                Responses,
                 EncodePrefillDecode,
                 Some(WITH_ENCODE),
                 Some(WITH_ENCODE),

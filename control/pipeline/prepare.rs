@@ -65,6 +65,7 @@ fn id_prefix(endpoint: Endpoint) -> &'static str {
         Endpoint::Completions => "cmpl",
         Endpoint::Generate => "gen",
         Endpoint::Messages => "msg",
+        Endpoint::Responses => "resp",
         Endpoint::Embeddings => "embd",
         Endpoint::Classify => "classify",
     }

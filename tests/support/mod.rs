@@ -260,6 +260,9 @@ fn launch_command(model: Option<&std::path::Path>) -> Command {
         "0",
         "--admin-port",
         "0",
+        // Each test gateway keeps its own history, and no file behind.
+        "--history-backend",
+        "memory",
     ]);
     if let Some(model) = model {
         command.arg("--model-path").arg(model);

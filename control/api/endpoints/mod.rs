@@ -16,17 +16,30 @@
 //! - `embeddings`: `/v1/embeddings` and `/v1/classify` (no generation, no
 //!   stream: they skip the driver);
 //! - `tokenize`: `/v1/tokenize` and `/v1/detokenize` (the gateway's
-//!   tokenizer alone).
+//!   tokenizer alone);
+//! - `responses`: `/v1/responses` (generations driven by their own loop,
+//!   with stored history and MCP calls) and the stored responses;
+//! - `conversations`: `/v1/conversations` and their items (storage only).
 
 mod anthropic;
+mod conversations;
 mod embeddings;
 mod openai;
+mod responses;
 mod sglang;
 mod tokenize;
 
 pub(crate) use anthropic::messages;
+pub(crate) use conversations::{
+    add_conversation_items, create_conversation, delete_conversation, delete_conversation_item,
+    get_conversation, get_conversation_item, list_conversation_items, update_conversation,
+};
 pub(crate) use embeddings::{classify, embeddings};
 pub(crate) use openai::{chat_completions, completions, models};
+pub use responses::InFlightResponses;
+pub(crate) use responses::{
+    cancel_response, create_response, delete_response, get_response, list_input_items,
+};
 pub(crate) use sglang::generate;
 pub(crate) use tokenize::{detokenize, tokenize};
 

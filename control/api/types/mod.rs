@@ -21,6 +21,7 @@ pub mod embeddings;
 pub mod forms;
 pub mod openai;
 pub mod parse;
+pub mod responses;
 pub mod sglang;
 pub mod tokenize;
 pub mod tools;

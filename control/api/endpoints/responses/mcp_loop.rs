@@ -1,0 +1,294 @@
+//! MCP tools in a response: the gateway lists each server's tools, offers
+//! them to the model beside the function tools, runs the calls the model
+//! makes to them and feeds the results back, up to a bound.
+//!
+//! Why it exists apart from the driver: what an MCP tool is (a server, a
+//! session, a name that must not clash with another tool) is this module's
+//! business; the driver only asks for the tools to offer, hands over the
+//! calls the model made, and learns whether they all ran. The client side
+//! of MCP (transport, SSRF guard, timeouts) is `crate::mcp`.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::builder::{OutputBuilder, PendingMcpCall};
+use super::{McpServerPlan, Sink, unless_cancelled};
+use crate::api::http::SharedState;
+use crate::api::types::openai::{self, FunctionDefinition, Tool};
+use crate::api::types::responses::McpToolInfo;
+use crate::error::{Error, Result};
+use crate::mcp::{McpServer, McpSession, McpTool};
+
+/// Reads an `{"type": "mcp", ...}` tool.
+pub(crate) fn server_plan(tool: &Map<String, Value>, path: &str) -> Result<McpServerPlan> {
+    let string = |field: &str| match tool.get(field) {
+        Some(Value::String(text)) if !text.is_empty() => Ok(text.clone()),
+        Some(_) => Err(Error::invalid_parameter(
+            &format!("{path}.{field}"),
+            "must be a non-empty string",
+        )),
+        None => Err(Error::invalid_parameter(
+            &format!("{path}.{field}"),
+            format!(
+                "is required for an mcp tool{}",
+                if field == "server_url" {
+                    " (connectors are not served here)"
+                } else {
+                    ""
+                }
+            ),
+        )),
+    };
+    let label = string("server_label")?;
+    let url = string("server_url")?;
+    let headers = match tool.get("headers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(headers)) => headers
+            .iter()
+            .map(|(name, value)| match value {
+                Value::String(value) => Ok((name.clone(), value.clone())),
+                _ => Err(Error::invalid_parameter(
+                    &format!("{path}.headers.{name}"),
+                    "must be a string",
+                )),
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(Error::invalid_parameter(
+                &format!("{path}.headers"),
+                "must be an object of strings",
+            ));
+        }
+    };
+    let names = |list: &Vec<Value>| {
+        list.iter()
+            .map(|name| name.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                Error::invalid_parameter(&format!("{path}.allowed_tools"), "must list tool names")
+            })
+    };
+    let allowed_tools = match tool.get("allowed_tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) => Some(names(list)?),
+        Some(Value::Object(filter)) => match filter.get("tool_names") {
+            Some(Value::Array(list)) => Some(names(list)?),
+            _ => None,
+        },
+        Some(_) => {
+            return Err(Error::invalid_parameter(
+                &format!("{path}.allowed_tools"),
+                "must be a list of tool names or {\"tool_names\": [...]}",
+            ));
+        }
+    };
+    match tool.get("require_approval") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(never)) if never == "never" => {}
+        Some(_) => {
+            return Err(Error::invalid_parameter(
+                &format!("{path}.require_approval"),
+                "approvals are not served here: the gateway runs MCP calls itself \
+                 (require_approval: \"never\")",
+            ));
+        }
+    }
+    Ok(McpServerPlan {
+        label,
+        url,
+        headers,
+        allowed_tools,
+    })
+}
+
+/// A server whose tools were listed.
+#[derive(Debug)]
+struct ListedServer {
+    label: String,
+    session: McpSession,
+    tools: Vec<McpTool>,
+}
+
+/// The MCP servers of a response, connected and listed.
+#[derive(Debug, Default)]
+pub(crate) struct McpTools {
+    servers: Vec<ListedServer>,
+}
+
+/// How running a generation's MCP calls went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ran {
+    All,
+    Cancelled,
+    /// `max_tool_calls` would be passed: the calls beyond it were not run.
+    OutOfBudget,
+}
+
+impl McpTools {
+    /// Connects to each server and lists its tools. A tool name offered
+    /// twice (by two servers, or by a server and a function tool) is a
+    /// client error: the model could not tell which it calls.
+    pub(crate) async fn list(
+        state: &SharedState,
+        plans: &[McpServerPlan],
+        function_names: &[String],
+    ) -> Result<Self> {
+        let mut servers = Vec::new();
+        let mut seen: HashMap<String, String> = function_names
+            .iter()
+            .map(|name| (name.clone(), "a function tool".to_owned()))
+            .collect();
+        for plan in plans {
+            let server = McpServer {
+                label: plan.label.clone(),
+                url: plan.url.clone(),
+                headers: plan.headers.clone(),
+                allowed_tools: plan.allowed_tools.clone(),
+            };
+            let clients = state.mcp.as_ref().ok_or_else(|| {
+                Error::internal("the gateway's MCP client could not be built (see its log)")
+            })?;
+            let session = clients.connect(&server).await?;
+            let tools = session.list_tools().await?;
+            for tool in &tools {
+                let here = format!("MCP server {}", plan.label);
+                if let Some(there) = seen.insert(tool.name.clone(), here.clone()) {
+                    return Err(Error::invalid_parameter(
+                        "tools",
+                        format!("tool {:?} is offered by {there} and by {here}", tool.name),
+                    ));
+                }
+            }
+            servers.push(ListedServer {
+                label: plan.label.clone(),
+                session,
+                tools,
+            });
+        }
+        Ok(Self { servers })
+    }
+
+    /// Tool name → server label.
+    pub(crate) fn names(&self) -> HashMap<String, String> {
+        self.servers
+            .iter()
+            .flat_map(|server| {
+                server
+                    .tools
+                    .iter()
+                    .map(|tool| (tool.name.clone(), server.label.clone()))
+            })
+            .collect()
+    }
+
+    /// Each server's listing, as `mcp_list_tools` items show it.
+    pub(crate) fn list_items(&self) -> Vec<(String, Vec<McpToolInfo>)> {
+        self.servers
+            .iter()
+            .map(|server| {
+                let tools = server
+                    .tools
+                    .iter()
+                    .map(|tool| McpToolInfo {
+                        name: tool.name.clone(),
+                        description: tool.description.clone(),
+                        input_schema: tool.input_schema.clone(),
+                        annotations: None,
+                    })
+                    .collect();
+                (server.label.clone(), tools)
+            })
+            .collect()
+    }
+
+    /// The tools as the model is offered them.
+    pub(crate) fn chat_tools(&self) -> Vec<Tool> {
+        self.servers
+            .iter()
+            .flat_map(|server| &server.tools)
+            .map(|tool| Tool {
+                kind: openai::FunctionTag,
+                function: FunctionDefinition {
+                    name: tool.name.clone(),
+                    description: tool.description.clone(),
+                    parameters: Some(tool.input_schema.clone()),
+                    strict: None,
+                },
+            })
+            .collect()
+    }
+
+    /// Runs the calls a generation made, in order, each result going into
+    /// its item (an MCP tool's own error result is an output the model
+    /// reads, as is a failed call).
+    pub(crate) async fn run_calls(
+        &self,
+        cancel: &CancellationToken,
+        builder: &mut OutputBuilder,
+        sink: &mut Sink,
+        pending: Vec<PendingMcpCall>,
+        calls_left: &mut u32,
+    ) -> Ran {
+        for call in pending {
+            if *calls_left == 0 {
+                builder.mcp_call_finished(
+                    call.output_index,
+                    Err("not run: the response reached max_tool_calls".to_owned()),
+                );
+                let _ = sink.emit(builder.take_events()).await;
+                return Ran::OutOfBudget;
+            }
+            *calls_left -= 1;
+            builder.mcp_call_started(call.output_index);
+            if !sink.emit(builder.take_events()).await {
+                return Ran::Cancelled;
+            }
+            let Some(server) = self
+                .servers
+                .iter()
+                .find(|server| server.label == call.server_label)
+            else {
+                builder.mcp_call_finished(call.output_index, Err("unknown server".to_owned()));
+                continue;
+            };
+            let arguments = if call.arguments.trim().is_empty() {
+                Ok(Map::new())
+            } else {
+                match serde_json::from_str::<Value>(&call.arguments) {
+                    Ok(Value::Object(arguments)) => Ok(arguments),
+                    Ok(_) => Err("the model's arguments are not a JSON object".to_owned()),
+                    Err(err) => Err(format!("the model's arguments are not JSON: {err}")),
+                }
+            };
+            let arguments = match arguments {
+                Ok(arguments) => arguments,
+                Err(problem) => {
+                    builder.mcp_call_finished(call.output_index, Err(problem));
+                    if !sink.emit(builder.take_events()).await {
+                        return Ran::Cancelled;
+                    }
+                    continue;
+                }
+            };
+            let Some(result) =
+                unless_cancelled(cancel, server.session.call_tool(&call.name, arguments)).await
+            else {
+                builder.mcp_call_finished(call.output_index, Err("cancelled".to_owned()));
+                let _ = sink.emit(builder.take_events()).await;
+                return Ran::Cancelled;
+            };
+            let result = match result {
+                Ok(output) if output.is_error => Err(output.output),
+                Ok(output) => Ok(output.output),
+                Err(err) => Err(format!("{}: {}", err.code.as_str(), err.message)),
+            };
+            builder.mcp_call_finished(call.output_index, result);
+            if !sink.emit(builder.take_events()).await {
+                return Ran::Cancelled;
+            }
+        }
+        Ran::All
+    }
+}

@@ -1,0 +1,1044 @@
+//! OpenAI's Responses API: `/v1/responses` and the stored responses behind
+//! it.
+//!
+//! Why it exists: a response is more than one generation. Its input may
+//! continue a stored chain (`previous_response_id`) or a conversation, its
+//! tools may include MCP servers the gateway calls itself between
+//! generations, it is stored when done, it may run in the background and be
+//! cancelled while it runs. This module plans a response ([`plan`]: every
+//! check and every history read happen before anything is generated, so a
+//! bad request is an HTTP error, not a failed stream), runs it ([`execute`]:
+//! generations through the router's chat pipeline, with `convert` building
+//! their chat requests and `builder` their output items and stream events),
+//! and stores it. Streamed, whole and background responses run the same
+//! code; they differ only in where the events go ([`Sink`]).
+
+mod builder;
+mod convert;
+mod mcp_loop;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use smg_history::{ConversationItem, StoredResponse};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use self::builder::OutputBuilder;
+use self::convert::Messages;
+use super::super::dialect::{ErrorDialect, render};
+use super::super::http::{SharedState, named_frame, sse_response};
+use super::super::types::openai::{Tool, ToolChoice};
+use super::super::types::parse::parse_json;
+use super::super::types::responses::{
+    ConversationRef, IncompleteDetails, Item, ItemStatus, OutputTokensDetails, ResponseError,
+    ResponseObject, ResponseObjectTag, ResponseStatus, ResponseUsage, ResponsesRequest, Sequenced,
+    StreamEvent, TextConfig, ids, parse_input,
+};
+use super::{limits, routing_key};
+use crate::error::{Error, ErrorCode, Result};
+use crate::history::History;
+use crate::metrics;
+use crate::pipeline::Endpoint;
+use crate::pipeline::parsing::ParsedText;
+use crate::pipeline::respond::{FinishReason, OutputEvent};
+use crate::router::Router;
+
+/// The longest `previous_response_id` chain replayed.
+pub const MAX_CHAIN_STEPS: usize = 1000;
+/// The most items a conversation replays into one response.
+pub const MAX_CONVERSATION_ITEMS: usize = 10_000;
+/// MCP calls one response may run, unless `max_tool_calls` says fewer.
+pub const DEFAULT_MAX_TOOL_CALLS: u32 = 16;
+/// How long a cancel waits for the response to stop.
+const CANCEL_WAIT: Duration = Duration::from_secs(30);
+
+/// Responses running on this gateway, by id: what cancels them and where
+/// their final object appears.
+#[derive(Debug, Default)]
+pub struct InFlightResponses {
+    running: Mutex<HashMap<String, InFlight>>,
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    cancel: CancellationToken,
+    done: watch::Receiver<Option<Value>>,
+}
+
+/// A running response's entry; removed (exactly once) when dropped.
+struct InFlightGuard<'a> {
+    registry: &'a InFlightResponses,
+    id: String,
+    done: watch::Sender<Option<Value>>,
+}
+
+impl InFlightResponses {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn register(&self, id: &str, cancel: CancellationToken) -> InFlightGuard<'_> {
+        let (done, receiver) = watch::channel(None);
+        self.lock().insert(
+            id.to_owned(),
+            InFlight {
+                cancel,
+                done: receiver,
+            },
+        );
+        InFlightGuard {
+            registry: self,
+            id: id.to_owned(),
+            done,
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<InFlight> {
+        self.lock().get(id).cloned()
+    }
+
+    /// How many responses are running (for tests and shutdown logs).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl InFlightGuard<'_> {
+    fn finish(&self, object: Value) {
+        self.done.send_replace(Some(object));
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
+
+/// An MCP server a request names, with its tools once listed.
+#[derive(Debug, Clone)]
+pub(crate) struct McpServerPlan {
+    pub label: String,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub allowed_tools: Option<Vec<String>>,
+}
+
+/// Everything a response is made from, checked before it runs.
+struct Plan {
+    request: ResponsesRequest,
+    id: String,
+    created_at: i64,
+    router: Arc<Router>,
+    model: String,
+    /// History, instructions and input, as chat messages.
+    messages: Messages,
+    /// This request's own input items (what is stored as its input).
+    input_items: Vec<Item>,
+    tools: Vec<Tool>,
+    /// The tools as the client sent them (echoed in the response).
+    tools_echo: Vec<Value>,
+    choice: Option<ToolChoice>,
+    mcp_servers: Vec<McpServerPlan>,
+    conversation_id: Option<String>,
+    store: bool,
+    background: bool,
+    stream: bool,
+    routing_key: Option<String>,
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
+        })
+}
+
+/// Reads stored items back (`what` names them in the error).
+fn stored_items(value: &Value, what: &str) -> Result<Vec<Item>> {
+    let Value::Array(items) = value else {
+        return Err(Error::new(
+            ErrorCode::HistoryUnavailable,
+            format!("{what} is not a list in the history store"),
+        ));
+    };
+    items
+        .iter()
+        .map(|item| {
+            Item::from_input(item, what).map_err(|err| {
+                Error::new(
+                    ErrorCode::HistoryUnavailable,
+                    format!("{what} holds an unreadable item: {}", err.message),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The items a `previous_response_id` chain replays, oldest first.
+async fn chain_items(history: &History, previous: &str) -> Result<Vec<Item>> {
+    let chain = history
+        .response_chain(previous, MAX_CHAIN_STEPS + 1)
+        .await?;
+    let Some(oldest) = chain.first() else {
+        return Err(Error::new(
+            ErrorCode::PreviousResponseNotFound,
+            format!("previous response {previous} does not exist"),
+        )
+        .with_param("previous_response_id"));
+    };
+    if chain.len() > MAX_CHAIN_STEPS {
+        return Err(Error::invalid_parameter(
+            "previous_response_id",
+            format!("its chain is longer than {MAX_CHAIN_STEPS} responses"),
+        ));
+    }
+    if let Some(missing) = &oldest.previous_response_id {
+        return Err(Error::new(
+            ErrorCode::PreviousResponseNotFound,
+            format!("the chain of {previous} continues response {missing}, which was deleted"),
+        )
+        .with_param("previous_response_id"));
+    }
+    let mut items = Vec::new();
+    for step in &chain {
+        if step.status == ResponseStatus::InProgress.as_str()
+            || step.status == ResponseStatus::Queued.as_str()
+        {
+            return Err(Error::invalid_parameter(
+                "previous_response_id",
+                format!("response {} is still {}", step.id, step.status),
+            ));
+        }
+        items.extend(stored_items(&step.input, &format!("input of {}", step.id))?);
+        items.extend(stored_items(
+            &step.output,
+            &format!("output of {}", step.id),
+        )?);
+    }
+    Ok(items)
+}
+
+/// The items of a conversation, oldest first.
+async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
+    if history.get_conversation(id).await?.is_none() {
+        return Err(Error::new(
+            ErrorCode::ConversationNotFound,
+            format!("conversation {id} does not exist"),
+        )
+        .with_param("conversation"));
+    }
+    let mut items = Vec::new();
+    let mut after = None;
+    loop {
+        let page = history
+            .list_items(
+                id,
+                &smg_history::PageRequest {
+                    limit: 100,
+                    order: smg_history::Order::Asc,
+                    after: after.take(),
+                },
+            )
+            .await?;
+        for stored in &page.items {
+            items.push(
+                Item::from_input(&stored.item, "conversation item").map_err(|err| {
+                    Error::new(
+                        ErrorCode::HistoryUnavailable,
+                        format!(
+                            "conversation {id} holds an unreadable item: {}",
+                            err.message
+                        ),
+                    )
+                })?,
+            );
+        }
+        if items.len() > MAX_CONVERSATION_ITEMS {
+            return Err(Error::invalid_parameter(
+                "conversation",
+                format!("it holds more than {MAX_CONVERSATION_ITEMS} items"),
+            ));
+        }
+        match (page.has_more, page.items.last()) {
+            (true, Some(last)) => after = Some(last.id.clone()),
+            _ => return Ok(items),
+        }
+    }
+}
+
+/// Checks a request and reads its history into a [`Plan`].
+async fn plan(state: &SharedState, headers: &HeaderMap, body: &[u8]) -> Result<Plan> {
+    let request: ResponsesRequest = parse_json(body)?;
+    let history = &state.history;
+    if request.conversation.is_some() && request.previous_response_id.is_some() {
+        return Err(Error::new(
+            ErrorCode::MutuallyExclusiveParameters,
+            "conversation and previous_response_id cannot be used together",
+        )
+        .with_param("conversation"));
+    }
+    let background = request.background.unwrap_or(false);
+    let store = request.store.unwrap_or(true) && history.keeps_anything();
+    if background {
+        history.require("background")?;
+        if request.store == Some(false) {
+            return Err(Error::invalid_parameter(
+                "background",
+                "a background response must be stored (store: true)",
+            ));
+        }
+    }
+    let (router, model) = state.router_for(request.model.as_deref())?;
+    let model = model.unwrap_or_else(|| router.model().name.clone());
+    let input_items = parse_input(request.input.as_ref())?;
+    if input_items.is_empty() {
+        return Err(Error::invalid_parameter("input", "must not be empty"));
+    }
+
+    let mut tools = Vec::new();
+    let mut mcp_servers = Vec::new();
+    for (index, tool) in request.tools.iter().flatten().enumerate() {
+        let path = format!("tools[{index}]");
+        let Value::Object(object) = tool else {
+            return Err(Error::invalid_parameter(&path, "a tool must be an object"));
+        };
+        match object.get("type").and_then(Value::as_str) {
+            Some("function") => tools.push(convert::function_tool(object, &path)?),
+            Some("mcp") => mcp_servers.push(mcp_loop::server_plan(object, &path)?),
+            other => {
+                return Err(Error::new(
+                    ErrorCode::UnsupportedTool,
+                    format!(
+                        "tool type {} is not served here (function and mcp tools are)",
+                        other.map_or_else(|| "(none)".to_owned(), |kind| format!("{kind:?}"))
+                    ),
+                )
+                .with_param(format!("{path}.type")));
+            }
+        }
+    }
+    let choice = convert::tool_choice(request.tool_choice.as_ref())?;
+
+    let conversation_id = request
+        .conversation
+        .as_ref()
+        .map(|conversation| conversation.id().to_owned());
+    let prior = match (&request.previous_response_id, &conversation_id) {
+        (Some(previous), _) => {
+            history.require("previous_response_id")?;
+            chain_items(history, previous).await?
+        }
+        (None, Some(conversation)) => {
+            history.require("conversation")?;
+            conversation_items(history, conversation).await?
+        }
+        (None, None) => Vec::new(),
+    };
+    let mut messages = Messages::default();
+    if let Some(instructions) = &request.instructions {
+        messages.system(instructions);
+    }
+    for item in prior.iter().chain(&input_items) {
+        messages.push(item);
+    }
+    let stream = request.stream.unwrap_or(false);
+    let tools_echo = request.tools.clone().unwrap_or_default();
+    let plan = Plan {
+        id: ids::mint(ids::RESPONSE),
+        created_at: now_unix(),
+        router,
+        model,
+        messages,
+        input_items,
+        tools,
+        tools_echo,
+        choice,
+        mcp_servers,
+        conversation_id,
+        store,
+        background,
+        stream,
+        routing_key: routing_key(headers),
+        request,
+    };
+    // Every parameter is checked now, not when the first generation runs.
+    plan.chat_spec(state, &plan.tools)?;
+    Ok(plan)
+}
+
+impl Plan {
+    /// The chat request of the next generation, as the pipeline's spec.
+    fn chat_spec(
+        &self,
+        state: &SharedState,
+        tools: &[Tool],
+    ) -> Result<crate::pipeline::spec::GenerationSpec> {
+        let chat = convert::chat_request(
+            &self.request,
+            self.model.clone(),
+            self.messages.messages().to_vec(),
+            tools.to_vec(),
+            self.choice.clone(),
+            self.stream,
+        );
+        chat.to_spec(&limits(state))
+    }
+
+    /// The response object in `status` with `output`.
+    fn object(
+        &self,
+        status: ResponseStatus,
+        output: Vec<Item>,
+        usage: Option<ResponseUsage>,
+        error: Option<&Error>,
+        incomplete: Option<&'static str>,
+    ) -> ResponseObject {
+        let request = &self.request;
+        ResponseObject {
+            id: self.id.clone(),
+            object: ResponseObjectTag,
+            created_at: self.created_at,
+            status,
+            background: self.background,
+            error: error.map(|err| ResponseError {
+                code: err.code.as_str().to_owned(),
+                message: err.message.clone(),
+            }),
+            incomplete_details: incomplete.map(|reason| IncompleteDetails { reason }),
+            instructions: request.instructions.clone(),
+            max_output_tokens: request.max_output_tokens,
+            max_tool_calls: request.max_tool_calls,
+            model: self.model.clone(),
+            output,
+            parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+            previous_response_id: request.previous_response_id.clone(),
+            conversation: self
+                .conversation_id
+                .clone()
+                .map(|id| ConversationRef { id }),
+            reasoning: request.reasoning.clone().unwrap_or_default(),
+            store: self.store,
+            temperature: request.temperature,
+            text: request.text.clone().unwrap_or(TextConfig {
+                format: Some(super::super::types::responses::TextFormat::Text),
+            }),
+            tool_choice: request
+                .tool_choice
+                .clone()
+                .unwrap_or_else(|| Value::from("auto")),
+            tools: self.tools_echo.clone(),
+            top_p: request.top_p,
+            truncation: "disabled",
+            usage,
+            user: request.user.clone(),
+            metadata: request.metadata.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The stored form of `object`, and the items it adds to its
+    /// conversation.
+    fn stored(&self, object: &ResponseObject) -> (StoredResponse, Vec<ConversationItem>) {
+        let input: Vec<Value> = self.input_items.iter().map(Item::to_value).collect();
+        let output: Vec<Value> = object.output.iter().map(Item::to_value).collect();
+        let items = match &self.conversation_id {
+            Some(conversation_id) if object.status.is_terminal() => self
+                .input_items
+                .iter()
+                .chain(&object.output)
+                .map(|item| ConversationItem {
+                    id: item.id().to_owned(),
+                    conversation_id: conversation_id.clone(),
+                    created_at: self.created_at,
+                    item: item.to_value(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let response = StoredResponse {
+            id: self.id.clone(),
+            previous_response_id: self.request.previous_response_id.clone(),
+            conversation_id: self.conversation_id.clone(),
+            model: self.model.clone(),
+            status: object.status.as_str().to_owned(),
+            created_at: self.created_at,
+            input: Value::Array(input),
+            output: Value::Array(output),
+            raw: serde_json::to_value(object).unwrap_or(Value::Null),
+        };
+        (response, items)
+    }
+}
+
+/// Where a running response's events go.
+struct Sink {
+    frames: Option<mpsc::Sender<Bytes>>,
+    sequence: u64,
+    /// A background response goes on when its client leaves.
+    detached: bool,
+}
+
+impl Sink {
+    fn collecting(detached: bool) -> Self {
+        Self {
+            frames: None,
+            sequence: 0,
+            detached,
+        }
+    }
+
+    /// Sends `events`; false when the client has gone and the response
+    /// should stop.
+    async fn emit(&mut self, events: Vec<StreamEvent>) -> bool {
+        let Some(frames) = &self.frames else {
+            return true;
+        };
+        for event in events {
+            let frame = named_frame(
+                event.name(),
+                &Sequenced {
+                    event: &event,
+                    sequence_number: self.sequence,
+                },
+            );
+            self.sequence += 1;
+            if frames.send(frame).await.is_err() {
+                self.frames = None;
+                return self.detached;
+            }
+        }
+        true
+    }
+}
+
+/// How a response ended.
+#[derive(Debug)]
+enum Outcome {
+    Completed,
+    Incomplete(&'static str),
+    Failed(Error),
+    Cancelled,
+}
+
+/// Waits for `work` unless the response is cancelled first.
+async fn unless_cancelled<T>(
+    cancel: &CancellationToken,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        value = work => Some(value),
+    }
+}
+
+fn add_usage(total: &mut ResponseUsage, usage: &crate::pipeline::respond::Usage) {
+    total.input_tokens += usage.prompt_tokens;
+    total.output_tokens += usage.completion_tokens;
+    total.input_tokens_details.cached_tokens += usage.cached_tokens;
+    total.total_tokens = total.input_tokens + total.output_tokens;
+}
+
+/// Runs the generations of a response (several when MCP calls loop),
+/// building its output in `builder`.
+async fn generate(
+    state: &SharedState,
+    plan: &mut Plan,
+    cancel: &CancellationToken,
+    sink: &mut Sink,
+    builder: &mut OutputBuilder,
+    usage: &mut ResponseUsage,
+) -> Outcome {
+    let mut servers = mcp_loop::McpTools::default();
+    if !plan.mcp_servers.is_empty() {
+        let function_names: Vec<String> = plan
+            .tools
+            .iter()
+            .map(|tool| tool.function.name.clone())
+            .collect();
+        let listing = mcp_loop::McpTools::list(state, &plan.mcp_servers, &function_names);
+        match unless_cancelled(cancel, listing).await {
+            None => return Outcome::Cancelled,
+            Some(Err(err)) => return Outcome::Failed(err),
+            Some(Ok(listed)) => servers = listed,
+        }
+    }
+    builder.set_mcp_tools(servers.names());
+    for (label, tools) in servers.list_items() {
+        builder.mcp_list_tools(label, tools, None);
+    }
+    if !sink.emit(builder.take_events()).await {
+        return Outcome::Cancelled;
+    }
+    let mut tools = plan.tools.clone();
+    tools.extend(servers.chat_tools());
+    let mut calls_left = plan
+        .request
+        .max_tool_calls
+        .unwrap_or(DEFAULT_MAX_TOOL_CALLS);
+    loop {
+        let spec = match plan.chat_spec(state, &tools) {
+            Ok(spec) => spec,
+            Err(err) => return Outcome::Failed(err),
+        };
+        let generation = unless_cancelled(
+            cancel,
+            plan.router
+                .generate(Endpoint::Responses, spec, plan.routing_key.clone()),
+        )
+        .await;
+        let mut generation = match generation {
+            None => return Outcome::Cancelled,
+            Some(Err(err)) => return Outcome::Failed(err),
+            Some(Ok(generation)) => generation,
+        };
+        builder.begin_generation();
+        let mut finish = None;
+        let failure = loop {
+            let Some(event) = unless_cancelled(cancel, generation.output.next()).await else {
+                break Some(Outcome::Cancelled);
+            };
+            match event {
+                None => break None,
+                Some(Ok(OutputEvent::Delta {
+                    text,
+                    reasoning,
+                    tool_calls,
+                    token_ids,
+                    ..
+                })) => {
+                    let parsed = ParsedText {
+                        content: text,
+                        reasoning,
+                        calls: tool_calls,
+                    };
+                    builder.delta(parsed, token_ids.len());
+                    if !sink.emit(builder.take_events()).await {
+                        break Some(Outcome::Cancelled);
+                    }
+                }
+                Some(Ok(OutputEvent::Finish { reason, .. })) => finish = Some(reason),
+                Some(Ok(OutputEvent::Usage(counts))) => add_usage(usage, &counts),
+                Some(Ok(OutputEvent::Started(_))) => {}
+                Some(Err(err)) => break Some(Outcome::Failed(err)),
+            }
+        };
+        // Dropping the output aborts the engine's legs (cancel, failure).
+        drop(generation);
+        if let Some(failure) = failure {
+            return failure;
+        }
+        let cut = finish == Some(FinishReason::Length);
+        builder.end_generation(if cut {
+            ItemStatus::Incomplete
+        } else {
+            ItemStatus::Completed
+        });
+        if !sink.emit(builder.take_events()).await {
+            return Outcome::Cancelled;
+        }
+        if cut {
+            return Outcome::Incomplete("max_output_tokens");
+        }
+        let pending = builder.take_pending_mcp();
+        if pending.is_empty() {
+            return Outcome::Completed;
+        }
+        match servers
+            .run_calls(cancel, builder, sink, pending, &mut calls_left)
+            .await
+        {
+            mcp_loop::Ran::All => {}
+            mcp_loop::Ran::Cancelled => return Outcome::Cancelled,
+            mcp_loop::Ran::OutOfBudget => return Outcome::Incomplete("max_tool_calls"),
+        }
+        // The client runs its function calls; the model goes on when it
+        // sends their outputs.
+        if builder.called_function() {
+            return Outcome::Completed;
+        }
+        for item in builder.generation_items() {
+            plan.messages.push(item);
+        }
+    }
+}
+
+/// Runs a planned response to its end, telling `sink` as it goes, and
+/// stores it. Returns the final object, and the error it failed with.
+async fn execute(
+    state: &SharedState,
+    mut plan: Plan,
+    cancel: CancellationToken,
+    sink: &mut Sink,
+) -> (ResponseObject, Option<Error>) {
+    let in_progress = plan.object(ResponseStatus::InProgress, Vec::new(), None, None, None);
+    let mut builder = OutputBuilder::default();
+    let mut usage = ResponseUsage::default();
+    let outcome = if sink
+        .emit(vec![
+            StreamEvent::Created {
+                response: in_progress.clone(),
+            },
+            StreamEvent::InProgress {
+                response: in_progress,
+            },
+        ])
+        .await
+    {
+        generate(state, &mut plan, &cancel, sink, &mut builder, &mut usage).await
+    } else {
+        Outcome::Cancelled
+    };
+    // What a failure or a cancel left open is incomplete.
+    builder.end_generation(ItemStatus::Incomplete);
+    let _ = sink.emit(builder.take_events()).await;
+    usage.output_tokens_details = OutputTokensDetails {
+        reasoning_tokens: builder.reasoning_tokens,
+    };
+    let (status, error, incomplete) = match outcome {
+        Outcome::Completed => (ResponseStatus::Completed, None, None),
+        Outcome::Incomplete(reason) => (ResponseStatus::Incomplete, None, Some(reason)),
+        Outcome::Failed(err) => (ResponseStatus::Failed, Some(err), None),
+        Outcome::Cancelled => (ResponseStatus::Cancelled, None, None),
+    };
+    let mut object = plan.object(
+        status,
+        builder.into_items(),
+        Some(usage),
+        error.as_ref(),
+        incomplete,
+    );
+    let mut failure = error;
+    if plan.store {
+        let (stored, items) = plan.stored(&object);
+        if let Err(err) = state.history.save_response(&stored, &items).await {
+            let _ = sink
+                .emit(vec![StreamEvent::Error {
+                    code: err.code.as_str().to_owned(),
+                    message: err.message.clone(),
+                    param: None,
+                }])
+                .await;
+            object.status = ResponseStatus::Failed;
+            object.error = Some(ResponseError {
+                code: err.code.as_str().to_owned(),
+                message: err.message.clone(),
+            });
+            failure = Some(err);
+        }
+    }
+    let terminal = match object.status {
+        ResponseStatus::Completed => StreamEvent::Completed {
+            response: object.clone(),
+        },
+        ResponseStatus::Incomplete => StreamEvent::Incomplete {
+            response: object.clone(),
+        },
+        ResponseStatus::Cancelled => StreamEvent::Cancelled {
+            response: object.clone(),
+        },
+        _ => StreamEvent::Failed {
+            response: object.clone(),
+        },
+    };
+    let _ = sink.emit(vec![terminal]).await;
+    (object, failure)
+}
+
+fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn error_response(err: &Error) -> Response {
+    metrics::record_error("responses", Endpoint::Responses.label(), err.code.as_str());
+    render(err, ErrorDialect::OpenAi)
+}
+
+/// `POST /v1/responses`.
+pub(crate) async fn create_response(
+    State(state): State<SharedState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let started = std::time::Instant::now();
+    let plan = match plan(&state, &headers, &body).await {
+        Ok(plan) => plan,
+        Err(err) => return error_response(&err),
+    };
+    let router_label = plan.router.mode().metrics_label();
+    let model = plan.model.clone();
+    let record = move |failure: Option<&Error>| match failure {
+        None => metrics::record_request(
+            router_label,
+            Endpoint::Responses.label(),
+            &model,
+            started.elapsed(),
+        ),
+        Some(err) => {
+            metrics::record_error(router_label, Endpoint::Responses.label(), err.code.as_str());
+        }
+    };
+    if plan.background {
+        // Stored before the answer, so a GET right after it finds it.
+        let queued = plan.object(ResponseStatus::Queued, Vec::new(), None, None, None);
+        let (stored, _) = plan.stored(&queued);
+        if let Err(err) = state.history.save_response(&stored, &[]).await {
+            return error_response(&err);
+        }
+        let cancel = CancellationToken::new();
+        if plan.stream {
+            let (sender, receiver) = mpsc::channel(64);
+            let task_state = Arc::clone(&state);
+            state.tasks.spawn(async move {
+                let mut sink = Sink {
+                    frames: Some(sender),
+                    sequence: 0,
+                    detached: true,
+                };
+                let (_, failure) = run_registered(&task_state, plan, cancel, &mut sink).await;
+                record(failure.as_ref());
+            });
+            return sse_response(tokio_stream::wrappers::ReceiverStream::new(receiver));
+        }
+        let task_state = Arc::clone(&state);
+        state.tasks.spawn(async move {
+            let mut sink = Sink::collecting(true);
+            let (_, failure) = run_registered(&task_state, plan, cancel, &mut sink).await;
+            record(failure.as_ref());
+        });
+        return json_response(StatusCode::OK, &queued);
+    }
+    let cancel = CancellationToken::new();
+    if plan.stream {
+        let (sender, receiver) = mpsc::channel(64);
+        let watch = sender.clone();
+        let task_state = Arc::clone(&state);
+        state.tasks.spawn(async move {
+            let mut sink = Sink {
+                frames: Some(sender),
+                sequence: 0,
+                detached: false,
+            };
+            // A client that leaves cancels the response (and its legs) at
+            // once, not when its next event finds the stream closed.
+            let left = cancel.clone();
+            let run = run_registered(&task_state, plan, cancel, &mut sink);
+            tokio::pin!(run);
+            let (_, failure) = tokio::select! {
+                done = &mut run => done,
+                () = watch.closed() => {
+                    left.cancel();
+                    run.await
+                }
+            };
+            record(failure.as_ref());
+        });
+        return sse_response(tokio_stream::wrappers::ReceiverStream::new(receiver));
+    }
+    let mut sink = Sink::collecting(false);
+    let (object, failure) = run_registered(&state, plan, cancel, &mut sink).await;
+    record(failure.as_ref());
+    match failure {
+        // A whole response that failed answers with the failure's status.
+        Some(err) => render(&err, ErrorDialect::OpenAi),
+        None => json_response(StatusCode::OK, &object),
+    }
+}
+
+/// [`execute`] with the response registered as running, so it can be
+/// cancelled and its end awaited.
+async fn run_registered(
+    state: &SharedState,
+    plan: Plan,
+    cancel: CancellationToken,
+    sink: &mut Sink,
+) -> (ResponseObject, Option<Error>) {
+    let id = plan.id.clone();
+    let guard = state.responses.register(&id, cancel.clone());
+    let (object, failure) = execute(state, plan, cancel, sink).await;
+    guard.finish(serde_json::to_value(&object).unwrap_or(Value::Null));
+    (object, failure)
+}
+
+/// The stored response `id`, or 404.
+async fn stored_response(state: &SharedState, id: &str) -> Result<StoredResponse> {
+    state.history.get_response(id).await?.ok_or_else(|| {
+        Error::new(
+            ErrorCode::ResponseNotFound,
+            format!("response {id} does not exist"),
+        )
+    })
+}
+
+/// `GET /v1/responses/{id}`.
+pub(crate) async fn get_response(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Response {
+    match stored_response(&state, &id).await {
+        Ok(stored) => json_response(StatusCode::OK, &stored.raw),
+        Err(err) => error_response(&err),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub(crate) async fn delete_response(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Response {
+    match state.history.delete_response(&id).await {
+        Ok(true) => json_response(
+            StatusCode::OK,
+            &json!({"id": id, "object": "response.deleted", "deleted": true}),
+        ),
+        Ok(false) => error_response(&Error::new(
+            ErrorCode::ResponseNotFound,
+            format!("response {id} does not exist"),
+        )),
+        Err(err) => error_response(&err),
+    }
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a running response (its engine
+/// legs are aborted) and answers with it as it ended.
+pub(crate) async fn cancel_response(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Some(running) = state.responses.get(&id) {
+        running.cancel.cancel();
+        let mut done = running.done;
+        let ended = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
+        return match ended {
+            Ok(Ok(object)) => json_response(StatusCode::OK, &*object),
+            _ => error_response(&Error::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "response {id} did not stop within {}s",
+                    CANCEL_WAIT.as_secs()
+                ),
+            )),
+        };
+    }
+    let stored = match stored_response(&state, &id).await {
+        Ok(stored) => stored,
+        Err(err) => return error_response(&err),
+    };
+    let message = if stored.status == ResponseStatus::InProgress.as_str()
+        || stored.status == ResponseStatus::Queued.as_str()
+    {
+        format!(
+            "response {id} is {} on another gateway (or was orphaned by a restart); \
+             cancel it on the gateway that runs it",
+            stored.status
+        )
+    } else {
+        format!("response {id} is {} already", stored.status)
+    };
+    error_response(&Error::new(ErrorCode::ResponseNotCancellable, message))
+}
+
+/// `limit` / `order` / `after` of a listing.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    pub limit: Option<usize>,
+    pub order: Option<String>,
+    pub after: Option<String>,
+}
+
+impl ListQuery {
+    /// The page asked for: `limit` 1..=100 (default 20), `order` `asc` or
+    /// `desc` (default).
+    pub(crate) fn page(&self) -> Result<smg_history::PageRequest> {
+        let limit = self.limit.unwrap_or(20);
+        if !(1..=100).contains(&limit) {
+            return Err(Error::invalid_parameter("limit", "must be within [1, 100]"));
+        }
+        let order = match self.order.as_deref() {
+            None | Some("desc") => smg_history::Order::Desc,
+            Some("asc") => smg_history::Order::Asc,
+            Some(_) => return Err(Error::invalid_parameter("order", "must be asc or desc")),
+        };
+        Ok(smg_history::PageRequest {
+            limit,
+            order,
+            after: self.after.clone(),
+        })
+    }
+}
+
+/// A list page as OpenAI shows one.
+pub(crate) fn list_page(data: Vec<Value>, has_more: bool) -> Value {
+    let id_of = |item: Option<&Value>| item.and_then(|item| item.get("id")).cloned();
+    json!({
+        "object": "list",
+        "first_id": id_of(data.first()),
+        "last_id": id_of(data.last()),
+        "has_more": has_more,
+        "data": data,
+    })
+}
+
+/// `GET /v1/responses/{id}/input_items`: the response's own input items.
+pub(crate) async fn list_input_items(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let listed = async {
+        let page = query.page()?;
+        let stored = stored_response(&state, &id).await?;
+        let mut items = match stored.input {
+            Value::Array(items) => items,
+            _ => Vec::new(),
+        };
+        if page.order == smg_history::Order::Desc {
+            items.reverse();
+        }
+        let start = match &page.after {
+            None => 0,
+            Some(after) => {
+                let position = items
+                    .iter()
+                    .position(|item| item.get("id").and_then(Value::as_str) == Some(after));
+                match position {
+                    Some(position) => position + 1,
+                    None => {
+                        return Err(Error::new(
+                            ErrorCode::ItemNotFound,
+                            format!("response {id} has no input item {after}"),
+                        )
+                        .with_param("after"));
+                    }
+                }
+            }
+        };
+        let rest = items.split_off(start.min(items.len()));
+        let has_more = rest.len() > page.limit;
+        Ok(list_page(
+            rest.into_iter().take(page.limit).collect(),
+            has_more,
+        ))
+    }
+    .await;
+    match listed {
+        Ok(body) => json_response(StatusCode::OK, &body),
+        Err(err) => error_response(&err),
+    }
+}
