@@ -7,7 +7,7 @@
 use std::{fmt, path::PathBuf, sync::Arc};
 
 use crate::{
-    HistoryError, HistoryResult, HistoryStore, memory::MemoryStore, none::NoneStore,
+    HistoryResult, HistoryStore, memory::MemoryStore, none::NoneStore, postgres::PostgresStore,
     sqlite::SqliteStore,
 };
 
@@ -63,6 +63,15 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
+/// `message` with every occurrence of `url`'s password replaced by `***`
+/// (for error messages of a library that was handed the URL).
+pub(crate) fn redact_secret(url: &str, message: &str) -> String {
+    match password_span(url) {
+        Some((start, end)) if end > start => message.replace(&url[start..end], "***"),
+        _ => message.to_owned(),
+    }
+}
+
 /// Where the password sits in the URL (byte offsets): in the authority
 /// (before the first `/`, `?` or `#` after `scheme://`), after the user's
 /// `:` and before the last `@`.
@@ -84,10 +93,12 @@ pub async fn open(config: &HistoryConfig) -> HistoryResult<Arc<dyn HistoryStore>
         HistoryConfig::None => Ok(Arc::new(NoneStore)),
         HistoryConfig::Memory => Ok(Arc::new(MemoryStore::new())),
         HistoryConfig::Sqlite { path } => Ok(Arc::new(SqliteStore::open(path).await?)),
-        HistoryConfig::Postgres { .. } => Err(HistoryError::Unavailable(format!(
-            "the {} history backend is not built yet",
-            config.backend()
-        ))),
+        HistoryConfig::Postgres {
+            url,
+            max_connections,
+        } => Ok(Arc::new(
+            PostgresStore::connect(url, *max_connections).await?,
+        )),
     }
 }
 
@@ -105,6 +116,13 @@ mod tests {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("postgres://smg:***@db:5432/smg"), "{shown}");
         assert_eq!(redact_url("postgres://p:p@h/p"), "postgres://p:***@h/p");
+        assert_eq!(
+            redact_secret(
+                "postgres://u:s3cret@h/db",
+                "bad url postgres://u:s3cret@h/db"
+            ),
+            "bad url postgres://u:***@h/db"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@
 mod config;
 pub mod memory;
 pub mod none;
+pub mod postgres;
 mod sql;
 pub mod sqlite;
 

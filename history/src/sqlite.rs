@@ -119,3 +119,46 @@ const QUERIES: Queries = Queries {
 };
 
 sql_store!(SqliteStore, sqlx::Sqlite, "sqlite", QUERIES);
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The chain and the paging queries find rows through indexes: sqlite
+    /// never scans a whole table for them (a chain costs O(steps) lookups).
+    #[tokio::test]
+    async fn the_chain_and_the_cursor_use_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("plan.db"))
+            .await
+            .unwrap();
+        for sql in [
+            QUERIES.response_chain,
+            QUERIES.list_asc_after,
+            QUERIES.list_desc_after,
+            QUERIES.get_item,
+        ] {
+            let plan: Vec<(i64, i64, i64, String)> =
+                sqlx::query_as(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .bind("a")
+                    .bind("b")
+                    .bind("c")
+                    .fetch_all(&store.pool)
+                    .await
+                    .unwrap();
+            let steps: Vec<&str> = plan.iter().map(|row| row.3.as_str()).collect();
+            assert!(
+                steps.iter().all(|step| !step.starts_with("SCAN responses")
+                    && !step.starts_with("SCAN r")
+                    && !step.starts_with("SCAN conversation_items")),
+                "{sql}\n{steps:#?}"
+            );
+            assert!(
+                steps.iter().any(|step| step.contains("USING INDEX")),
+                "{steps:#?}"
+            );
+        }
+    }
+}

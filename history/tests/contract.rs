@@ -52,6 +52,21 @@ async fn sqlite() -> Fixture {
     }
 }
 
+/// A new database on this binary's private server (or
+/// `SMG_TEST_POSTGRES_URL`'s).
+async fn postgres() -> Fixture {
+    let url = support::postgres::fresh_database().await;
+    Fixture {
+        store: open(&HistoryConfig::Postgres {
+            url,
+            max_connections: 4,
+        })
+        .await
+        .unwrap(),
+        _dir: None,
+    }
+}
+
 mod memory {
     use super::*;
     for_each_case!(run_cases!(memory()));
@@ -111,5 +126,68 @@ mod sqlite {
         assert!(matches!(err, HistoryError::Corrupt(_)), "{err:?}");
         let err = store.response_chain("resp_broken", 10).await.unwrap_err();
         assert!(matches!(err, HistoryError::Corrupt(_)), "{err:?}");
+    }
+}
+
+mod postgres {
+    use sqlx::Connection;
+
+    use super::*;
+    for_each_case!(run_cases!(postgres()));
+
+    /// Replicas that start together race to migrate one database: the
+    /// migrator's advisory lock lets one run it, the others find it done.
+    /// Then one replica reads the chain another wrote.
+    #[tokio::test]
+    async fn stores_opened_at_once_migrate_once_and_share_history() {
+        let url = support::postgres::fresh_database().await;
+        let config = HistoryConfig::Postgres {
+            url: url.clone(),
+            max_connections: 2,
+        };
+        let (a, b, c) = tokio::join!(open(&config), open(&config), open(&config));
+        let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+
+        support::suite::write_a_sample(a.as_ref()).await;
+        support::suite::read_the_sample(b.as_ref()).await;
+        assert_eq!(
+            c.response_chain("sample_3", 2)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect::<Vec<_>>(),
+            ["sample_2", "sample_3"]
+        );
+
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        let (applied,): (i64,) = sqlx::query_as("SELECT count(*) FROM _sqlx_migrations")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(applied, 1);
+    }
+
+    /// A server that cannot be reached is Unavailable, and the message
+    /// does not echo the URL's password.
+    #[tokio::test]
+    async fn an_unreachable_server_is_unavailable_without_the_password() {
+        // Port 1 on loopback: nothing listens there.
+        let config = HistoryConfig::Postgres {
+            url: "postgres://smg:hunter2-secret@127.0.0.1:1/history".into(),
+            max_connections: 1,
+        };
+        let err = open(&config).await.unwrap_err();
+        assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
+        assert!(!err.to_string().contains("hunter2-secret"), "{err}");
+
+        // Nor does a URL sqlx cannot parse.
+        let config = HistoryConfig::Postgres {
+            url: "postgres://smg:hunter2-secret@127.0.0.1:notaport/history".into(),
+            max_connections: 1,
+        };
+        let err = open(&config).await.unwrap_err();
+        assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
+        assert!(!err.to_string().contains("hunter2-secret"), "{err}");
     }
 }

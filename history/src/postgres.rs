@@ -1,0 +1,109 @@
+//! The `postgres` backend: a PostgreSQL server shared by gateway replicas.
+//!
+//! Why it exists: replicas behind one load balancer must see each other's
+//! responses (a `previous_response_id` made on one replica is continued on
+//! another) and conversations. JSON columns are JSONB (written as text with
+//! a `::jsonb` cast, read back `::text`, so sqlx needs no JSON feature).
+//! The migrator takes a PostgreSQL advisory lock, so replicas that start
+//! together migrate once and the others wait for it.
+//!
+//! Errors never carry the URL's password: sqlx's messages are scrubbed of
+//! it at open, the only place the URL is parsed.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, postgres::PgPoolOptions};
+
+use crate::{
+    HistoryError, HistoryResult,
+    config::redact_secret,
+    sql::{Queries, sql_store},
+};
+
+/// How long a call waits for a free connection before `Unavailable`.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The history in a PostgreSQL database.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects (one connection at once, so a bad URL fails here) and
+    /// brings the schema up to date.
+    pub async fn connect(url: &str, max_connections: u32) -> HistoryResult<Self> {
+        let unavailable = |what: &str, err: &dyn std::fmt::Display| {
+            HistoryError::Unavailable(redact_secret(url, &format!("{what}: {err}")))
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await
+            .map_err(|err| unavailable("cannot connect to postgres", &err))?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|err| unavailable("cannot migrate the postgres history schema", &err))?;
+        Ok(Self { pool })
+    }
+}
+
+const QUERIES: Queries = Queries {
+    begin_write: "BEGIN",
+    upsert_response: "INSERT INTO responses
+            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw)
+        VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb)
+        ON CONFLICT (id) DO UPDATE SET
+            previous_response_id = excluded.previous_response_id,
+            conversation_id = excluded.conversation_id,
+            model = excluded.model,
+            status = excluded.status,
+            created_at = excluded.created_at,
+            input = excluded.input,
+            output = excluded.output,
+            raw = excluded.raw",
+    get_response: "SELECT id, previous_response_id, conversation_id, model, status, created_at,
+            input::text, output::text, raw::text
+        FROM responses WHERE id = $1",
+    delete_response: "DELETE FROM responses WHERE id = $1",
+    // Walks previous_response_id by primary key, one row per step, newest
+    // at depth 1; returned oldest first.
+    response_chain: "WITH RECURSIVE chain (id, previous_response_id, depth) AS (
+            SELECT id, previous_response_id, 1::bigint FROM responses WHERE id = $1
+            UNION ALL
+            SELECT r.id, r.previous_response_id, chain.depth + 1
+            FROM chain JOIN responses r ON r.id = chain.previous_response_id
+            WHERE chain.depth < $2
+        )
+        SELECT r.id, r.previous_response_id, r.conversation_id, r.model, r.status, r.created_at,
+            r.input::text, r.output::text, r.raw::text
+        FROM chain JOIN responses r ON r.id = chain.id
+        ORDER BY chain.depth DESC",
+    insert_conversation: "INSERT INTO conversations (id, created_at, metadata)
+        VALUES ($1, $2, $3::jsonb)",
+    get_conversation: "SELECT id, created_at, metadata::text FROM conversations WHERE id = $1",
+    update_conversation: "UPDATE conversations SET metadata = $2::jsonb WHERE id = $1
+        RETURNING id, created_at, metadata::text",
+    delete_conversation: "DELETE FROM conversations WHERE id = $1",
+    insert_item: "INSERT INTO conversation_items (id, conversation_id, created_at, item)
+        VALUES ($1, $2, $3, $4::jsonb)",
+    list_asc: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        WHERE conversation_id = $1 ORDER BY seq ASC LIMIT $2",
+    list_desc: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
+    list_asc_after: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        WHERE conversation_id = $1 AND seq > (
+            SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
+        ORDER BY seq ASC LIMIT $2",
+    list_desc_after: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        WHERE conversation_id = $1 AND seq < (
+            SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
+        ORDER BY seq DESC LIMIT $2",
+    get_item: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        WHERE conversation_id = $1 AND id = $2",
+    delete_item: "DELETE FROM conversation_items WHERE conversation_id = $1 AND id = $2",
+};
+
+sql_store!(PostgresStore, sqlx::Postgres, "postgres", QUERIES);

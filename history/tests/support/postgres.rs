@@ -1,0 +1,292 @@
+//! A real PostgreSQL server for the tests (and the benchmark) of one
+//! binary, private to it.
+//!
+//! Why it exists: the postgres backend must pass the same contract as the
+//! others against a real server, on a developer's machine and in CI alike,
+//! without a system service or a fixed port. The first caller starts one
+//! server (`initdb` into a temp dir, `postgres` on a free loopback port);
+//! every test then gets a database of its own from [`fresh_database`].
+//! With `SMG_TEST_POSTGRES_URL` set, that server is used instead (its role
+//! must be allowed to CREATE DATABASE).
+//!
+//! The server dies with the test binary: it runs under a small `sh` that
+//! holds the read end of a pipe whose write end only this process has. When
+//! the process exits (or the [`PgServer`] is dropped), `read` sees the end
+//! of the pipe, and the shell stops the server and removes its directory.
+//! A `static` is never dropped, so this is what cleans up after a test
+//! binary.
+//!
+//! There is no silent skip: with no server to be had, the test fails and
+//! says how to get one.
+
+use std::{
+    ffi::OsStr,
+    io::Read,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use sqlx::{Connection, PgConnection};
+use tokio::sync::OnceCell;
+
+/// The variable naming an existing server to use instead.
+pub const URL_VAR: &str = "SMG_TEST_POSTGRES_URL";
+/// How long a fresh server may take to accept connections.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// Fresh ports to try if another process took the one picked.
+const START_ATTEMPTS: usize = 3;
+
+/// What postgres logs last when it stops (a start that failed, e.g. on a
+/// port another process took, ends with it too). The shell outlives the
+/// server until its stdin closes, so the log is the sign the server is gone.
+const SHUT_DOWN: &str = "database system is shut down";
+
+/// The shell that runs `postgres` until its standard input closes, then
+/// stops it (fast shutdown) and removes the server's directory ($1).
+const LIFELINE: &str = r#"dir="$1"; shift
+"$@" >"$dir/server.log" 2>&1 &
+pid=$!
+read -r _ || true
+kill -INT "$pid" 2>/dev/null
+wait "$pid"
+rm -rf "$dir""#;
+
+/// A running server, or the one named by `SMG_TEST_POSTGRES_URL`.
+#[derive(Debug)]
+pub struct PgServer {
+    /// The URL of the server's maintenance database (`postgres`).
+    admin_url: url::Url,
+    /// The shell holding the server (none for an outside server).
+    lifeline: Option<(Child, ChildStdin)>,
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        if let Some((mut shell, stdin)) = self.lifeline.take() {
+            drop(stdin);
+            let _ = shell.wait();
+        }
+    }
+}
+
+static SERVER: OnceCell<Result<PgServer, String>> = OnceCell::const_new();
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// This binary's server, started on first use. Panics, saying how to get a
+/// server, when there is none to be had.
+pub async fn server() -> &'static PgServer {
+    let server = SERVER
+        .get_or_init(|| async {
+            match std::env::var(URL_VAR) {
+                Ok(url) => PgServer::outside(&url),
+                Err(_) => PgServer::start().await,
+            }
+        })
+        .await;
+    match server {
+        Ok(server) => server,
+        Err(why) => panic!(
+            "no PostgreSQL server for the history tests: {why}\n\
+             Install Debian's `postgresql` package (`.ci/run` installs it when \
+             `initdb` is missing) or set {URL_VAR} to a server whose role may \
+             CREATE DATABASE."
+        ),
+    }
+}
+
+/// The URL of a new, empty database on this binary's server.
+pub async fn fresh_database() -> String {
+    server().await.create_database().await
+}
+
+impl PgServer {
+    fn outside(url: &str) -> Result<Self, String> {
+        let admin_url =
+            url::Url::parse(url).map_err(|err| format!("{URL_VAR} is not a URL: {err}"))?;
+        Ok(Self {
+            admin_url,
+            lifeline: None,
+        })
+    }
+
+    /// A new database, named after this process and a counter.
+    pub async fn create_database(&self) -> String {
+        let name = format!(
+            "smg_test_{}_{}",
+            std::process::id(),
+            DATABASES.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = PgConnection::connect(self.admin_url.as_str())
+            .await
+            .unwrap_or_else(|err| panic!("cannot reach the test server: {err}"));
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await
+            .unwrap_or_else(|err| panic!("cannot create database {name}: {err}"));
+        let _ = admin.close().await;
+        let mut url = self.admin_url.clone();
+        url.set_path(&format!("/{name}"));
+        url.to_string()
+    }
+
+    /// `initdb` into a temp dir, then `postgres` on a free loopback port.
+    async fn start() -> Result<Self, String> {
+        let bin = find_bin_dir().ok_or_else(|| {
+            "no `initdb` and `postgres` in PATH or /usr/lib/postgresql/*/bin".to_owned()
+        })?;
+        let as_postgres = nix::unistd::geteuid().is_root();
+        let dir = tempfile::Builder::new()
+            .prefix("smg-pg-")
+            .tempdir()
+            .map_err(|err| format!("cannot make a temp dir: {err}"))?
+            .keep();
+        if as_postgres {
+            // initdb refuses to run as root: the server's files belong to
+            // the `postgres` system user (Debian's package makes it).
+            let user = nix::unistd::User::from_name("postgres")
+                .ok()
+                .flatten()
+                .ok_or("running as root and there is no `postgres` user to run the server as")?;
+            std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
+                .map_err(|err| format!("cannot chown {}: {err}", dir.display()))?;
+        }
+        let data = dir.join("data");
+        let initdb = command(as_postgres, &bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args([
+                "--auth=trust",
+                "-U",
+                "smg",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .output()
+            .map_err(|err| format!("cannot run initdb: {err}"))?;
+        if !initdb.status.success() {
+            return Err(format!(
+                "initdb failed ({}): {}",
+                initdb.status,
+                String::from_utf8_lossy(&initdb.stderr)
+            ));
+        }
+
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port()?;
+            let mut shell = command(as_postgres, Path::new("sh"))
+                .args(["-c", LIFELINE, "lifeline"])
+                .arg(&dir)
+                .arg(bin.join("postgres"))
+                .arg("-D")
+                .arg(&data)
+                .arg("-k")
+                .arg(&dir)
+                .arg("-p")
+                .arg(port.to_string())
+                .args(["-c", "listen_addresses=127.0.0.1"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|err| format!("cannot start postgres: {err}"))?;
+            let stdin = shell.stdin.take().ok_or("the shell has no stdin")?;
+            let server = Self {
+                admin_url: url::Url::parse(&format!("postgres://smg@127.0.0.1:{port}/postgres"))
+                    .map_err(|err| err.to_string())?,
+                lifeline: Some((shell, stdin)),
+            };
+            match server.wait_ready(&dir).await {
+                Ok(()) => return Ok(server),
+                // Dropping `server` stops what is left of it.
+                Err(why) => last_error = why,
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Polls a connection until the server accepts one (bounded).
+    async fn wait_ready(&self, dir: &Path) -> Result<(), String> {
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            match PgConnection::connect(self.admin_url.as_str()).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    return Ok(());
+                }
+                Err(err) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "postgres did not accept connections within {READY_WITHIN:?} ({err}); \
+                         its log: {}",
+                        read_log(dir)
+                    ));
+                }
+                Err(_) => {}
+            }
+            let log = read_log(dir);
+            if log.contains(SHUT_DOWN) {
+                return Err(format!("postgres exited at start; its log: {log}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn command(as_postgres: bool, program: &Path) -> Command {
+    if as_postgres {
+        let mut command = Command::new("runuser");
+        command.args([OsStr::new("-u"), OsStr::new("postgres"), OsStr::new("--")]);
+        command.arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A port nobody listens on now (the server binds it a moment later; a
+/// clash makes it exit, and start picks another).
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|err| err.to_string())?;
+    listener
+        .local_addr()
+        .map(|addr| addr.port())
+        .map_err(|err| err.to_string())
+}
+
+fn read_log(dir: &Path) -> String {
+    let mut log = String::new();
+    match std::fs::File::open(dir.join("server.log")) {
+        Ok(mut file) => {
+            let _ = file.read_to_string(&mut log);
+            log
+        }
+        Err(err) => format!("(no log: {err})"),
+    }
+}
+
+/// The directory with `initdb` and `postgres`: PATH first, then Debian's
+/// versioned directories, newest first.
+fn find_bin_dir() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(path) = std::env::var_os("PATH")
+        && let Some(dir) = std::env::split_paths(&path).find(|dir| has_both(dir))
+    {
+        return Some(dir);
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            Some((version, entry.path().join("bin")))
+        })
+        .filter(|(_, bin)| has_both(bin))
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin)
+}
