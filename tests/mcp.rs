@@ -270,6 +270,7 @@ async fn a_result_over_the_cap_is_refused_whole() {
             .await
             .expect_err("far over the cap");
         assert_eq!(error.code, ErrorCode::McpResultTooLarge, "{error}");
+        assert!(error.message.contains("answer is larger than"), "{error}");
     })
     .await;
 }
@@ -296,6 +297,8 @@ async fn loopback_servers_are_refused_without_an_allowance() {
             let error = connect_error(config(), server(url)).await;
             assert_eq!(error.code, ErrorCode::McpServerForbidden, "{url}: {error}");
         }
+        let error = connect_error(config(), server("not a url")).await;
+        assert_eq!(error.code, ErrorCode::InvalidRequest, "{error}");
         // With the allowance, by name too.
         let by_name = McpConfig {
             allow_private_hosts: vec!["localhost".parse().expect("allowance")],

@@ -37,8 +37,9 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Sse, SseStream};
 
-use crate::media::guard::literal_address;
-use crate::media::guard::{DestinationPolicy, ForbiddenDestination, VettingResolver};
+use crate::media::guard::{
+    DestinationPolicy, ForbiddenDestination, VettingResolver, literal_address,
+};
 use crate::media::remote::{error_chain, redacted};
 
 /// Why one HTTP exchange with an MCP server failed.
@@ -138,25 +139,23 @@ impl GuardedHttp {
 
     /// The checks before any connection: an http(s) URL with a host and,
     /// for an IP-literal host (which no resolver sees), the guard.
-    pub fn vet(&self, url: &str) -> Result<Url, HttpFailure> {
-        let parsed = Url::parse(url)
-            .map_err(|error| HttpFailure::Forbidden(format!("{url:?} is not a URL: {error}")))?;
+    pub fn vet(&self, parsed: &Url) -> Result<(), HttpFailure> {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(HttpFailure::Forbidden(format!(
                 "{}: MCP servers are reached over http(s) only",
-                redacted(&parsed)
+                redacted(parsed)
             )));
         }
         let host = parsed
             .host_str()
             .filter(|host| !host.is_empty())
-            .ok_or_else(|| HttpFailure::Forbidden(format!("{}: no host", redacted(&parsed))))?;
+            .ok_or_else(|| HttpFailure::Forbidden(format!("{}: no host", redacted(parsed))))?;
         if let Some(address) = literal_address(host) {
             self.policy
                 .check(&address.to_string(), address)
-                .map_err(|refusal| forbidden(&parsed, &refusal))?;
+                .map_err(|refusal| forbidden(parsed, &refusal))?;
         }
-        Ok(parsed)
+        Ok(())
     }
 
     /// A request to `uri` with the transport's headers, after vetting it.
@@ -168,7 +167,11 @@ impl GuardedHttp {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(Url, RequestBuilder), HttpFailure> {
-        let url = self.vet(uri)?;
+        // The transport only ever asks for the URL the session was opened
+        // with, vetted then; vetted again per request all the same.
+        let url = Url::parse(uri)
+            .map_err(|error| HttpFailure::Failed(format!("the MCP URL does not parse: {error}")))?;
+        self.vet(&url)?;
         let mut request = self.client.request(method, url.clone());
         for (name, value) in custom_headers {
             request = request.header(name, value);
@@ -608,12 +611,11 @@ mod tests {
             (&none, "http://2852039166/", false),
             (&none, "file:///etc/passwd", false),
             (&none, "ftp://mcp.example.com/", false),
-            (&none, "not a url", false),
             (&loopback, "http://127.0.0.1:9/mcp", true),
             (&loopback, "http://127.0.0.2:9/mcp", false),
         ];
         for (client, url, allowed) in cases {
-            let verdict = client.vet(url);
+            let verdict = client.vet(&Url::parse(url).expect("test URLs parse"));
             assert_eq!(verdict.is_ok(), allowed, "{url}: {verdict:?}");
             if let Err(failure) = verdict {
                 assert!(matches!(failure, HttpFailure::Forbidden(_)), "{url}");

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
+use reqwest::Url;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
     Implementation, PaginatedRequestParams,
@@ -84,9 +85,14 @@ impl McpClients {
     /// Opens a session with `server`: vets its URL, then runs the MCP
     /// handshake within `connect_timeout`.
     pub async fn connect(&self, server: &McpServer) -> Result<McpSession> {
-        let url = self
-            .http
-            .vet(&server.url)
+        let url = Url::parse(&server.url).map_err(|error| {
+            Error::invalid_request(format!(
+                "MCP server {}: server_url is not a URL: {error}",
+                server.label
+            ))
+        })?;
+        self.http
+            .vet(&url)
             .map_err(|failure| from_failure(&server.label, failure))?;
         let headers = header_map(server)?;
         let mut transport = StreamableHttpClientTransportConfig::with_uri(url.as_str());
@@ -156,7 +162,13 @@ impl McpSession {
         self.failures.take();
         tokio::time::timeout(timeout, self.list_all_pages())
             .await
-            .map_err(|_| timed_out(&self.label, "listing tools", timeout))?
+            .map_err(|_| {
+                timed_out(
+                    &self.label,
+                    "listing tools (--mcp-call-timeout-secs)",
+                    timeout,
+                )
+            })?
     }
 
     async fn list_all_pages(&self) -> Result<Vec<McpTool>> {
@@ -168,7 +180,7 @@ impl McpSession {
                 .service
                 .list_tools(Some(params))
                 .await
-                .map_err(|error| self.service_error("listing tools", &error))?;
+                .map_err(|error| self.service_failure("listing tools", &error))?;
             for tool in page.tools {
                 if !self.allows(&tool.name) {
                     continue;
@@ -220,8 +232,14 @@ impl McpSession {
         self.failures.take();
         let result = tokio::time::timeout(timeout, self.service.call_tool(params))
             .await
-            .map_err(|_| timed_out(&self.label, &format!("calling {tool}"), timeout))?
-            .map_err(|error| self.service_error(&format!("calling {tool}"), &error))?;
+            .map_err(|_| {
+                timed_out(
+                    &self.label,
+                    &format!("calling {tool} (--mcp-call-timeout-secs)"),
+                    timeout,
+                )
+            })?
+            .map_err(|error| self.service_failure(&format!("calling {tool}"), &error))?;
         let output = joined_output(&result);
         if output.len() > self.config.max_result_bytes {
             return Err(self.error(
@@ -247,7 +265,7 @@ impl McpSession {
         let _ = tokio::time::timeout(timeout, self.service.cancel()).await;
     }
 
-    fn service_error(&self, what: &str, error: &ServiceError) -> Error {
+    fn service_failure(&self, what: &str, error: &ServiceError) -> Error {
         match error {
             ServiceError::McpError(data) => from_server_error(&self.label, what, data),
             other => from_transport(&self.label, what, other, &self.failures),
@@ -300,7 +318,7 @@ fn timed_out(label: &str, what: &str, timeout: Duration) -> Error {
     Error::new(
         ErrorCode::McpTimeout,
         format!(
-            "MCP server {label}: {what} took longer than {} ms (--mcp-call-timeout-secs)",
+            "MCP server {label}: {what} took longer than {} ms",
             timeout.as_millis()
         ),
     )
