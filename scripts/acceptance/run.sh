@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Issue 16's acceptance with the official openai Python client: runs
-# openai_tool_loop.py against `smg demo` fleets (regular on the bundled
+# Issues 16 and 17's acceptance with the official openai Python client:
+# runs openai_tool_loop.py (chat tool loops) and openai_responses.py (the
+# Responses API: tool loops by previous_response_id, the stream helper,
+# stored responses, conversations) against `smg demo` fleets (regular on the bundled
 # model; pd on the Qwen3 family fixture, whose think tokens give
 # reasoning_content; epd on the bundled model). Each demo starts in the
 # background on ephemeral ports, is used once its gateway answers
@@ -76,6 +78,8 @@ run_against() {
     return 1
   fi
   "$python" scripts/acceptance/openai_tool_loop.py --base-url "$base/v1" \
+    ${script_flags[@]+"${script_flags[@]}"}
+  "$python" scripts/acceptance/openai_responses.py --base-url "$base/v1" \
     ${script_flags[@]+"${script_flags[@]}"}
   stop_demo
 }
