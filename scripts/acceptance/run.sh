@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
 # Issues 16 and 17's acceptance with the official openai Python client:
-# runs openai_tool_loop.py (chat tool loops) and openai_responses.py (the
+# runs openai_tool_loop.py (chat tool loops), openai_responses.py (the
 # Responses API: tool loops by previous_response_id, the stream helper,
-# stored responses, conversations) against `smg demo` fleets (regular on the bundled
+# stored responses, conversations) and, with the official anthropic client,
+# anthropic_messages.py (a tool loop on /v1/messages) against `smg demo`
+# fleets (regular on the bundled
 # model; pd on the Qwen3 family fixture, whose think tokens give
 # reasoning_content; epd on the bundled model). Each demo starts in the
 # background on ephemeral ports, is used once its gateway answers
 # /readiness, and is stopped (with its fleet) afterwards.
 #
-# The client is pinned and installed into a venv under the cargo target
+# The clients are pinned and installed into a venv under the cargo target
 # directory (kept between runs; reinstalled when the pin changes).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 OPENAI_VERSION=3.57.0
+ANTHROPIC_VERSION=2.15.0
 target="${CARGO_TARGET_DIR:-target}"
 venv="$target/acceptance-venv"
 python="$venv/bin/python"
 
-if ! "$python" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" \
-  >/dev/null 2>&1; then
+if ! "$python" -c "import anthropic, openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' \
+  or anthropic.__version__ != '$ANTHROPIC_VERSION')" >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$python" -m pip install -q --disable-pip-version-check "openai==$OPENAI_VERSION"
+  "$python" -m pip install -q --disable-pip-version-check "openai==$OPENAI_VERSION" \
+    "anthropic==$ANTHROPIC_VERSION"
 fi
 
 cargo build --bins --locked
@@ -80,6 +84,8 @@ run_against() {
   "$python" scripts/acceptance/openai_tool_loop.py --base-url "$base/v1" \
     ${script_flags[@]+"${script_flags[@]}"}
   "$python" scripts/acceptance/openai_responses.py --base-url "$base/v1" \
+    ${script_flags[@]+"${script_flags[@]}"}
+  "$python" scripts/acceptance/anthropic_messages.py --base-url "$base" \
     ${script_flags[@]+"${script_flags[@]}"}
   stop_demo
 }
