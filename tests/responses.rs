@@ -852,3 +852,48 @@ async fn a_background_response_is_queued_polled_and_cancelled() {
         (400, Some("invalid_parameter"))
     );
 }
+
+#[tokio::test]
+async fn a_background_response_keeps_its_admission_slot_until_it_ends() {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--stall-after-tokens", "2"],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--max-concurrent-requests",
+        "1",
+        "--queue-size",
+        "0",
+    ]);
+    let queued = create(
+        &gateway,
+        json!({"input": "go on", "max_output_tokens": 100, "background": true}),
+    )
+    .await;
+    let id = queued["id"].as_str().expect("id").to_owned();
+    // The answer was sent, but the work still holds the only slot.
+    let (status, refused) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "me too", "max_output_tokens": 8}),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (429, Some("queue_full"))
+    );
+    let (status, _) = post(&gateway, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(status, 200);
+    // Once it has ended, the slot is free again (two tokens: the worker
+    // stalls after two).
+    let (status, body) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "me too", "max_output_tokens": 2}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}

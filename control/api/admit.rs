@@ -7,6 +7,7 @@
 //! when the handler has returned), which only the response body can carry.
 
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
@@ -34,7 +35,17 @@ pub(super) async fn admit(
         Ok(permit) => permit,
         Err(err) => return err.into_response(),
     };
+    let held = HeldPermit::default();
+    if let Ok(mut slot) = held.0.lock() {
+        *slot = Some(permit);
+    }
+    let mut request = request;
+    request.extensions_mut().insert(held.clone());
     let response = next.run(request).await;
+    // A handler that runs on past its response took the permit with it.
+    let Some(permit) = held.take() else {
+        return response;
+    };
     if !permit.limits() {
         return response;
     }
@@ -46,6 +57,19 @@ pub(super) async fn admit(
             _permit: permit,
         }),
     )
+}
+
+/// The request's admission permit, for a handler whose work outlives its
+/// response (a background response): it takes the permit into that work,
+/// so the slot stays taken until the work ends, not until the answer is
+/// sent.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HeldPermit(Arc<Mutex<Option<Permit>>>);
+
+impl HeldPermit {
+    pub(crate) fn take(&self) -> Option<Permit> {
+        self.0.lock().map_or(None, |mut slot| slot.take())
+    }
 }
 
 /// A response body that holds its request's permit until it is dropped:

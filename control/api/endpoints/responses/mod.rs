@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::builder::OutputBuilder;
 use self::convert::Messages;
+use super::super::admit::HeldPermit;
 use super::super::dialect::{ErrorDialect, render};
 use super::super::http::{SharedState, named_frame, sse_response};
 use super::super::types::openai::{Tool, ToolChoice};
@@ -773,6 +775,7 @@ fn error_response(err: &Error) -> Response {
 /// `POST /v1/responses`.
 pub(crate) async fn create_response(
     State(state): State<SharedState>,
+    held: Option<Extension<HeldPermit>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -802,10 +805,15 @@ pub(crate) async fn create_response(
             return error_response(&err);
         }
         let cancel = CancellationToken::new();
+        // The admission slot goes with the work, not with the answer: a
+        // background response counts against --max-concurrent-requests
+        // until it ends.
+        let permit = held.and_then(|Extension(held)| held.take());
         if plan.stream {
             let (sender, receiver) = mpsc::channel(64);
             let task_state = Arc::clone(&state);
             state.tasks.spawn(async move {
+                let _permit = permit;
                 let mut sink = Sink {
                     frames: Some(sender),
                     sequence: 0,
@@ -818,6 +826,7 @@ pub(crate) async fn create_response(
         }
         let task_state = Arc::clone(&state);
         state.tasks.spawn(async move {
+            let _permit = permit;
             let mut sink = Sink::collecting(true);
             let (_, failure) = run_registered(&task_state, plan, cancel, &mut sink).await;
             record(failure.as_ref());
