@@ -18,6 +18,7 @@ use smg::proto::tokenspeed_scheduler as ts;
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use support::chat::{FamilyModel, http};
 use support::media::image_data_url;
+use support::responses::{create, delete, events, get, names, output_text, parse_events, post};
 use support::{Gateway, SimWorker, bounded, poll_until};
 
 const ZERO: &[&str] = &["--zero-delay"];
@@ -72,45 +73,6 @@ fn gateway(fleet: &Fleet) -> Gateway {
     Gateway::start(&args)
 }
 
-async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("request sent");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
-}
-
-async fn post(gateway: &Gateway, path: &str, body: &Value) -> (u16, Value) {
-    send(http().post(gateway.url(path)).json(body)).await
-}
-
-async fn get(gateway: &Gateway, path: &str) -> (u16, Value) {
-    send(http().get(gateway.url(path))).await
-}
-
-async fn delete(gateway: &Gateway, path: &str) -> (u16, Value) {
-    send(http().delete(gateway.url(path))).await
-}
-
-/// A whole response that must succeed.
-async fn create(gateway: &Gateway, body: Value) -> Value {
-    let (status, response) = post(gateway, "/v1/responses", &body).await;
-    assert_eq!(status, 200, "{response}");
-    response
-}
-
-/// The text of a response's message items.
-fn output_text(response: &Value) -> String {
-    response["output"]
-        .as_array()
-        .expect("output")
-        .iter()
-        .filter(|item| item["type"] == "message")
-        .flat_map(|item| item["content"].as_array().expect("content").iter())
-        .filter_map(|part| part["text"].as_str())
-        .collect()
-}
-
 /// The digest a sim worker starts its answer with (`digest=<16 hex>.`).
 fn digest(text: &str) -> &str {
     assert!(text.starts_with("digest="), "{text:?}");
@@ -130,43 +92,6 @@ async fn chat_text(gateway: &Gateway, messages: Value) -> String {
         .as_str()
         .expect("content")
         .to_owned()
-}
-
-/// A streamed response's events: (SSE event name, data).
-async fn events(gateway: &Gateway, body: &Value) -> Vec<(String, Value)> {
-    let response = http()
-        .post(gateway.url("/v1/responses"))
-        .json(body)
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(response.status().as_u16(), 200);
-    let text = response.text().await.expect("body");
-    parse_events(&text)
-}
-
-fn parse_events(text: &str) -> Vec<(String, Value)> {
-    text.split("\n\n")
-        .filter(|frame| !frame.trim().is_empty())
-        .map(|frame| {
-            let mut lines = frame.lines();
-            let name = lines
-                .next()
-                .and_then(|line| line.strip_prefix("event: "))
-                .unwrap_or_else(|| panic!("an event line in {frame:?}"));
-            let data = lines
-                .next()
-                .and_then(|line| line.strip_prefix("data: "))
-                .unwrap_or_else(|| panic!("a data line in {frame:?}"));
-            let data: Value = serde_json::from_str(data).expect("JSON data");
-            assert_eq!(data["type"], name, "the event line names the type");
-            (name.to_owned(), data)
-        })
-        .collect()
-}
-
-fn names(events: &[(String, Value)]) -> Vec<&str> {
-    events.iter().map(|(name, _)| name.as_str()).collect()
 }
 
 async fn check_lifecycle(gateway: &Gateway, input: Value) {

@@ -17,6 +17,7 @@ pub mod digest;
 pub mod mcp;
 pub mod media;
 pub mod proxy;
+pub mod responses;
 pub mod shm;
 
 /// How long a worker may take to print its ready line.

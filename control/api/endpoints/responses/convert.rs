@@ -28,6 +28,11 @@ pub struct Messages {
     messages: Vec<ChatMessage>,
     /// Reasoning waiting for the assistant message it belongs to.
     pending_reasoning: Option<String>,
+    /// The `tool` messages answering the MCP calls of the last assistant
+    /// message, held while more calls of that turn may follow: a turn's
+    /// calls stay in one assistant message, as the model made them, with
+    /// their answers after it.
+    held_answers: Vec<ChatMessage>,
 }
 
 fn text_of(content: &[ContentPart]) -> String {
@@ -99,19 +104,26 @@ impl Messages {
             });
     }
 
-    fn answer(&mut self, call_id: &str, output: String) {
-        self.messages.push(ChatMessage {
+    fn answer(call_id: &str, output: String) -> ChatMessage {
+        ChatMessage {
             role: Role::Tool,
             content: Some(TextOrList::Text(output)),
             name: None,
             tool_calls: None,
             tool_call_id: Some(call_id.to_owned()),
             reasoning_content: None,
-        });
+        }
     }
 
     /// Adds one item (history or input).
     pub fn push(&mut self, item: &Item) {
+        // Anything but another call ends the turn the held answers answer.
+        if !matches!(
+            item,
+            Item::FunctionCall { .. } | Item::McpCall { .. } | Item::McpListTools { .. }
+        ) {
+            self.messages.append(&mut self.held_answers);
+        }
         match item {
             Item::Message { role, content, .. } if role == "assistant" => {
                 let text = text_of(content);
@@ -192,7 +204,7 @@ impl Messages {
             } => self.call(call_id, name, arguments),
             Item::FunctionCallOutput {
                 call_id, output, ..
-            } => self.answer(call_id, output.clone()),
+            } => self.messages.push(Self::answer(call_id, output.clone())),
             Item::McpCall {
                 id,
                 name,
@@ -207,19 +219,17 @@ impl Messages {
                     (None, Some(error)) => format!("error: {error}"),
                     (None, None) => String::new(),
                 };
-                self.answer(id, answer);
+                self.held_answers.push(Self::answer(id, answer));
             }
             Item::McpListTools { .. } => {}
         }
     }
 
-    pub fn messages(&self) -> &[ChatMessage] {
-        &self.messages
-    }
-
-    #[cfg(test)]
-    pub fn into_messages(self) -> Vec<ChatMessage> {
-        self.messages
+    /// The messages so far, held answers last.
+    pub fn messages(&self) -> Vec<ChatMessage> {
+        let mut messages = self.messages.clone();
+        messages.extend(self.held_answers.iter().cloned());
+        messages
     }
 }
 
@@ -361,7 +371,7 @@ mod tests {
             built.push(&item);
         }
         built
-            .into_messages()
+            .messages()
             .iter()
             .map(|m| serde_json::to_value(m).unwrap())
             .collect()
@@ -394,6 +404,47 @@ mod tests {
             got[4],
             json!({"role": "assistant", "content": "sun and rain"})
         );
+    }
+
+    #[test]
+    fn a_turns_mcp_and_function_calls_stay_one_message_with_the_answers_after_it() {
+        let turn = json!([
+            {"role": "user", "content": "add, then weather"},
+            {"type": "mcp_list_tools", "server_label": "calc", "tools": []},
+            {"type": "reasoning", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "two tools"}]},
+            {"type": "mcp_call", "id": "mcp_1", "server_label": "calc", "name": "add",
+             "arguments": "{}", "output": "5"},
+            {"type": "mcp_call", "id": "mcp_2", "server_label": "calc", "name": "fail",
+             "arguments": "{}", "error": "it failed"},
+            {"type": "function_call", "call_id": "call_3", "name": "get", "arguments": "{}"},
+        ]);
+        // Answers not yet followed by anything come last.
+        let open = messages(turn.clone());
+        assert_eq!(open.len(), 4, "{open:#?}");
+        assert_eq!(open[1]["tool_calls"].as_array().unwrap().len(), 3);
+        assert_eq!(open[3]["tool_call_id"], "mcp_2");
+
+        let mut items = turn.as_array().unwrap().clone();
+        items.push(json!({"type": "function_call_output", "call_id": "call_3", "output": "sun"}));
+        items.push(json!({"role": "user", "content": "thanks"}));
+        let got = messages(Value::Array(items));
+        let roles: Vec<&str> = got.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool", "tool", "tool", "user"]);
+        assert_eq!(got[1]["reasoning_content"], "two tools");
+        let ids: Vec<&str> = got[1]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|call| call["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["mcp_1", "mcp_2", "call_3"]);
+        assert_eq!(
+            got[2],
+            json!({"role": "tool", "content": "5", "tool_call_id": "mcp_1"})
+        );
+        assert_eq!(got[3]["content"], "error: it failed");
+        assert_eq!(got[4]["tool_call_id"], "call_3");
     }
 
     #[test]

@@ -117,6 +117,11 @@ pub(crate) struct McpTools {
     servers: Vec<ListedServer>,
 }
 
+/// The error of a call left behind by a cancel.
+const NOT_RUN_CANCELLED: &str = "not run: the response was cancelled";
+/// The error of a call beyond `max_tool_calls`.
+const NOT_RUN_OUT_OF_BUDGET: &str = "not run: the response reached max_tool_calls";
+
 /// How running a generation's MCP calls went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ran {
@@ -222,7 +227,8 @@ impl McpTools {
 
     /// Runs the calls a generation made, in order, each result going into
     /// its item (an MCP tool's own error result is an output the model
-    /// reads, as is a failed call).
+    /// reads, as is a failed call). Every call's item ends done: those a
+    /// stop left behind say why they were not run.
     pub(crate) async fn run_calls(
         &self,
         cancel: &CancellationToken,
@@ -231,58 +237,46 @@ impl McpTools {
         pending: Vec<PendingMcpCall>,
         calls_left: &mut u32,
     ) -> Ran {
+        let mut pending = pending.into_iter();
+        let ran = self
+            .run_until_stopped(cancel, builder, sink, &mut pending, calls_left)
+            .await;
+        let reason = match ran {
+            Ran::All => return ran,
+            Ran::Cancelled => NOT_RUN_CANCELLED,
+            Ran::OutOfBudget => NOT_RUN_OUT_OF_BUDGET,
+        };
         for call in pending {
+            builder.mcp_call_finished(call.output_index, Err(reason.to_owned()));
+        }
+        let _ = sink.emit(builder.take_events()).await;
+        ran
+    }
+
+    /// Runs `pending` calls until one of them stops the loop (those after
+    /// it stay in `pending`).
+    async fn run_until_stopped(
+        &self,
+        cancel: &CancellationToken,
+        builder: &mut OutputBuilder,
+        sink: &mut Sink,
+        pending: &mut std::vec::IntoIter<PendingMcpCall>,
+        calls_left: &mut u32,
+    ) -> Ran {
+        for call in pending.by_ref() {
             if *calls_left == 0 {
-                builder.mcp_call_finished(
-                    call.output_index,
-                    Err("not run: the response reached max_tool_calls".to_owned()),
-                );
-                let _ = sink.emit(builder.take_events()).await;
+                builder.mcp_call_finished(call.output_index, Err(NOT_RUN_OUT_OF_BUDGET.to_owned()));
                 return Ran::OutOfBudget;
             }
             *calls_left -= 1;
             builder.mcp_call_started(call.output_index);
             if !sink.emit(builder.take_events()).await {
+                builder.mcp_call_finished(call.output_index, Err(NOT_RUN_CANCELLED.to_owned()));
                 return Ran::Cancelled;
             }
-            let Some(server) = self
-                .servers
-                .iter()
-                .find(|server| server.label == call.server_label)
-            else {
-                builder.mcp_call_finished(call.output_index, Err("unknown server".to_owned()));
-                continue;
-            };
-            let arguments = if call.arguments.trim().is_empty() {
-                Ok(Map::new())
-            } else {
-                match serde_json::from_str::<Value>(&call.arguments) {
-                    Ok(Value::Object(arguments)) => Ok(arguments),
-                    Ok(_) => Err("the model's arguments are not a JSON object".to_owned()),
-                    Err(err) => Err(format!("the model's arguments are not JSON: {err}")),
-                }
-            };
-            let arguments = match arguments {
-                Ok(arguments) => arguments,
-                Err(problem) => {
-                    builder.mcp_call_finished(call.output_index, Err(problem));
-                    if !sink.emit(builder.take_events()).await {
-                        return Ran::Cancelled;
-                    }
-                    continue;
-                }
-            };
-            let Some(result) =
-                unless_cancelled(cancel, server.session.call_tool(&call.name, arguments)).await
-            else {
+            let Some(result) = self.call(cancel, &call).await else {
                 builder.mcp_call_finished(call.output_index, Err("cancelled".to_owned()));
-                let _ = sink.emit(builder.take_events()).await;
                 return Ran::Cancelled;
-            };
-            let result = match result {
-                Ok(output) if output.is_error => Err(output.output),
-                Ok(output) => Ok(output.output),
-                Err(err) => Err(format!("{}: {}", err.code.as_str(), err.message)),
             };
             builder.mcp_call_finished(call.output_index, result);
             if !sink.emit(builder.take_events()).await {
@@ -290,5 +284,39 @@ impl McpTools {
             }
         }
         Ran::All
+    }
+
+    /// Runs one call: its output, or the error the model is told; `None`
+    /// when the response was cancelled first.
+    async fn call(
+        &self,
+        cancel: &CancellationToken,
+        call: &PendingMcpCall,
+    ) -> Option<Result<String, String>> {
+        let Some(server) = self
+            .servers
+            .iter()
+            .find(|server| server.label == call.server_label)
+        else {
+            return Some(Err("unknown server".to_owned()));
+        };
+        let arguments = if call.arguments.trim().is_empty() {
+            Map::new()
+        } else {
+            match serde_json::from_str::<Value>(&call.arguments) {
+                Ok(Value::Object(arguments)) => arguments,
+                Ok(_) => {
+                    return Some(Err("the model's arguments are not a JSON object".to_owned()));
+                }
+                Err(err) => return Some(Err(format!("the model's arguments are not JSON: {err}"))),
+            }
+        };
+        let result =
+            unless_cancelled(cancel, server.session.call_tool(&call.name, arguments)).await?;
+        Some(match result {
+            Ok(output) if output.is_error => Err(output.output),
+            Ok(output) => Ok(output.output),
+            Err(err) => Err(format!("{}: {}", err.code.as_str(), err.message)),
+        })
     }
 }

@@ -395,7 +395,7 @@ impl Plan {
         let chat = convert::chat_request(
             &self.request,
             self.model.clone(),
-            self.messages.messages().to_vec(),
+            self.messages.messages(),
             tools.to_vec(),
             self.choice.clone(),
             self.stream,
