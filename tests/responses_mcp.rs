@@ -561,7 +561,23 @@ async fn a_loopback_server_is_forbidden_unless_allowed() {
     .await;
     assert_rejected(status, &body, "mcp_server_forbidden", None);
 
+    // An IP literal is vetted before anything runs: a streamed request is
+    // refused as a whole one is.
     request["stream"] = json!(true);
+    let (status, body) = bounded(
+        "the response",
+        post(&fleet.gateway, "/v1/responses", &request),
+    )
+    .await;
+    assert_rejected(status, &body, "mcp_server_forbidden", None);
+
+    // A name is vetted when it resolves, once the stream has begun: the
+    // response fails.
+    let url = request["tools"][0]["server_url"]
+        .as_str()
+        .expect("server_url")
+        .replace("127.0.0.1", "localhost");
+    request["tools"][0]["server_url"] = json!(url);
     let events = bounded("the stream", events(&fleet.gateway, &request)).await;
     let failed = check_stream(&events);
     assert_eq!(

@@ -82,9 +82,14 @@ impl McpClients {
         &self.config
     }
 
-    /// Opens a session with `server`: vets its URL, then runs the MCP
-    /// handshake within `connect_timeout`.
-    pub async fn connect(&self, server: &McpServer) -> Result<McpSession> {
+    /// Checks `server`'s URL without connecting: its scheme, and an IP
+    /// literal against the guard (a name is vetted when it resolves), so a
+    /// request naming a forbidden server is refused before it runs.
+    pub fn vet(&self, server: &McpServer) -> Result<()> {
+        self.vetted_url(server).map(|_| ())
+    }
+
+    fn vetted_url(&self, server: &McpServer) -> Result<Url> {
         let url = Url::parse(&server.url).map_err(|error| {
             Error::invalid_request(format!(
                 "MCP server {}: server_url is not a URL: {error}",
@@ -94,6 +99,13 @@ impl McpClients {
         self.http
             .vet(&url)
             .map_err(|failure| from_failure(&server.label, failure))?;
+        Ok(url)
+    }
+
+    /// Opens a session with `server`: vets its URL, then runs the MCP
+    /// handshake within `connect_timeout`.
+    pub async fn connect(&self, server: &McpServer) -> Result<McpSession> {
+        let url = self.vetted_url(server)?;
         let headers = header_map(server)?;
         let mut transport = StreamableHttpClientTransportConfig::with_uri(url.as_str());
         transport.custom_headers = headers;

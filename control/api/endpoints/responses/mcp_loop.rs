@@ -103,6 +103,20 @@ pub(crate) fn server_plan(tool: &Map<String, Value>, path: &str) -> Result<McpSe
     })
 }
 
+/// Refuses, before anything runs, a server the guard refuses by its URL
+/// alone (a scheme other than http(s), a private IP literal).
+pub(crate) fn vet(state: &SharedState, plan: &McpServerPlan) -> Result<()> {
+    let clients = state.mcp.as_ref().ok_or_else(|| {
+        Error::internal("the gateway's MCP client could not be built (see its log)")
+    })?;
+    clients.vet(&McpServer {
+        label: plan.label.clone(),
+        url: plan.url.clone(),
+        headers: Vec::new(),
+        allowed_tools: None,
+    })
+}
+
 /// A server whose tools were listed.
 #[derive(Debug)]
 struct ListedServer {

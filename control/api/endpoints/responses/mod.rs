@@ -323,7 +323,11 @@ async fn plan(state: &SharedState, headers: &HeaderMap, body: &[u8]) -> Result<P
         };
         match object.get("type").and_then(Value::as_str) {
             Some("function") => tools.push(convert::function_tool(object, &path)?),
-            Some("mcp") => mcp_servers.push(mcp_loop::server_plan(object, &path)?),
+            Some("mcp") => {
+                let server = mcp_loop::server_plan(object, &path)?;
+                mcp_loop::vet(state, &server)?;
+                mcp_servers.push(server);
+            }
             other => {
                 return Err(Error::new(
                     ErrorCode::UnsupportedTool,
