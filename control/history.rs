@@ -95,7 +95,7 @@ impl History {
                     format!(
                         "the history store ({}) failed to {}; nothing was changed",
                         self.backend(),
-                        operation.replace('_', " ")
+                        step(operation)
                     ),
                 )
             }
@@ -243,6 +243,26 @@ impl History {
             item_id,
         )
         .await
+    }
+}
+
+/// What the store was asked to do, as a client's error message tells it
+/// ("failed to ..."); `operation` is the metrics label.
+fn step(operation: &str) -> &'static str {
+    match operation {
+        "save_response" => "save the response",
+        "get_response" => "read the response",
+        "delete_response" => "delete the response",
+        "response_chain" => "read the previous_response_id chain",
+        "create_conversation" => "create the conversation",
+        "get_conversation" => "read the conversation",
+        "update_conversation" => "update the conversation",
+        "delete_conversation" => "delete the conversation",
+        "add_items" => "add the conversation items",
+        "list_items" => "list the conversation items",
+        "get_item" => "read the conversation item",
+        "delete_item" => "delete the conversation item",
+        _ => "answer",
     }
 }
 

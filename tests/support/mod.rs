@@ -248,8 +248,9 @@ pub struct Gateway {
 }
 
 /// The flags every test gateway starts with: loopback, ephemeral ports,
-/// the fixture model.
-fn launch_command(model: Option<&std::path::Path>) -> Command {
+/// the fixture model, and history in memory unless the test's own `args`
+/// name a `--history-backend` (clap refuses the flag twice).
+fn launch_command(model: Option<&std::path::Path>, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
     command.args([
         "launch",
@@ -261,10 +262,11 @@ fn launch_command(model: Option<&std::path::Path>) -> Command {
         "0",
         "--admin-port",
         "0",
-        // Each test gateway keeps its own history, and no file behind.
-        "--history-backend",
-        "memory",
     ]);
+    if !args.contains(&"--history-backend") {
+        // Each test gateway keeps its own history, and no file behind.
+        command.args(["--history-backend", "memory"]);
+    }
     if let Some(model) = model {
         command.arg("--model-path").arg(model);
     }
@@ -282,7 +284,7 @@ impl Gateway {
     /// <model>` only when given (without it the tokenizer comes from the
     /// workers).
     pub fn start_with_model(model: Option<&std::path::Path>, args: &[&str]) -> Gateway {
-        let mut command = launch_command(model);
+        let mut command = launch_command(model, args);
         command.args(["--log-level", "warn"]).args(args);
         command.stderr(Stdio::inherit());
         Self::spawn(command)
@@ -291,7 +293,7 @@ impl Gateway {
     /// As [`Gateway::start`], with its log (filtered by `rust_log`) written
     /// to `log` instead of the test's stderr.
     pub fn start_logged(args: &[&str], rust_log: &str, log: &std::path::Path) -> Gateway {
-        let mut command = launch_command(Some(&model_dir()));
+        let mut command = launch_command(Some(&model_dir()), args);
         command.args(args).env("RUST_LOG", rust_log);
         command.stderr(std::fs::File::create(log).expect("log file"));
         Self::spawn(command)
@@ -306,7 +308,7 @@ impl Gateway {
         args: &[&str],
         log: Option<&std::path::Path>,
     ) -> Gateway {
-        let mut command = launch_command(model);
+        let mut command = launch_command(model, args);
         command.args(["--log-level", "warn"]).args(args);
         match log {
             Some(log) => command.stderr(std::fs::File::create(log).expect("log file")),
@@ -390,7 +392,10 @@ impl Gateway {
         model: Option<&std::path::Path>,
         args: &[&str],
     ) -> (std::process::ExitStatus, String) {
-        let output = launch_command(model).args(args).output().expect("run smg");
+        let output = launch_command(model, args)
+            .args(args)
+            .output()
+            .expect("run smg");
         (
             output.status,
             String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -18,10 +18,15 @@
 //!
 //! There is no silent skip: with no server to be had, the test fails and
 //! says how to get one.
+//!
+//! A test that must see the store go away (the gateway's outage tests in
+//! smg's `tests/responses_storage.rs`) takes a server of its own from
+//! [`private_server`], and stops and starts it again on the same port and
+//! data directory: the shell also reads `stop` and `start` lines.
 
 use std::{
     ffi::OsStr,
-    io::Read,
+    io::{Read, Write},
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, ChildStdin, Command, Stdio},
@@ -46,13 +51,24 @@ const SHUT_DOWN: &str = "database system is shut down";
 
 /// The shell that runs `postgres` until its standard input closes, then
 /// stops it (fast shutdown) and removes the server's directory ($1).
+/// Meanwhile a `stop` line stops the server (and leaves the file `stopped`
+/// once it is down), a `start` line starts it again (with an empty log, and
+/// `stopped` removed, before it runs).
 const LIFELINE: &str = r#"dir="$1"; shift
-"$@" >"$dir/server.log" 2>&1 &
-pid=$!
-read -r _ || true
+run() { "$@" >"$dir/server.log" 2>&1 & pid=$!; }
+run "$@"
+while read -r order; do
+  case "$order" in
+    stop) kill -INT "$pid" 2>/dev/null; wait "$pid"; : >"$dir/stopped" ;;
+    start) : >"$dir/server.log"; rm -f "$dir/stopped"; run "$@" ;;
+  esac
+done
 kill -INT "$pid" 2>/dev/null
 wait "$pid"
 rm -rf "$dir""#;
+
+/// The file the shell leaves while the server is stopped.
+const STOPPED: &str = "stopped";
 
 /// A running server, or the one named by `SMG_TEST_POSTGRES_URL`.
 #[derive(Debug)]
@@ -61,6 +77,8 @@ pub struct PgServer {
     admin_url: url::Url,
     /// The shell holding the server (none for an outside server).
     lifeline: Option<(Child, ChildStdin)>,
+    /// The server's directory (none for an outside server).
+    dir: Option<PathBuf>,
 }
 
 impl Drop for PgServer {
@@ -102,6 +120,21 @@ pub async fn fresh_database() -> String {
     server().await.create_database().await
 }
 
+/// A server of the caller's own, which it may stop and start again while
+/// the shared one serves other tests. Always started here, even with
+/// `SMG_TEST_POSTGRES_URL` set (an outside server is not ours to stop);
+/// dropping it stops it and removes its files.
+#[allow(dead_code)] // Used by smg's tests/responses_storage.rs.
+pub async fn private_server() -> PgServer {
+    PgServer::start().await.unwrap_or_else(|why| {
+        panic!(
+            "no private PostgreSQL server for this test: {why}\n\
+             Install Debian's `postgresql` package (`.ci/run` installs it when \
+             `initdb` is missing)."
+        )
+    })
+}
+
 impl PgServer {
     fn outside(url: &str) -> Result<Self, String> {
         let admin_url =
@@ -109,7 +142,41 @@ impl PgServer {
         Ok(Self {
             admin_url,
             lifeline: None,
+            dir: None,
         })
+    }
+
+    /// The server's directory and the shell's stdin, for [`Self::stop`]
+    /// and [`Self::start_again`].
+    fn own(&mut self) -> (&Path, &mut ChildStdin) {
+        match (&self.dir, &mut self.lifeline) {
+            (Some(dir), Some((_, stdin))) => (dir, stdin),
+            _ => panic!("an outside server cannot be stopped or started"),
+        }
+    }
+
+    /// Stops the server (fast shutdown: its sessions are ended) and returns
+    /// once it is down; its data stays.
+    #[allow(dead_code)] // Used by smg's tests/responses_storage.rs.
+    pub async fn stop(&mut self) {
+        let (dir, stdin) = self.own();
+        writeln!(stdin, "stop").expect("tell the shell to stop the server");
+        let stopped = dir.join(STOPPED);
+        wait_for("the server to stop", || stopped.exists()).await;
+    }
+
+    /// Starts a [`Self::stop`]ped server again on the same port and data,
+    /// and returns once it accepts connections.
+    #[allow(dead_code)] // Used by smg's tests/responses_storage.rs.
+    pub async fn start_again(&mut self) {
+        let (dir, stdin) = self.own();
+        writeln!(stdin, "start").expect("tell the shell to start the server");
+        let stopped = dir.join(STOPPED);
+        wait_for("the shell to start the server", || !stopped.exists()).await;
+        let dir = dir.to_owned();
+        if let Err(why) = self.wait_ready(&dir).await {
+            panic!("the server did not start again: {why}");
+        }
     }
 
     /// A new database, named after this process and a counter.
@@ -200,6 +267,7 @@ impl PgServer {
                 admin_url: url::Url::parse(&format!("postgres://smg@127.0.0.1:{port}/postgres"))
                     .map_err(|err| err.to_string())?,
                 lifeline: Some((shell, stdin)),
+                dir: Some(dir.clone()),
             };
             match server.wait_ready(&dir).await {
                 Ok(()) => return Ok(server),
@@ -234,6 +302,18 @@ impl PgServer {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Polls `done` until it holds, panicking after [`READY_WITHIN`].
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + READY_WITHIN;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "waited {READY_WITHIN:?} for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -1,0 +1,374 @@
+//! The Responses API on the stores a deployment keeps its history in, end to
+//! end: a sqlite file that outlives the gateway process, one PostgreSQL
+//! database shared by two gateways at once, a PostgreSQL server that goes
+//! away and comes back under a running gateway, `--history-backend none`,
+//! and the start-up failures of a postgres backend that is misconfigured or
+//! out of reach.
+//!
+//! Why it exists: `tests/responses.rs` proves the API on the memory backend
+//! inside one process; what a user of sqlite or postgres relies on is that a
+//! chain made by one gateway process is replayed by another. The proof is
+//! the sim worker's digest, as there: a response continuing a chain must be
+//! answered with the digest of a chat completion carrying the whole history
+//! as messages.
+//!
+//! PostgreSQL is the history crate's private test server
+//! (`history/tests/support/postgres.rs`), started by this binary; there is
+//! no skip when it cannot be had.
+
+mod support;
+
+#[path = "../history/tests/support/postgres.rs"]
+mod postgres;
+
+use serde_json::{Value, json};
+use support::chat::http;
+use support::{Gateway, SimWorker, bounded};
+
+/// A zero-delay worker serving the fixture model as `model`, and the flags
+/// naming it.
+fn worker() -> (SimWorker, Vec<String>) {
+    let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let flags = vec![
+        "--worker-urls".to_owned(),
+        worker.grpc_url(),
+        "--served-model-name".to_owned(),
+        "model".to_owned(),
+    ];
+    (worker, flags)
+}
+
+/// A gateway on `fleet` with the history flags `history`.
+fn gateway(fleet: &[String], history: &[&str]) -> Gateway {
+    let mut args: Vec<&str> = fleet.iter().map(String::as_str).collect();
+    args.extend(history);
+    Gateway::start(&args)
+}
+
+async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
+    bounded("an HTTP exchange", async {
+        let response = request.send().await.expect("request sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    })
+    .await
+}
+
+async fn post(gateway: &Gateway, path: &str, body: &Value) -> (u16, Value) {
+    send(http().post(gateway.url(path)).json(body)).await
+}
+
+async fn get(gateway: &Gateway, path: &str) -> (u16, Value) {
+    send(http().get(gateway.url(path))).await
+}
+
+/// A whole response that must succeed.
+async fn create(gateway: &Gateway, body: Value) -> Value {
+    let (status, response) = post(gateway, "/v1/responses", &body).await;
+    assert_eq!(status, 200, "{response}");
+    assert_eq!(response["status"], "completed", "{response}");
+    response
+}
+
+/// A response to `input` continuing `previous` (none: a new chain).
+async fn step(gateway: &Gateway, input: &str, previous: Option<&Value>) -> Value {
+    let mut body = json!({"input": input, "max_output_tokens": 64});
+    if let Some(previous) = previous {
+        body["previous_response_id"] = previous["id"].clone();
+    }
+    create(gateway, body).await
+}
+
+/// The text of a response's message items.
+fn output_text(response: &Value) -> String {
+    response["output"]
+        .as_array()
+        .expect("output")
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .flat_map(|item| item["content"].as_array().expect("content").iter())
+        .filter_map(|part| part["text"].as_str())
+        .collect()
+}
+
+/// The digest a sim worker starts its answer with (`digest=<16 hex>.`).
+fn digest(text: &str) -> &str {
+    assert!(text.starts_with("digest="), "{text:?}");
+    &text[..24]
+}
+
+/// The content of a whole chat completion over `messages`.
+async fn chat_text(gateway: &Gateway, messages: Value) -> String {
+    let (status, body) = post(
+        gateway,
+        "/v1/chat/completions",
+        &json!({"model": "model", "messages": messages, "max_tokens": 64}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
+}
+
+/// Asserts that `last` saw the chain `steps` (input, response; the last
+/// one is `last` itself) as its prompt: its digest is that of a chat
+/// completion over the same turns, asked of `gateway`.
+async fn assert_replayed(gateway: &Gateway, steps: &[(&str, &Value)]) {
+    let mut messages = Vec::new();
+    for (index, (input, response)) in steps.iter().enumerate() {
+        messages.push(json!({"role": "user", "content": input}));
+        if index + 1 < steps.len() {
+            messages.push(json!({"role": "assistant", "content": output_text(response)}));
+        }
+    }
+    let (_, last) = steps.last().expect("a step");
+    assert_eq!(
+        digest(&output_text(last)),
+        digest(&chat_text(gateway, Value::Array(messages)).await),
+        "the last response's prompt held the whole chain"
+    );
+}
+
+/// The error code of an error body.
+fn code(body: &Value) -> Option<&str> {
+    body["error"]["code"].as_str()
+}
+
+#[tokio::test]
+async fn a_sqlite_history_survives_a_gateway_restart() {
+    let (_worker, fleet) = worker();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("h.sqlite3");
+    let file = file.to_str().expect("a UTF-8 path");
+    let history = ["--history-backend", "sqlite", "--history-path", file];
+
+    let first_gateway = gateway(&fleet, &history);
+    let first = step(&first_gateway, "one", None).await;
+    // Killed (SIGKILL), not shut down: what was answered was on disk.
+    drop(first_gateway);
+
+    let second_gateway = gateway(&fleet, &history);
+    let id = first["id"].as_str().expect("id");
+    let (status, stored) = get(&second_gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored, first, "the restarted gateway answers it unchanged");
+    let second = step(&second_gateway, "two", Some(&first)).await;
+    assert_eq!(second["previous_response_id"], first["id"]);
+    assert_replayed(&second_gateway, &[("one", &first), ("two", &second)]).await;
+    // Without the stored chain the prompt, and so the digest, would differ.
+    let alone = step(&second_gateway, "two", None).await;
+    assert_ne!(digest(&output_text(&alone)), digest(&output_text(&second)));
+}
+
+#[tokio::test]
+async fn two_gateways_share_one_postgres_history() {
+    let url = postgres::fresh_database().await;
+    let (_worker, fleet) = worker();
+    let history = ["--history-backend", "postgres", "--history-url", &url];
+    // Started together: the schema is migrated once, under the lock.
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| gateway(&fleet, &history));
+        let b = scope.spawn(|| gateway(&fleet, &history));
+        (
+            a.join().expect("gateway A starts"),
+            b.join().expect("gateway B starts"),
+        )
+    });
+
+    // A chain that alternates between the gateways.
+    let one = step(&a, "one", None).await;
+    let two = step(&b, "two", Some(&one)).await;
+    let three = step(&a, "three", Some(&two)).await;
+    assert_replayed(&a, &[("one", &one), ("two", &two), ("three", &three)]).await;
+    assert_replayed(&b, &[("one", &one), ("two", &two)]).await;
+    let id = three["id"].as_str().expect("id");
+    let (status, stored) = get(&b, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored, three);
+
+    // A conversation made on A, added to on B, answered on A, listed on B.
+    let (status, conversation) = post(
+        &a,
+        "/v1/conversations",
+        &json!({"items": [{"type": "message", "role": "user", "content": "first"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{conversation}");
+    let conversation_id = conversation["id"].as_str().expect("id");
+    let items_path = format!("/v1/conversations/{conversation_id}/items");
+    let (status, added) = post(
+        &b,
+        &items_path,
+        &json!({"items": [
+            {"role": "assistant", "content": "FIRST"},
+            {"role": "user", "content": "second"},
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{added}");
+    let response = create(
+        &a,
+        json!({"input": "third", "conversation": conversation_id, "max_output_tokens": 64}),
+    )
+    .await;
+    let turns = json!([
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "FIRST"},
+        {"role": "user", "content": "second"},
+        {"role": "user", "content": "third"},
+    ]);
+    assert_eq!(
+        digest(&output_text(&response)),
+        digest(&chat_text(&b, turns).await),
+        "A's response saw the items B added"
+    );
+    let (status, listed) = get(&b, &format!("{items_path}?order=asc")).await;
+    assert_eq!(status, 200, "{listed}");
+    let texts: Vec<&str> = listed["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|item| item["content"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    let answer = output_text(&response);
+    assert_eq!(
+        texts,
+        ["first", "FIRST", "second", "third", answer.as_str()]
+    );
+}
+
+#[tokio::test]
+async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
+    let mut server = postgres::private_server().await;
+    let url = server.create_database().await;
+    let (_worker, fleet) = worker();
+    let gateway = gateway(
+        &fleet,
+        &["--history-backend", "postgres", "--history-url", &url],
+    );
+    let one = step(&gateway, "one", None).await;
+
+    server.stop().await;
+    // Continuing a chain fails at its read, before anything is generated.
+    let (status, body) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "two", "previous_response_id": one["id"], "max_output_tokens": 64}),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
+    assert_eq!(
+        body["error"]["message"],
+        "the history store (postgres) failed to read the previous_response_id chain; \
+         nothing was changed",
+        "the message names the store and the step"
+    );
+    // A new stored response is generated, then fails at its save.
+    let (status, body) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "lost", "max_output_tokens": 64}),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
+    assert_eq!(
+        body["error"]["message"],
+        "the history store (postgres) failed to save the response; nothing was changed"
+    );
+    // The gateway is up: what needs no history is served.
+    let chat = chat_text(&gateway, json!([{"role": "user", "content": "still here"}])).await;
+    digest(&chat);
+    let unstored = create(
+        &gateway,
+        json!({"input": "unstored", "store": false, "max_output_tokens": 64}),
+    )
+    .await;
+    assert_eq!(unstored["store"], false);
+
+    server.start_again().await;
+    // The pool reconnects; the chain made before the outage goes on.
+    let two = step(&gateway, "two", Some(&one)).await;
+    assert_replayed(&gateway, &[("one", &one), ("two", &two)]).await;
+    let three = step(&gateway, "three", Some(&two)).await;
+    assert_replayed(&gateway, &[("one", &one), ("two", &two), ("three", &three)]).await;
+}
+
+#[tokio::test]
+async fn history_backend_none_serves_responses_but_keeps_nothing() {
+    let (_worker, fleet) = worker();
+    let gateway = gateway(&fleet, &["--history-backend", "none"]);
+    let response = create(&gateway, json!({"input": "hi", "max_output_tokens": 64})).await;
+    assert_eq!(response["store"], false, "nothing is kept: store is false");
+    digest(&output_text(&response));
+    let id = response["id"].as_str().expect("id");
+    let (status, body) = get(&gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!((status, code(&body)), (404, Some("response_not_found")));
+
+    let (status, body) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "later", "background": true}),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (501, Some("history_disabled")));
+    let (status, body) = post(&gateway, "/v1/conversations", &json!({})).await;
+    assert_eq!((status, code(&body)), (501, Some("history_disabled")));
+    let (status, body) = post(
+        &gateway,
+        "/v1/responses",
+        &json!({"input": "more", "previous_response_id": id}),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (501, Some("history_disabled")));
+}
+
+/// The last line of a failed start's stderr: the one-line error.
+fn error_line(stderr: &str) -> &str {
+    stderr.trim_end().lines().last().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_postgres_backend_without_a_url_does_not_start() {
+    let (_worker, fleet) = worker();
+    let mut args: Vec<&str> = fleet.iter().map(String::as_str).collect();
+    args.extend(["--history-backend", "postgres"]);
+    let (status, stderr) = Gateway::fail_to_start(&args);
+    assert!(!status.success(), "{stderr}");
+    // Refused as the flags are read: one line, naming the missing flag.
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(error_line(&stderr).contains("--history-url"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_postgres_backend_out_of_reach_does_not_start_nor_tell_its_password() {
+    let (_worker, fleet) = worker();
+    // Nothing listens on port 1; a database the server does not have.
+    let mut missing = url::Url::parse(&postgres::fresh_database().await).expect("a URL");
+    missing.set_path("/no_such_database");
+    missing
+        .set_password(Some("hunter2-secret"))
+        .expect("a password");
+    let urls = [
+        "postgres://smg:hunter2-secret@127.0.0.1:1/history".to_owned(),
+        missing.to_string(),
+    ];
+    for url in &urls {
+        let mut args: Vec<&str> = fleet.iter().map(String::as_str).collect();
+        args.extend(["--history-backend", "postgres", "--history-url", url]);
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        let run = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Gateway::fail_to_start(&args)
+        });
+        let (status, stderr) = bounded("a failed start", run).await.expect("ran smg");
+        assert!(!status.success(), "{url}: {stderr}");
+        let line = error_line(&stderr);
+        assert!(line.starts_with("smg: history store"), "{stderr}");
+        assert!(line.contains("postgres"), "{stderr}");
+        assert!(!stderr.contains("hunter2-secret"), "{stderr}");
+    }
+}
