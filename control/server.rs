@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState, Fleet};
-use crate::config::{FleetConfig, GatewayConfig};
+use crate::config::{FleetConfig, GatewayConfig, HistoryConfig};
 use crate::discovery::DiscoveryEnv;
 use crate::lanes::{TensorLanes, open_rdma};
 use crate::models::{ModelTable, ModelTableConfig};
@@ -131,9 +131,16 @@ async fn serve_with(
         .context("worker TLS (--ca-cert-path, --client-cert-path, --client-key-path)")?;
     // The history store before any listener: a database that cannot be
     // reached (or migrated) fails start-up, not the first response.
-    let history = smg_history::open(&config.history)
-        .await
-        .map_err(|err| anyhow::anyhow!("history store ({:?}): {err}", config.history))?;
+    let history = smg_history::open(&config.history).await.map_err(|err| {
+        let flags = match &config.history {
+            HistoryConfig::Sqlite { path } => {
+                format!("sqlite, --history-path {}", path.display())
+            }
+            HistoryConfig::Postgres { .. } => "postgres, --history-url".to_owned(),
+            other => other.backend().to_owned(),
+        };
+        anyhow::anyhow!("{err} ({flags})")
+    })?;
     tracing::info!(backend = history.backend(), "history store open");
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
