@@ -822,3 +822,128 @@ async fn a_background_response_keeps_its_admission_slot_until_it_ends() {
     .await;
     assert_eq!(status, 200, "{body}");
 }
+
+#[tokio::test]
+async fn a_tenant_cannot_see_or_continue_another_tenants_history() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--tenant-api-key",
+        "alpha:key-alpha",
+        "--tenant-api-key",
+        "beta:key-beta",
+    ]);
+    let as_tenant = |request: reqwest::RequestBuilder, key: &str| {
+        support::responses::send(request.bearer_auth(key))
+    };
+    let client = http();
+    let (status, response) = as_tenant(
+        client
+            .post(gateway.url("/v1/responses"))
+            .json(&json!({"input": "secret plans", "max_output_tokens": 64})),
+        "key-alpha",
+    )
+    .await;
+    assert_eq!(status, 200, "{response}");
+    let id = response["id"].as_str().expect("id").to_owned();
+    let (status, conversation) = as_tenant(
+        client
+            .post(gateway.url("/v1/conversations"))
+            .json(&json!({"items": [{"role": "user", "content": "private"}]})),
+        "key-alpha",
+    )
+    .await;
+    assert_eq!(status, 200, "{conversation}");
+    let conversation = conversation["id"].as_str().expect("id").to_owned();
+
+    // Its owner reads both.
+    let (status, _) = as_tenant(
+        client.get(gateway.url(&format!("/v1/responses/{id}"))),
+        "key-alpha",
+    )
+    .await;
+    assert_eq!(status, 200);
+    let items = format!("/v1/conversations/{conversation}/items");
+    let (status, _) = as_tenant(client.get(gateway.url(&items)), "key-alpha").await;
+    assert_eq!(status, 200);
+
+    // Another tenant holding the ids is told they do not exist.
+    let beta = "key-beta";
+    let checks = [
+        (
+            client.get(gateway.url(&format!("/v1/responses/{id}"))),
+            404,
+            "response_not_found",
+        ),
+        (
+            client.get(gateway.url(&format!("/v1/responses/{id}/input_items"))),
+            404,
+            "response_not_found",
+        ),
+        (
+            client.delete(gateway.url(&format!("/v1/responses/{id}"))),
+            404,
+            "response_not_found",
+        ),
+        (
+            client.post(gateway.url(&format!("/v1/responses/{id}/cancel"))),
+            404,
+            "response_not_found",
+        ),
+        (
+            client
+                .post(gateway.url("/v1/responses"))
+                .json(&json!({"input": "and?", "previous_response_id": id})),
+            400,
+            "previous_response_not_found",
+        ),
+        (
+            client
+                .post(gateway.url("/v1/responses"))
+                .json(&json!({"input": "and?", "conversation": conversation})),
+            404,
+            "conversation_not_found",
+        ),
+        (
+            client.get(gateway.url(&format!("/v1/conversations/{conversation}"))),
+            404,
+            "conversation_not_found",
+        ),
+        (
+            client.get(gateway.url(&items)),
+            404,
+            "conversation_not_found",
+        ),
+        (
+            client
+                .post(gateway.url(&items))
+                .json(&json!({"items": [{"role": "user", "content": "x"}]})),
+            404,
+            "conversation_not_found",
+        ),
+        (
+            client.delete(gateway.url(&format!("/v1/conversations/{conversation}"))),
+            404,
+            "conversation_not_found",
+        ),
+    ];
+    for (request, status, code) in checks {
+        let (got, body) = as_tenant(request, beta).await;
+        assert_eq!(
+            (got, body["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}"
+        );
+    }
+    // Nothing of alpha's changed.
+    let (status, stored) = as_tenant(
+        client.get(gateway.url(&format!("/v1/responses/{id}"))),
+        "key-alpha",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(stored, response);
+    let (_, listed) = as_tenant(client.get(gateway.url(&items)), "key-alpha").await;
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(1));
+}

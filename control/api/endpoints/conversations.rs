@@ -7,20 +7,21 @@
 //! or trims it here. Everything is storage: no generation runs, so these
 //! routes are not admitted like inference.
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use smg_history::{Conversation, ConversationItem};
 
+use super::super::auth::Tenant;
 use super::super::dialect::{ErrorDialect, render};
 use super::super::http::SharedState;
 use super::super::types::parse::parse_json;
 use super::super::types::responses::{Item, ids};
-use super::responses::{ListQuery, list_page};
+use super::responses::{ListQuery, list_page, owner};
 use crate::error::{Error, ErrorCode, Result};
 
 /// The most items one create or add request may carry (as OpenAI).
@@ -60,6 +61,16 @@ fn conversation_json(conversation: &Conversation) -> Value {
         "created_at": conversation.created_at,
         "metadata": conversation.metadata,
     })
+}
+
+/// Refuses a conversation id the caller's tenant did not create (as if it
+/// did not exist).
+fn owns(id: &str, tenant: Option<&Extension<Tenant>>) -> Result<()> {
+    if ids::owned_by(id, &owner(tenant)) {
+        Ok(())
+    } else {
+        Err(not_found(id))
+    }
 }
 
 fn not_found(id: &str) -> Error {
@@ -120,7 +131,11 @@ fn new_items(conversation_id: &str, items: &[Value]) -> Result<Vec<ConversationI
 }
 
 /// `POST /v1/conversations`.
-pub(crate) async fn create_conversation(State(state): State<SharedState>, body: Bytes) -> Response {
+pub(crate) async fn create_conversation(
+    State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Response {
     answer(
         async {
             state.history.require("the conversations API")?;
@@ -136,7 +151,7 @@ pub(crate) async fn create_conversation(State(state): State<SharedState>, body: 
             let metadata = request.metadata.unwrap_or_default();
             check_metadata(&metadata)?;
             let conversation = Conversation {
-                id: ids::mint(ids::CONVERSATION),
+                id: ids::mint_owned(ids::CONVERSATION, &owner(tenant.as_ref())),
                 created_at: now_unix(),
                 metadata: Value::Object(metadata),
             };
@@ -157,10 +172,12 @@ pub(crate) async fn create_conversation(State(state): State<SharedState>, body: 
 /// `GET /v1/conversations/{id}`.
 pub(crate) async fn get_conversation(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let conversation = state
                 .history
                 .get_conversation(&id)
@@ -175,11 +192,13 @@ pub(crate) async fn get_conversation(
 /// `POST /v1/conversations/{id}`: replaces its metadata.
 pub(crate) async fn update_conversation(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let request: UpdateRequest = parse_json(&body)?;
             check_metadata(&request.metadata)?;
             let conversation = state
@@ -196,10 +215,12 @@ pub(crate) async fn update_conversation(
 /// `DELETE /v1/conversations/{id}`: the conversation and its items.
 pub(crate) async fn delete_conversation(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             if !state.history.delete_conversation(&id).await? {
                 return Err(not_found(&id));
             }
@@ -212,11 +233,13 @@ pub(crate) async fn delete_conversation(
 /// `GET /v1/conversations/{id}/items?limit&order&after`.
 pub(crate) async fn list_conversation_items(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let page = query.page()?;
             if state.history.get_conversation(&id).await?.is_none() {
                 return Err(not_found(&id));
@@ -240,11 +263,13 @@ pub(crate) async fn list_conversation_items(
 /// `POST /v1/conversations/{id}/items`: appends items, in order.
 pub(crate) async fn add_conversation_items(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let request: AddItemsRequest = parse_json(&body)?;
             let items = new_items(&id, &request.items)?;
             state.history.add_items(&id, &items).await?;
@@ -258,10 +283,12 @@ pub(crate) async fn add_conversation_items(
 /// `GET /v1/conversations/{id}/items/{item_id}`.
 pub(crate) async fn get_conversation_item(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path((id, item_id)): Path<(String, String)>,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let item = state
                 .history
                 .get_item(&id, &item_id)
@@ -282,10 +309,12 @@ pub(crate) async fn get_conversation_item(
 /// conversation, as OpenAI does.
 pub(crate) async fn delete_conversation_item(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path((id, item_id)): Path<(String, String)>,
 ) -> Response {
     answer(
         async {
+            owns(&id, tenant.as_ref())?;
             let conversation = state
                 .history
                 .get_conversation(&id)

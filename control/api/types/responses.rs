@@ -127,6 +127,38 @@ pub mod ids {
         let low = rand::random::<u64>();
         format!("{prefix}_{high:032x}{low:016x}")
     }
+
+    /// The tag binding 32 hex digits of randomness to their owner.
+    fn owner_tag(owner: &str, random: &str) -> String {
+        let mut hasher = blake3::Hasher::new_derive_key("smg 2026 stored-object owner tag");
+        hasher.update(owner.as_bytes());
+        hasher.update(&[0]);
+        hasher.update(random.as_bytes());
+        hasher.finalize().to_hex()[..16].to_owned()
+    }
+
+    /// A fresh id of a stored object (a response, a conversation) that
+    /// only `owner` (the request's tenant) can name: the prefix, `_`, 32
+    /// hex digits of randomness, then 16 of a hash of the owner and that
+    /// randomness. Another tenant that learns the id is told it does not
+    /// exist; every gateway replica checks it alike, with nothing stored.
+    pub fn mint_owned(prefix: &str, owner: &str) -> String {
+        let random = format!("{:032x}", rand::random::<u128>());
+        let tag = owner_tag(owner, &random);
+        format!("{prefix}_{random}{tag}")
+    }
+
+    /// Whether `id` was minted for `owner` by [`mint_owned`].
+    pub fn owned_by(id: &str, owner: &str) -> bool {
+        let Some((_, digits)) = id.split_once('_') else {
+            return false;
+        };
+        if digits.len() != 48 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return false;
+        }
+        let (random, tag) = digits.split_at(32);
+        owner_tag(owner, random) == tag
+    }
 }
 
 /// One part of a message's content.
@@ -868,6 +900,25 @@ mod tests {
         for item in &items {
             assert_eq!(&Item::from_input(&item.to_value(), "x").unwrap(), item);
         }
+    }
+
+    #[test]
+    fn an_owned_id_names_its_object_for_its_owner_only() {
+        let id = ids::mint_owned(ids::RESPONSE, "team-a");
+        assert!(id.starts_with("resp_") && id.len() == 5 + 48, "{id}");
+        assert!(ids::owned_by(&id, "team-a"));
+        assert!(!ids::owned_by(&id, "team-b"));
+        assert!(!ids::owned_by(&id, ""));
+        // A changed digit, a plain minted id, junk.
+        let mut forged = id.clone().into_bytes();
+        forged[10] = if forged[10] == b'0' { b'1' } else { b'0' };
+        assert!(!ids::owned_by(
+            &String::from_utf8(forged).unwrap(),
+            "team-a"
+        ));
+        assert!(!ids::owned_by(&ids::mint(ids::RESPONSE), "team-a"));
+        assert!(!ids::owned_by("resp_nope", "team-a"));
+        assert!(!ids::owned_by("nope", "team-a"));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use self::builder::OutputBuilder;
 use self::convert::Messages;
 use super::super::admit::HeldPermit;
+use super::super::auth::Tenant;
 use super::super::dialect::{ErrorDialect, render};
 use super::super::http::{SharedState, named_frame, sse_response};
 use super::super::types::openai::{Tool, ToolChoice};
@@ -286,7 +287,7 @@ async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
 }
 
 /// Checks a request and reads its history into a [`Plan`].
-async fn plan(state: &SharedState, headers: &HeaderMap, body: &[u8]) -> Result<Plan> {
+async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]) -> Result<Plan> {
     let request: ResponsesRequest = parse_json(body)?;
     let history = &state.history;
     if request.conversation.is_some() && request.previous_response_id.is_some() {
@@ -349,10 +350,23 @@ async fn plan(state: &SharedState, headers: &HeaderMap, body: &[u8]) -> Result<P
     let prior = match (&request.previous_response_id, &conversation_id) {
         (Some(previous), _) => {
             history.require("previous_response_id")?;
+            if !ids::owned_by(previous, owner) {
+                return Err(
+                    not_found_response(previous, ErrorCode::PreviousResponseNotFound)
+                        .with_param("previous_response_id"),
+                );
+            }
             chain_items(history, previous).await?
         }
         (None, Some(conversation)) => {
             history.require("conversation")?;
+            if !ids::owned_by(conversation, owner) {
+                return Err(Error::new(
+                    ErrorCode::ConversationNotFound,
+                    format!("conversation {conversation} does not exist"),
+                )
+                .with_param("conversation"));
+            }
             conversation_items(history, conversation).await?
         }
         (None, None) => Vec::new(),
@@ -367,7 +381,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, body: &[u8]) -> Result<P
     let stream = request.stream.unwrap_or(false);
     let tools_echo = request.tools.clone().unwrap_or_default();
     let plan = Plan {
-        id: ids::mint(ids::RESPONSE),
+        id: ids::mint_owned(ids::RESPONSE, owner),
         created_at: now_unix(),
         router,
         model,
@@ -780,11 +794,12 @@ fn error_response(err: &Error) -> Response {
 pub(crate) async fn create_response(
     State(state): State<SharedState>,
     held: Option<Extension<HeldPermit>>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let started = std::time::Instant::now();
-    let plan = match plan(&state, &headers, &body).await {
+    let plan = match plan(&state, &headers, &owner(tenant.as_ref()), &body).await {
         Ok(plan) => plan,
         Err(err) => return error_response(&err),
     };
@@ -890,21 +905,36 @@ async fn run_registered(
 }
 
 /// The stored response `id`, or 404.
-async fn stored_response(state: &SharedState, id: &str) -> Result<StoredResponse> {
-    state.history.get_response(id).await?.ok_or_else(|| {
-        Error::new(
-            ErrorCode::ResponseNotFound,
-            format!("response {id} does not exist"),
-        )
-    })
+async fn stored_response(state: &SharedState, id: &str, owner: &str) -> Result<StoredResponse> {
+    if !ids::owned_by(id, owner) {
+        return Err(not_found_response(id, ErrorCode::ResponseNotFound));
+    }
+    state
+        .history
+        .get_response(id)
+        .await?
+        .ok_or_else(|| not_found_response(id, ErrorCode::ResponseNotFound))
+}
+
+/// "No such response", as `code` says it; also what another tenant's
+/// response is to a caller.
+fn not_found_response(id: &str, code: ErrorCode) -> Error {
+    Error::new(code, format!("response {id} does not exist"))
+}
+
+/// Whom a request's stored objects belong to: its tenant (the empty name
+/// when the gateway has no keys, so every caller shares one owner).
+pub(crate) fn owner(tenant: Option<&Extension<Tenant>>) -> String {
+    tenant.map_or_else(String::new, |Extension(tenant)| tenant.name().to_owned())
 }
 
 /// `GET /v1/responses/{id}`.
 pub(crate) async fn get_response(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
-    match stored_response(&state, &id).await {
+    match stored_response(&state, &id, &owner(tenant.as_ref())).await {
         Ok(stored) => json_response(StatusCode::OK, &stored.raw),
         Err(err) => error_response(&err),
     }
@@ -913,8 +943,12 @@ pub(crate) async fn get_response(
 /// `DELETE /v1/responses/{id}`.
 pub(crate) async fn delete_response(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
+    if !ids::owned_by(&id, &owner(tenant.as_ref())) {
+        return error_response(&not_found_response(&id, ErrorCode::ResponseNotFound));
+    }
     match state.history.delete_response(&id).await {
         Ok(true) => json_response(
             StatusCode::OK,
@@ -932,8 +966,13 @@ pub(crate) async fn delete_response(
 /// legs are aborted) and answers with it as it ended.
 pub(crate) async fn cancel_response(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
+    let owner = owner(tenant.as_ref());
+    if !ids::owned_by(&id, &owner) {
+        return error_response(&not_found_response(&id, ErrorCode::ResponseNotFound));
+    }
     if let Some(running) = state.responses.get(&id) {
         running.cancel.cancel();
         let mut done = running.done;
@@ -949,7 +988,7 @@ pub(crate) async fn cancel_response(
             )),
         };
     }
-    let stored = match stored_response(&state, &id).await {
+    let stored = match stored_response(&state, &id, &owner).await {
         Ok(stored) => stored,
         Err(err) => return error_response(&err),
     };
@@ -1011,12 +1050,14 @@ pub(crate) fn list_page(data: Vec<Value>, has_more: bool) -> Value {
 /// `GET /v1/responses/{id}/input_items`: the response's own input items.
 pub(crate) async fn list_input_items(
     State(state): State<SharedState>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Response {
+    let owner = owner(tenant.as_ref());
     let listed = async {
         let page = query.page()?;
-        let stored = stored_response(&state, &id).await?;
+        let stored = stored_response(&state, &id, &owner).await?;
         let mut items = match stored.input {
             Value::Array(items) => items,
             _ => Vec::new(),
