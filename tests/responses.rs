@@ -747,13 +747,14 @@ async fn a_background_response_is_queued_polled_and_cancelled() {
     assert_eq!(queued["status"], "queued");
     assert_eq!(queued["background"], true);
     let id = queued["id"].as_str().expect("id").to_owned();
-    let (status, polled) = get(&gateway, &format!("/v1/responses/{id}")).await;
-    assert_eq!(status, 200);
-    assert_eq!(polled["status"], "queued");
     poll_until("the worker runs the request", async || {
         (running_requests(&worker.url()).await == 1).then_some(())
     })
     .await;
+    // Once it runs, a poll says so.
+    let (status, polled) = get(&gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(polled["status"], "in_progress");
     let (status, cancelled) =
         post(&gateway, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
     assert_eq!(status, 200, "{cancelled}");

@@ -708,6 +708,12 @@ async fn execute(
     sink: &mut Sink,
 ) -> (ResponseObject, Option<Error>) {
     let in_progress = plan.object(ResponseStatus::InProgress, Vec::new(), None, None, None);
+    if plan.background {
+        // A poll sees that the work has begun. A failure here is no reason
+        // to stop: the final write says how the response ended, or fails.
+        let (stored, _) = plan.stored(&in_progress);
+        let _ = state.history.save_response(&stored, &[]).await;
+    }
     let mut builder = OutputBuilder::default();
     let mut usage = ResponseUsage::default();
     let outcome = if sink
