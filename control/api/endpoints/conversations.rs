@@ -73,6 +73,20 @@ fn owns(id: &str, tenant: Option<&Extension<Tenant>>) -> Result<()> {
     }
 }
 
+/// The caller's conversation `id`, or `conversation_not_found`.
+async fn owned_conversation(
+    state: &SharedState,
+    id: &str,
+    tenant: Option<&Extension<Tenant>>,
+) -> Result<Conversation> {
+    owns(id, tenant)?;
+    state
+        .history
+        .get_conversation(id)
+        .await?
+        .ok_or_else(|| not_found(id))
+}
+
 fn not_found(id: &str) -> Error {
     Error::new(
         ErrorCode::ConversationNotFound,
@@ -177,12 +191,7 @@ pub(crate) async fn get_conversation(
 ) -> Response {
     answer(
         async {
-            owns(&id, tenant.as_ref())?;
-            let conversation = state
-                .history
-                .get_conversation(&id)
-                .await?
-                .ok_or_else(|| not_found(&id))?;
+            let conversation = owned_conversation(&state, &id, tenant.as_ref()).await?;
             Ok(conversation_json(&conversation))
         }
         .await,
@@ -239,11 +248,8 @@ pub(crate) async fn list_conversation_items(
 ) -> Response {
     answer(
         async {
-            owns(&id, tenant.as_ref())?;
             let page = query.page()?;
-            if state.history.get_conversation(&id).await?.is_none() {
-                return Err(not_found(&id));
-            }
+            owned_conversation(&state, &id, tenant.as_ref()).await?;
             let listed =
                 state
                     .history
@@ -314,12 +320,7 @@ pub(crate) async fn delete_conversation_item(
 ) -> Response {
     answer(
         async {
-            owns(&id, tenant.as_ref())?;
-            let conversation = state
-                .history
-                .get_conversation(&id)
-                .await?
-                .ok_or_else(|| not_found(&id))?;
+            let conversation = owned_conversation(&state, &id, tenant.as_ref()).await?;
             if !state.history.delete_item(&id, &item_id).await? {
                 return Err(Error::new(
                     ErrorCode::ItemNotFound,
