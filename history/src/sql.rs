@@ -180,8 +180,7 @@ macro_rules! sql_store {
                     response: &StoredResponse,
                     items: &[ConversationItem],
                 ) -> HistoryResult<()> {
-                    let mut tx = self.pool.begin_with(Q.begin_write).await.map_err(db_err)?;
-                    sqlx::query(Q.upsert_response)
+                    let upsert = sqlx::query(Q.upsert_response)
                         .bind(&response.id)
                         .bind(&response.previous_response_id)
                         .bind(&response.conversation_id)
@@ -190,10 +189,15 @@ macro_rules! sql_store {
                         .bind(response.created_at)
                         .bind(response.input.to_string())
                         .bind(response.output.to_string())
-                        .bind(response.raw.to_string())
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db_err)?;
+                        .bind(response.raw.to_string());
+                    // One statement is atomic on its own: no transaction's
+                    // BEGIN and COMMIT round trips.
+                    if items.is_empty() {
+                        upsert.execute(&self.pool).await.map_err(db_err)?;
+                        return Ok(());
+                    }
+                    let mut tx = self.pool.begin_with(Q.begin_write).await.map_err(db_err)?;
+                    upsert.execute(&mut *tx).await.map_err(db_err)?;
                     for item in items {
                         insert_items(&mut tx, &item.conversation_id, std::slice::from_ref(item))
                             .await?;
