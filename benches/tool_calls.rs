@@ -1,0 +1,578 @@
+//! What tool calling costs the gateway per core: requests per gateway
+//! CPU-second with `tools` set and a tool-call answer, against the same
+//! gateway in the same run answering plain text without tools.
+//!
+//! Why it exists: issue 16 asks that a request with tools, whose answer is
+//! a think block and tool calls, cost the gateway within 15% of one without
+//! (req/s per core). Tools add work on both sides of the engine: the
+//! request path renders every tool's JSON schema into the chat template and
+//! tokenizes the longer prompt; the response path runs the reasoning parser
+//! and the tool-call parser over the output and builds `tool_calls`. This
+//! bench measures that whole path; `parsers/benches/tool_parsers.rs` times
+//! the parsers alone.
+//!
+//! Set-up: the `qwen3` family fixture served as `Qwen/Qwen3-8B` (so the
+//! `qwen` tool parser and the `qwen3` reasoning parser are picked), a
+//! zero-delay `smg-sim-worker --script` pinned to core 0, one gateway pinned
+//! to core 1 with `taskset` (when there are two cores), the load generator
+//! unpinned; closed loop, 64 in flight, every prompt different. The script
+//! answers a prompt that carries tools (the template's `<tools>` block) with
+//! a think block and two Hermes `<tool_call>` blocks, and any other prompt
+//! with plain text of about the same token count. Rows, in order:
+//!
+//! - chat completions without tools (the baseline), whole and streamed;
+//! - chat completions with 1 and with 8 tools (realistic JSON schemas),
+//!   whole and streamed;
+//! - `/v1/responses` with the same tools, whole, `store: false`, and
+//!   without tools (the Responses API's own cost, for reading the others).
+//!
+//! Before its row each scenario is checked once (tool calls parsed, or
+//! plain text with none), so a row cannot measure a path that silently
+//! skipped the parsers. Prints a table with each row's ratio to the
+//! baseline and to the same API and shape without tools, and writes
+//! `bench-results/tool_calls.json`. Run: `cargo bench --bench tool_calls`
+//! (`SMG_BENCH_SECS` per row, default 8; `SMG_BENCH_ONLY`, a `|`-separated
+//! list of row labels, runs only those rows, e.g. to profile one; the
+//! gateway's pid is printed first). Not a test: nothing here asserts a
+//! speed.
+
+// The e2e harness (process start-up, ports, the family fixtures); its
+// digest unit tests are not run here, so their imports look unused in this
+// target.
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod support;
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{closed_loop, cpu_seconds, load_average, percentile, pin};
+use serde_json::{Value, json};
+use support::chat::FamilyModel;
+
+const MODEL_ID: &str = "Qwen/Qwen3-8B";
+const CONCURRENCY: usize = 64;
+const MAX_TOKENS: u32 = 300;
+
+/// The answer to a prompt with tools: reasoning, a sentence, two calls.
+const TOOL_ANSWER: &str = "<think>\nThe user wants the weather in two cities, so I will call \
+    get_weather once for each of them.\n</think>\n\nLet me check both cities.\n<tool_call>\n\
+    {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n\
+    </tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \
+    \"unit\": \"celsius\"}}\n</tool_call>";
+
+/// The answer to a prompt without tools: plain text of about as many
+/// tokens (the counts are printed from `usage` before the rows).
+const PLAIN_ANSWER: &str = "The weather in Paris is mild today, around sixteen degrees with \
+    a light breeze from the west and some clouds in the afternoon. Rome is warmer and sunny, \
+    about twenty one degrees, with clear skies expected until the evening. If you travel \
+    between the two this week, pack a light jacket for the Paris evenings and sunglasses for \
+    Rome; no rain is expected in either city before the weekend.";
+
+/// Eight function tools with schemas of the size real agents send: nested
+/// objects, enums, arrays, descriptions. `get_weather` comes first, so the
+/// 1-tool rows carry it alone.
+fn chat_tools() -> Vec<Value> {
+    let function = |name: &str, description: &str, parameters: Value| {
+        json!({"type": "function", "function": {
+            "name": name, "description": description, "parameters": parameters}})
+    };
+    vec![
+        function(
+            "get_weather",
+            "Get the current weather and today's forecast for a city.",
+            json!({"type": "object", "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Paris"},
+                "country": {"type": "string", "description": "ISO 3166-1 alpha-2 code"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"],
+                         "description": "Temperature unit"},
+                "include_hourly": {"type": "boolean", "default": false}},
+                "required": ["city"], "additionalProperties": false}),
+        ),
+        function(
+            "search_web",
+            "Search the web and return the top results with titles, URLs and snippets.",
+            json!({"type": "object", "properties": {
+                "query": {"type": "string", "description": "The search query"},
+                "max_results": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5},
+                "recency_days": {"type": "integer", "minimum": 1,
+                                 "description": "Only results newer than this"},
+                "site": {"type": "string", "description": "Restrict to one domain"}},
+                "required": ["query"]}),
+        ),
+        function(
+            "send_email",
+            "Send an email on the user's behalf. Ask before sending to new recipients.",
+            json!({"type": "object", "properties": {
+                "to": {"type": "array", "items": {"type": "string", "format": "email"},
+                       "minItems": 1},
+                "cc": {"type": "array", "items": {"type": "string", "format": "email"}},
+                "subject": {"type": "string", "maxLength": 200},
+                "body": {"type": "string", "description": "Plain-text body"},
+                "priority": {"type": "string", "enum": ["low", "normal", "high"]}},
+                "required": ["to", "subject", "body"]}),
+        ),
+        function(
+            "create_calendar_event",
+            "Create an event in the user's primary calendar.",
+            json!({"type": "object", "properties": {
+                "title": {"type": "string"},
+                "start": {"type": "string", "format": "date-time"},
+                "end": {"type": "string", "format": "date-time"},
+                "location": {"type": "string"},
+                "attendees": {"type": "array", "items": {"type": "object", "properties": {
+                    "email": {"type": "string", "format": "email"},
+                    "optional": {"type": "boolean"}}, "required": ["email"]}},
+                "reminder_minutes": {"type": "integer", "minimum": 0, "maximum": 10080}},
+                "required": ["title", "start", "end"]}),
+        ),
+        function(
+            "get_stock_quote",
+            "Latest price, change and volume for a listed stock.",
+            json!({"type": "object", "properties": {
+                "symbol": {"type": "string", "pattern": "^[A-Z.]{1,10}$"},
+                "exchange": {"type": "string", "enum": ["NYSE", "NASDAQ", "LSE", "XETRA", "TSE"]},
+                "fields": {"type": "array", "items": {"type": "string",
+                    "enum": ["price", "change", "volume", "market_cap", "pe_ratio"]}}},
+                "required": ["symbol"]}),
+        ),
+        function(
+            "search_flights",
+            "Search one-way or return flights between two airports.",
+            json!({"type": "object", "properties": {
+                "origin": {"type": "string", "description": "IATA airport code"},
+                "destination": {"type": "string", "description": "IATA airport code"},
+                "depart_date": {"type": "string", "format": "date"},
+                "return_date": {"type": "string", "format": "date"},
+                "passengers": {"type": "object", "properties": {
+                    "adults": {"type": "integer", "minimum": 1},
+                    "children": {"type": "integer", "minimum": 0}}, "required": ["adults"]},
+                "cabin": {"type": "string", "enum": ["economy", "premium", "business", "first"]},
+                "max_stops": {"type": "integer", "minimum": 0, "maximum": 3}},
+                "required": ["origin", "destination", "depart_date", "passengers"]}),
+        ),
+        function(
+            "translate_text",
+            "Translate text between languages, keeping its formatting.",
+            json!({"type": "object", "properties": {
+                "text": {"type": "string"},
+                "source_language": {"type": "string", "description": "BCP 47 tag; detected if absent"},
+                "target_language": {"type": "string", "description": "BCP 47 tag"},
+                "formality": {"type": "string", "enum": ["default", "formal", "informal"]}},
+                "required": ["text", "target_language"]}),
+        ),
+        function(
+            "query_orders",
+            "Look up the user's orders by status and date range, newest first.",
+            json!({"type": "object", "properties": {
+                "status": {"type": "array", "items": {"type": "string",
+                    "enum": ["pending", "paid", "shipped", "delivered", "cancelled", "returned"]}},
+                "placed_after": {"type": "string", "format": "date"},
+                "placed_before": {"type": "string", "format": "date"},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                "include_items": {"type": "boolean", "default": true}},
+                "required": []}),
+        ),
+    ]
+}
+
+/// The same tools in the Responses API's flat shape.
+fn responses_tools(chat: &[Value]) -> Vec<Value> {
+    chat.iter()
+        .map(|tool| {
+            let function = &tool["function"];
+            json!({"type": "function", "name": function["name"],
+                   "description": function["description"],
+                   "parameters": function["parameters"]})
+        })
+        .collect()
+}
+
+/// One row's request shape.
+#[derive(Debug, Clone, Copy)]
+struct Scenario {
+    label: &'static str,
+    tools: usize,
+    stream: bool,
+    responses: bool,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        label: "chat, no tools",
+        tools: 0,
+        stream: false,
+        responses: false,
+    },
+    Scenario {
+        label: "chat, 1 tool",
+        tools: 1,
+        stream: false,
+        responses: false,
+    },
+    Scenario {
+        label: "chat, 8 tools",
+        tools: 8,
+        stream: false,
+        responses: false,
+    },
+    Scenario {
+        label: "chat streamed, no tools",
+        tools: 0,
+        stream: true,
+        responses: false,
+    },
+    Scenario {
+        label: "chat streamed, 1 tool",
+        tools: 1,
+        stream: true,
+        responses: false,
+    },
+    Scenario {
+        label: "chat streamed, 8 tools",
+        tools: 8,
+        stream: true,
+        responses: false,
+    },
+    Scenario {
+        label: "responses, no tools",
+        tools: 0,
+        stream: false,
+        responses: true,
+    },
+    Scenario {
+        label: "responses, 1 tool",
+        tools: 1,
+        stream: false,
+        responses: true,
+    },
+    Scenario {
+        label: "responses, 8 tools",
+        tools: 8,
+        stream: false,
+        responses: true,
+    },
+];
+
+impl Scenario {
+    fn path(self) -> &'static str {
+        if self.responses {
+            "/v1/responses"
+        } else {
+            "/v1/chat/completions"
+        }
+    }
+
+    /// The body of request `n`: the same question each time, numbered so
+    /// every prompt differs.
+    fn body(self, tools: &[Value], n: u64) -> Value {
+        let text = format!("What is the weather in Paris and Rome? Request {n}");
+        let tools = &tools[..self.tools];
+        let mut body = if self.responses {
+            json!({"model": MODEL_ID, "input": text, "store": false,
+                   "max_output_tokens": MAX_TOKENS})
+        } else {
+            json!({"model": MODEL_ID, "max_tokens": MAX_TOKENS, "stream": self.stream,
+                   "messages": [{"role": "user", "content": text}]})
+        };
+        if !tools.is_empty() {
+            body["tools"] = if self.responses {
+                Value::Array(responses_tools(tools))
+            } else {
+                Value::Array(tools.to_vec())
+            };
+        }
+        body
+    }
+
+    /// The baseline this row's ratio is taken against: the first row.
+    fn is_baseline(self) -> bool {
+        self.tools == 0 && !self.stream && !self.responses
+    }
+
+    /// The row of the same API and shape without tools.
+    fn without_tools(self) -> Option<&'static Scenario> {
+        SCENARIOS.iter().find(|other| {
+            other.tools == 0 && other.stream == self.stream && other.responses == self.responses
+        })
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Row {
+    scenario: String,
+    tools: usize,
+    stream: bool,
+    /// Prompt and output tokens of the checked answer (`usage`; 0 for a
+    /// stream).
+    prompt_tokens: u64,
+    output_tokens: u64,
+    requests: usize,
+    failures: u64,
+    requests_per_sec: f64,
+    /// CPU the gateway used per wall second (1.0 = one full core).
+    gateway_cpu_cores: f64,
+    /// CPU the sim worker used per wall second: near 1.0, the worker (not
+    /// the gateway) limited the row's req/s.
+    worker_cpu_cores: f64,
+    /// Requests per CPU-second of the gateway: the per-core figure.
+    requests_per_gateway_cpu_sec: f64,
+    /// That figure over the baseline row's (chat, no tools, whole).
+    ratio_to_baseline: f64,
+    /// That figure over the same API and shape's row without tools.
+    ratio_to_same_without_tools: f64,
+    load_average: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Sends one request of `scenario` and checks the answer went through the
+/// path the row claims to measure; returns its prompt and output token
+/// counts (0 for a stream, which carries no usage unless asked).
+async fn check(
+    http: &reqwest::Client,
+    url: &str,
+    scenario: Scenario,
+    tools: &[Value],
+) -> (u64, u64) {
+    let response = http
+        .post(url)
+        .json(&scenario.body(tools, u64::MAX))
+        .send()
+        .await
+        .expect("request sent");
+    let status = response.status();
+    let text = response.text().await.expect("a body");
+    assert!(status.is_success(), "{}: {status}: {text}", scenario.label);
+    let with_tools = scenario.tools > 0;
+    if scenario.stream {
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        let calls = text.matches("\"tool_calls\":[{").count();
+        assert_eq!(calls > 0, with_tools, "{}: {text}", scenario.label);
+        assert_eq!(
+            text.contains("\"reasoning_content\""),
+            with_tools,
+            "{}: {text}",
+            scenario.label
+        );
+        return (0, 0);
+    }
+    let count = |usage: &Value, key: &str| usage[key].as_u64().unwrap_or(0);
+    let body: Value = serde_json::from_str(&text).expect("a JSON answer");
+    if scenario.responses {
+        let calls = body["output"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|item| item["type"] == "function_call")
+            .count();
+        assert_eq!(calls, if with_tools { 2 } else { 0 }, "{body}");
+        (
+            count(&body["usage"], "input_tokens"),
+            count(&body["usage"], "output_tokens"),
+        )
+    } else {
+        let choice = &body["choices"][0];
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert_eq!(calls, if with_tools { 2 } else { 0 }, "{body}");
+        let reason = if with_tools { "tool_calls" } else { "stop" };
+        assert_eq!(choice["finish_reason"], reason, "{body}");
+        (
+            count(&body["usage"], "prompt_tokens"),
+            count(&body["usage"], "completion_tokens"),
+        )
+    }
+}
+
+/// Runs `scenario` from [`CONCURRENCY`] loops for `duration`.
+async fn throughput(
+    http: &reqwest::Client,
+    gateway: &support::Gateway,
+    worker: &support::SimWorker,
+    scenario: Scenario,
+    tools: &Arc<Vec<Value>>,
+    duration: Duration,
+) -> Row {
+    let url = gateway.url(scenario.path());
+    let (prompt_tokens, output_tokens) = check(http, &url, scenario, tools).await;
+    let sequence = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(AtomicU64::new(0));
+    let (http, count, tools) = (http.clone(), Arc::clone(&failures), Arc::clone(tools));
+    let cpu_before = cpu_seconds(gateway.pid());
+    let worker_before = cpu_seconds(worker.pid());
+    let started = Instant::now();
+    let (mut latencies, _) = closed_loop(CONCURRENCY, duration, move || {
+        let n = sequence.fetch_add(1, Ordering::Relaxed);
+        let body = scenario.body(&tools, n);
+        let (http, url, failures) = (http.clone(), url.clone(), Arc::clone(&count));
+        async move {
+            // The whole body is read, streamed or not: a stream's time is
+            // to its last event.
+            let ok = match http.post(&url).json(&body).send().await {
+                Ok(response) if response.status().is_success() => response.bytes().await.is_ok(),
+                _ => false,
+            };
+            if !ok {
+                failures.fetch_add(1, Ordering::Relaxed);
+            }
+            ok
+        }
+    })
+    .await;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(gateway.pid())
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    let worker_cpu = cpu_seconds(worker.pid())
+        .zip(worker_before)
+        .map(|(after, before)| after - before);
+    latencies.sort_by(f64::total_cmp);
+    let requests = latencies.len();
+    Row {
+        scenario: scenario.label.to_owned(),
+        tools: scenario.tools,
+        stream: scenario.stream,
+        prompt_tokens,
+        output_tokens,
+        requests,
+        failures: failures.load(Ordering::Relaxed),
+        requests_per_sec: requests as f64 / wall,
+        gateway_cpu_cores: cpu.map_or(f64::NAN, |cpu| cpu / wall),
+        worker_cpu_cores: worker_cpu.map_or(f64::NAN, |cpu| cpu / wall),
+        requests_per_gateway_cpu_sec: cpu.map_or(f64::NAN, |cpu| requests as f64 / cpu),
+        ratio_to_baseline: f64::NAN,
+        ratio_to_same_without_tools: f64::NAN,
+        load_average: load_average().unwrap_or(f64::NAN),
+        p50_ms: percentile(&latencies, 0.5),
+        p99_ms: percentile(&latencies, 0.99),
+    }
+}
+
+fn main() {
+    let secs = std::env::var("SMG_BENCH_SECS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(8);
+    let only: Vec<String> = std::env::var("SMG_BENCH_ONLY")
+        .map(|list| list.split('|').map(str::to_owned).collect())
+        .unwrap_or_default();
+    let duration = Duration::from_secs(secs);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let model = FamilyModel::new("qwen3", MODEL_ID);
+    // A prompt with tools holds the template's `<tools>` block; the first
+    // matching line wins, and the empty `when` matches every other prompt.
+    let script = support::chat::script(&[
+        json!({"when": "<tools>", "text": TOOL_ANSWER}),
+        json!({"when": "", "text": PLAIN_ANSWER}),
+    ]);
+    let worker = model.worker("regular", &script);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores >= 2 {
+        pin(worker.pid(), 0);
+    }
+    let gateway = model.gateway(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--disable-health-check",
+    ]);
+    if cores >= 2 {
+        pin(gateway.pid(), 1);
+    }
+    println!("gateway pid {}, worker pid {}", gateway.pid(), worker.pid());
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("http client");
+    let tools = Arc::new(chat_tools());
+    let mut rows: Vec<Row> = Vec::new();
+    runtime.block_on(async {
+        for scenario in SCENARIOS {
+            let chosen = only.is_empty() || only.iter().any(|label| label == scenario.label);
+            if chosen {
+                rows.push(throughput(&http, &gateway, &worker, *scenario, &tools, duration).await);
+            }
+        }
+    });
+    let per_core = |label: &str| {
+        rows.iter()
+            .find(|row| row.scenario == label)
+            .map(|row| row.requests_per_gateway_cpu_sec)
+    };
+    let baseline = SCENARIOS
+        .iter()
+        .find(|s| s.is_baseline())
+        .and_then(|s| per_core(s.label));
+    let mut ratios = Vec::new();
+    for row in &rows {
+        let same = SCENARIOS
+            .iter()
+            .find(|s| s.label == row.scenario)
+            .and_then(|s| s.without_tools())
+            .and_then(|s| per_core(s.label));
+        let ratio = |base: Option<f64>| {
+            base.map_or(f64::NAN, |base| row.requests_per_gateway_cpu_sec / base)
+        };
+        ratios.push((ratio(baseline), ratio(same)));
+    }
+    for (row, (to_baseline, to_same)) in rows.iter_mut().zip(ratios) {
+        row.ratio_to_baseline = to_baseline;
+        row.ratio_to_same_without_tools = to_same;
+    }
+
+    println!(
+        "\n{:<24} {:>7} {:>6} {:>8} {:>5} {:>7} {:>6} {:>6} {:>12} {:>6} {:>6} {:>5} {:>7} {:>7}",
+        "scenario",
+        "prompt",
+        "output",
+        "requests",
+        "fails",
+        "req/s",
+        "gw cpu",
+        "wk cpu",
+        "req/gw-cpu-s",
+        "vs (a)",
+        "vs same",
+        "load",
+        "p50 ms",
+        "p99 ms"
+    );
+    for r in &rows {
+        println!(
+            "{:<24} {:>7} {:>6} {:>8} {:>5} {:>7.0} {:>6.2} {:>6.2} {:>12.0} {:>6.2} {:>6.2} {:>5.1} {:>7.2} {:>7.2}",
+            r.scenario,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.requests,
+            r.failures,
+            r.requests_per_sec,
+            r.gateway_cpu_cores,
+            r.worker_cpu_cores,
+            r.requests_per_gateway_cpu_sec,
+            r.ratio_to_baseline,
+            r.ratio_to_same_without_tools,
+            r.load_average,
+            r.p50_ms,
+            r.p99_ms
+        );
+    }
+    println!(
+        "req/gw-cpu-s: requests per CPU-second of the gateway (the per-core figure); vs (a): \
+         that over chat completions without tools, whole; vs same: over the same API and \
+         shape without tools. prompt/output: tokens of the checked answer (streams carry no \
+         usage); gw/wk cpu: cores the gateway/worker used."
+    );
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-results");
+    if std::fs::create_dir_all(&out).is_ok() {
+        let json = serde_json::to_string_pretty(&json!({
+            "cores": cores, "seconds": secs, "concurrency": CONCURRENCY,
+            "model": MODEL_ID, "rows": rows}))
+        .unwrap_or_default();
+        let _ = std::fs::write(out.join("tool_calls.json"), json);
+    }
+}
