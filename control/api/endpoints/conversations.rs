@@ -21,7 +21,7 @@ use super::super::dialect::{ErrorDialect, render};
 use super::super::http::SharedState;
 use super::super::types::parse::parse_json;
 use super::super::types::responses::{Item, ids};
-use super::responses::{ListQuery, list_page, owner};
+use super::responses::{ListQuery, list_page, now_unix, owner};
 use crate::error::{Error, ErrorCode, Result};
 
 /// The most items one create or add request may carry (as OpenAI).
@@ -110,14 +110,6 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_secs()).unwrap_or(i64::MAX)
-        })
 }
 
 /// Client items, checked as Responses input items, ready to store.

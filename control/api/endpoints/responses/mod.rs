@@ -165,7 +165,8 @@ struct Plan {
     routing_key: Option<String>,
 }
 
-fn now_unix() -> i64 {
+/// Unix seconds, as stored objects carry their creation time.
+pub(crate) fn now_unix() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| {
