@@ -27,6 +27,7 @@ pub mod lanes;
 pub mod logging;
 pub mod mcp;
 pub mod media;
+pub mod memo;
 pub mod metrics;
 pub mod mode;
 pub mod models;

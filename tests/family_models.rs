@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
-use smg::tokenizer::{ChatTemplateOptions, Tokenizer};
+use smg::tokenizer::{ChatTemplateOptions, TemplateTools, Tokenizer};
 
 /// Every family directory the generator writes (hand-typed: a family that
 /// goes missing fails here).
@@ -58,7 +58,7 @@ fn load(family: &str) -> Tokenizer {
 fn options(tools: &Value, kwargs: &Value) -> ChatTemplateOptions {
     ChatTemplateOptions {
         add_generation_prompt: true,
-        tools: Some(tools.clone()),
+        tools: tools.as_array().map(|tools| TemplateTools::new(tools)),
         extra: kwargs.as_object().cloned().unwrap_or_default(),
     }
 }

@@ -16,6 +16,7 @@ pub mod request_context;
 pub mod respond;
 pub mod spec;
 pub mod stages;
+pub mod tool_set;
 
 use crate::engine::Runtime;
 use crate::mode::Mode;

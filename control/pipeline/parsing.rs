@@ -58,9 +58,9 @@ use std::sync::Arc;
 use serde_json::Value;
 use smg_parsers::harmony::{self, HarmonyOptions, HarmonyParser};
 use smg_parsers::reasoning::{self, ReasoningOptions, ReasoningParser, ThinkingToggle};
-use smg_parsers::tool::{self, CallDelta, ToolParser, ToolSpec, Tools};
+use smg_parsers::tool::{self, CallDelta, ToolParser, Tools};
 
-use super::spec::{ChatPrompt, ToolChoice, tool_name};
+use super::spec::{ChatPrompt, ToolChoice};
 
 /// The parsers a model's output goes through, decided once per model.
 #[derive(Debug, Clone, PartialEq)]
@@ -191,7 +191,7 @@ impl OutputParsing {
             );
         if parsers.harmony && !constrained {
             let calls = (chat.tool_choice != ToolChoice::None && !chat.tools.is_empty())
-                .then(|| tool_specs(&chat.tools));
+                .then(|| chat.tools.specs());
             return Some(Self {
                 reasoning: None,
                 calls: None,
@@ -235,7 +235,7 @@ impl OutputParsing {
             },
             _ => CallIds::Random,
         };
-        let calls = mode.map(|mode| (mode, tool_specs(&chat.tools)));
+        let calls = mode.map(|mode| (mode, chat.tools.specs()));
         (reasoning.is_some() || calls.is_some()).then(|| Self {
             reasoning,
             calls,
@@ -292,22 +292,6 @@ fn past_calls(messages: &[Value]) -> usize {
 /// A fresh OpenAI-style call id.
 fn random_call_id() -> String {
     format!("call_{:024x}", rand::random::<u128>() & ((1u128 << 96) - 1))
-}
-
-/// The request's tools as the parsers know them.
-fn tool_specs(tools: &[Value]) -> Tools {
-    tools
-        .iter()
-        .filter_map(|tool| {
-            Some(ToolSpec {
-                name: tool_name(tool)?.to_owned(),
-                parameters: tool
-                    .get("function")
-                    .and_then(|function| function.get("parameters"))
-                    .cloned(),
-            })
-        })
-        .collect()
 }
 
 /// A fragment of one tool call: the first fragment of a call carries its
@@ -502,7 +486,7 @@ mod tests {
     fn chat(tools: Value, choice: ToolChoice) -> ChatPrompt {
         ChatPrompt {
             messages: vec![json!({"role": "user", "content": "hi"})],
-            tools: tools.as_array().cloned().unwrap_or_default(),
+            tools: tools.as_array().cloned().unwrap_or_default().into(),
             tool_choice: choice,
             parallel_tool_calls: true,
             template_kwargs: serde_json::Map::new(),

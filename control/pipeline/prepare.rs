@@ -129,7 +129,7 @@ pub async fn prepare(
                 // `tool_choice: "none"` means no call: the model is not told
                 // about tools, so it writes no call markup to leak.
                 tools: (!chat.tools.is_empty() && chat.tool_choice != ToolChoice::None)
-                    .then(|| serde_json::Value::Array(chat.tools.clone())),
+                    .then(|| chat.tools.template()),
                 extra: chat.template_kwargs.clone(),
             };
             let text = tokenizer.apply_chat_template(&chat.messages, &options)?;

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+pub use super::tool_set::ToolSet;
+
 use crate::engine::Sampling;
 
 /// One prompt of a batch (embeddings, classification, `/generate` and
@@ -84,7 +86,7 @@ pub struct ChatPrompt {
     pub messages: Vec<Value>,
     /// Tool definitions in OpenAI's shape:
     /// `{"type": "function", "function": {"name", "description", "parameters"}}`.
-    pub tools: Vec<Value>,
+    pub tools: ToolSet,
     pub tool_choice: ToolChoice,
     /// False: at most one call (`parallel_tool_calls`).
     pub parallel_tool_calls: bool,

@@ -34,11 +34,29 @@ pub struct ChatTemplateOptions {
     /// End the prompt with the header of an assistant turn.
     pub add_generation_prompt: bool,
     /// The tool schemas, exposed to the template as `tools` (`none` when absent).
-    pub tools: Option<Value>,
+    pub tools: Option<TemplateTools>,
     /// `chat_template_kwargs`: extra variables. They cannot replace
     /// `messages`, `tools` or `add_generation_prompt`, but do override a
     /// special token of the same name, as in `transformers`.
     pub extra: Map<String, Value>,
+}
+
+/// A request's tools as chat templates read them: a list of mappings,
+/// converted once, each carrying its `tojson` text (see
+/// [`python_compat::DumpedMap`]). Cheap to clone; one value serves every
+/// request that sends the same tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateTools(JinjaValue);
+
+impl TemplateTools {
+    /// `tools`: OpenAI-shaped tool definitions.
+    pub fn new(tools: &[Value]) -> Self {
+        let items: Vec<JinjaValue> = tools
+            .iter()
+            .map(|tool| python_compat::DumpedMap::wrap(JinjaValue::from(Serde(tool))))
+            .collect();
+        Self(JinjaValue::from(items))
+    }
 }
 
 /// A model's compiled chat template(s).
@@ -130,7 +148,7 @@ impl ChatTemplate {
         let template = self.select(options.tools.is_some())?;
         let fixed = minijinja::context! {
             messages => Serde(messages),
-            tools => Serde(&options.tools),
+            tools => options.tools.as_ref().map(|tools| tools.0.clone()),
             add_generation_prompt => options.add_generation_prompt,
         };
         // The last map that has a name wins.
@@ -301,7 +319,7 @@ mod tests {
     fn fixture_tools_are_listed_as_json_in_the_system_turn() {
         let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Météo du jour"}}]);
         let options = ChatTemplateOptions {
-            tools: Some(tools),
+            tools: Some(TemplateTools::new(tools.as_array().expect("a list"))),
             ..ChatTemplateOptions::default()
         };
         let messages = [json!({"role": "user", "content": "Weather?"})];
@@ -463,7 +481,7 @@ mod tests {
             .expect("renders");
         assert_eq!(plain, "PLAIN 1");
         let options = ChatTemplateOptions {
-            tools: Some(json!([{}, {}])),
+            tools: Some(TemplateTools::new(&[json!({}), json!({})])),
             ..ChatTemplateOptions::default()
         };
         let with_tools = template.render(&[], &options).expect("renders");

@@ -29,7 +29,7 @@ mod python_compat;
 mod segments;
 mod stop;
 
-pub use chat_template::ChatTemplateOptions;
+pub use chat_template::{ChatTemplateOptions, TemplateTools};
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};
 

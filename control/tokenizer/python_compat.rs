@@ -6,10 +6,11 @@
 //! serde's number formatting; Python's does neither, and tool definitions in
 //! prompts must match what the model was trained on byte for byte.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
 /// `x | tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)`:
@@ -33,8 +34,11 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
                 "tojson separators must be (item_separator, key_separator)",
             ));
         }
-        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
-        None => (", ".to_owned(), ": ".to_owned()),
+        None if indent.is_some() => (",".to_owned(), DEFAULT_KEY_SEPARATOR.to_owned()),
+        None => (
+            DEFAULT_ITEM_SEPARATOR.to_owned(),
+            DEFAULT_KEY_SEPARATOR.to_owned(),
+        ),
     };
     let mut writer = JsonWriter {
         ensure_ascii,
@@ -46,6 +50,80 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
     };
     writer.write_value(value, 0)?;
     Ok(writer.out)
+}
+
+/// `json.dumps(value)` with every argument at its default.
+fn dumps(value: &Value) -> Result<String, Error> {
+    let mut writer = JsonWriter {
+        ensure_ascii: false,
+        indent: None,
+        item_separator: DEFAULT_ITEM_SEPARATOR.to_owned(),
+        key_separator: DEFAULT_KEY_SEPARATOR.to_owned(),
+        sort_keys: false,
+        out: String::new(),
+    };
+    writer.write_value(value, 0)?;
+    Ok(writer.out)
+}
+
+const DEFAULT_ITEM_SEPARATOR: &str = ", ";
+const DEFAULT_KEY_SEPARATOR: &str = ": ";
+
+/// A mapping that carries its own `tojson` text (default arguments),
+/// written once when the mapping is made: tool schemas, which templates
+/// dump on every request and which repeat across requests. To a template
+/// it is the mapping it wraps (lookups, iteration, `items()`, `length`,
+/// printing); only [`tojson`] looks inside, and only with default arguments
+/// (any other spelling walks the mapping as usual).
+#[derive(Debug)]
+pub(super) struct DumpedMap {
+    map: Value,
+    keys: Vec<Value>,
+    dumped: String,
+}
+
+impl DumpedMap {
+    /// `value` with its dump attached, or `value` itself when it is not a
+    /// mapping (or cannot be dumped, which `tojson` then reports).
+    pub(super) fn wrap(value: Value) -> Value {
+        if value.kind() != ValueKind::Map {
+            return value;
+        }
+        let (Ok(keys), Ok(dumped)) = (value.try_iter(), dumps(&value)) else {
+            return value;
+        };
+        let keys = keys.collect();
+        Value::from_object(Self {
+            map: value,
+            keys,
+            dumped,
+        })
+    }
+}
+
+impl Object for DumpedMap {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.map
+            .get_item(key)
+            .ok()
+            .filter(|value| !value.is_undefined())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.keys.clone())
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.keys.len())
+    }
+
+    fn render(self: &Arc<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.map, f)
+    }
 }
 
 /// Python accepts an indent as a count of spaces or as the string to repeat.
@@ -72,7 +150,22 @@ struct JsonWriter {
 }
 
 impl JsonWriter {
+    /// Whether this writer spells JSON as `json.dumps` does by default.
+    fn writes_defaults(&self) -> bool {
+        !self.ensure_ascii
+            && self.indent.is_none()
+            && !self.sort_keys
+            && self.item_separator == DEFAULT_ITEM_SEPARATOR
+            && self.key_separator == DEFAULT_KEY_SEPARATOR
+    }
+
     fn write_value(&mut self, value: &Value, depth: usize) -> Result<(), Error> {
+        if let Some(dumped) = value.downcast_object_ref::<DumpedMap>()
+            && self.writes_defaults()
+        {
+            self.out.push_str(&dumped.dumped);
+            return Ok(());
+        }
         match value.kind() {
             ValueKind::None => self.out.push_str("null"),
             ValueKind::Bool => self
@@ -509,5 +602,53 @@ mod tests {
             "01 Jan 2100 Fri 001"
         );
         assert_eq!(format_utc("%Q and %", 0), "%Q and %");
+    }
+
+    /// Every use chat templates make of a tool renders the same whether the
+    /// tool is the plain mapping or carries its dump.
+    #[test]
+    fn a_dumped_map_reads_like_the_mapping_it_wraps() {
+        let tool = json!({"type": "function", "function": {
+            "name": "get_weather", "description": "Météo <du> jour",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer", "maximum": 1.5e16}},
+                "required": ["city"]}}});
+        let template = "{% for tool in tools %}{{ tool | tojson }}|{{ tool.function.name }}|\
+            {{ tool['type'] }}|{{ tool | length }}|{{ 'function' in tool }}|{{ tool is mapping }}|\
+            {% for key, value in tool.items() %}{{ key }}={{ value | tojson }};{% endfor %}|\
+            {% for key in tool.function.parameters.properties %}{{ key }},{% endfor %}|\
+            {{ tool | tojson(indent=2) }}|{{ tool | tojson(sort_keys=true) }}|\
+            {{ tool | tojson(ensure_ascii=true) }}|{{ tool.missing is defined }}|\
+            {{ tool.function.parameters.properties.days.maximum }}{% endfor %}|\
+            {{ tools | tojson }}|{{ tools | tojson(separators=(',', ':')) }}";
+        let mut environment = minijinja::Environment::new();
+        environment.add_filter("tojson", tojson);
+        environment
+            .set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        let render = |tools: Vec<Value>| {
+            environment
+                .render_str(template, minijinja::context! { tools => tools })
+                .expect("renders")
+        };
+        let plain = Value::from(Serde(&tool));
+        let dumped = DumpedMap::wrap(plain.clone());
+        assert!(dumped.downcast_object_ref::<DumpedMap>().is_some());
+        let expected = render(vec![plain]);
+        assert!(
+            expected
+                .starts_with("{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"")
+        );
+        assert_eq!(render(vec![dumped]), expected);
+    }
+
+    #[test]
+    fn only_mappings_are_wrapped() {
+        for value in [json!([1, 2]), json!("text"), json!(3)] {
+            let wrapped = DumpedMap::wrap(Value::from(Serde(&value)));
+            assert!(
+                wrapped.downcast_object_ref::<DumpedMap>().is_none(),
+                "{value}"
+            );
+        }
     }
 }

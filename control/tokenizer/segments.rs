@@ -19,18 +19,15 @@
 //! Otherwise [`SegmentEncoder::for_tokenizer`] declines and callers use the
 //! tokenizer directly.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
 use super::byte_level_bpe::ByteLevelBpe;
+use crate::memo::Memo;
 
 /// Pieces longer than this are tokenized but never cached.
 const MAX_CACHED_PIECE_BYTES: usize = 256 * 1024;
-/// Independent cache shards (lock striping across tokio workers).
-const SHARDS: usize = 16;
 /// Memory the cache may hold in all, keys and ids counted.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -38,7 +35,7 @@ const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 pub(super) struct SegmentEncoder {
     delimiters: AhoCorasick,
     delimiter_ids: Vec<u32>,
-    cache: PieceCache,
+    cache: Memo<Arc<[u32]>>,
     /// Encodes pieces without `tokenizers`' bookkeeping, when it applies.
     direct: Option<ByteLevelBpe>,
 }
@@ -77,7 +74,7 @@ impl SegmentEncoder {
         let encoder = Self {
             delimiters,
             delimiter_ids: tokens.iter().map(|(id, _)| *id).collect(),
-            cache: PieceCache::new(cache_bytes),
+            cache: Memo::new(cache_bytes),
             direct: ByteLevelBpe::for_tokenizer(tokenizer),
         };
         let probes = probe_texts(&tokens);
@@ -130,7 +127,9 @@ impl SegmentEncoder {
             ids.extend_from_slice(tokenizer.encode_fast(piece, false)?.get_ids());
         }
         if piece.len() <= MAX_CACHED_PIECE_BYTES {
-            self.cache.insert(piece, &ids[start..]);
+            let piece_ids: Arc<[u32]> = ids[start..].into();
+            let charge = std::mem::size_of_val::<[u32]>(&piece_ids);
+            self.cache.insert(piece, piece_ids, charge);
         }
         Ok(())
     }
@@ -173,93 +172,6 @@ fn probe_texts(tokens: &[(u32, String)]) -> Vec<String> {
         probes.push(format!("{token}{other}\n{token} {text}"));
     }
     probes
-}
-
-/// Two generations of pieces per shard: lookups promote from the old
-/// generation to the young one; when the young one is full it becomes the
-/// old one and the previous old one is dropped. Recently used pieces
-/// survive, memory stays within the budget, and every step is O(1).
-struct PieceCache {
-    shards: Vec<Mutex<Shard>>,
-    hasher: RandomState,
-}
-
-#[derive(Default)]
-struct Shard {
-    young: HashMap<Box<str>, Arc<[u32]>>,
-    old: HashMap<Box<str>, Arc<[u32]>>,
-    young_bytes: usize,
-    budget_bytes: usize,
-}
-
-impl PieceCache {
-    fn new(total_bytes: usize) -> Self {
-        // Each shard holds up to two generations of `budget_bytes`.
-        let budget_bytes = (total_bytes / SHARDS / 2).max(1);
-        Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(Shard {
-                        budget_bytes,
-                        ..Shard::default()
-                    })
-                })
-                .collect(),
-            hasher: RandomState::new(),
-        }
-    }
-
-    fn shard(&self, piece: &str) -> &Mutex<Shard> {
-        let index = self.hasher.hash_one(piece) as usize % SHARDS;
-        &self.shards[index]
-    }
-
-    fn get(&self, piece: &str) -> Option<Arc<[u32]>> {
-        let mut shard = self.shard(piece).lock().ok()?;
-        if let Some(ids) = shard.young.get(piece) {
-            return Some(Arc::clone(ids));
-        }
-        let (key, ids) = shard.old.remove_entry(piece)?;
-        shard.admit(key, Arc::clone(&ids));
-        Some(ids)
-    }
-
-    fn insert(&self, piece: &str, ids: &[u32]) {
-        if let Ok(mut shard) = self.shard(piece).lock() {
-            shard.admit(piece.into(), ids.into());
-        }
-    }
-
-    fn clear(&self) {
-        for shard in &self.shards {
-            if let Ok(mut shard) = shard.lock() {
-                shard.young.clear();
-                shard.old.clear();
-                shard.young_bytes = 0;
-            }
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .filter_map(|shard| shard.lock().ok())
-            .map(|shard| shard.young.len() + shard.old.len())
-            .sum()
-    }
-}
-
-impl Shard {
-    fn admit(&mut self, key: Box<str>, ids: Arc<[u32]>) {
-        let cost = key.len() + ids.len() * std::mem::size_of::<u32>() + 64;
-        if self.young_bytes + cost > self.budget_bytes {
-            self.old = std::mem::take(&mut self.young);
-            self.young_bytes = 0;
-        }
-        self.young_bytes += cost;
-        self.young.insert(key, ids);
-    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 
 use super::forms::{TextOrList, buffered_option, literal_tag};
 use super::openai::{AssistantRole, FinishReason};
-use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, image_urls};
-use super::tools;
+use super::parse::parse_json_field;
+use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, ToolSet, image_urls, tool_name};
+use super::tools::{self, ToolDialect, ToolsJson};
 use super::validate::{CheckedSampling, Limits, SamplingFields};
 use crate::engine::MatchedStop;
 use crate::error::{Error, ErrorCode, Result};
@@ -170,7 +171,8 @@ pub struct MessagesRequest {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<i32>,
-    pub tools: Option<Vec<Tool>>,
+    /// `[Tool]`, kept as text until [`tools::memoized`] parses it.
+    pub tools: Option<ToolsJson>,
     #[serde(default, deserialize_with = "buffered_option")]
     pub tool_choice: Option<ToolChoice>,
     /// Extended thinking: `{"type": "enabled", "budget_tokens"}` or
@@ -207,30 +209,20 @@ fn text_of(blocks: &TextOrList<TextBlock>) -> String {
 impl MessagesRequest {
     /// Validates the request and turns it into the pipeline's spec.
     pub fn to_spec(&self, limits: &Limits) -> Result<GenerationSpec> {
+        let tools = self.tool_set()?;
         if self.messages.is_empty() {
             return Err(Error::invalid_parameter(
                 "messages",
                 "must contain at least one message",
             ));
         }
-        let tool_choice = self.resolve_tool_choice()?;
-        let tools: Vec<Value> = self
-            .tools
-            .iter()
-            .flatten()
-            .map(|tool| {
-                let mut function = json!({"name": tool.name, "parameters": tool.input_schema});
-                if let Some(description) = &tool.description {
-                    function["description"] = Value::from(description.as_str());
-                }
-                json!({"type": "function", "function": function})
-            })
-            .collect();
+        let tool_choice = self.resolve_tool_choice(&tools)?;
         let parallel_tool_calls = !self
             .tool_choice
             .as_ref()
             .is_some_and(ToolChoice::disables_parallel_use);
-        let constraint = tools::tool_constraint(&tool_choice, &tools, parallel_tool_calls)?;
+        let constraint =
+            tools::tool_constraint(&tool_choice, tools.definitions(), parallel_tool_calls)?;
         let CheckedSampling {
             sampling,
             stop_strings,
@@ -318,8 +310,28 @@ impl MessagesRequest {
         Ok(messages)
     }
 
-    fn resolve_tool_choice(&self) -> Result<spec::ToolChoice> {
-        let tools = self.tools.as_deref().unwrap_or_default();
+    /// The request's tools in OpenAI's shape, parsed and checked (or
+    /// remembered from an earlier request with the same `tools` text).
+    fn tool_set(&self) -> Result<ToolSet> {
+        let Some(json) = &self.tools else {
+            return Ok(ToolSet::default());
+        };
+        tools::memoized(ToolDialect::Anthropic, json.text(), |text| {
+            let tools: Vec<Tool> = parse_json_field("tools", text)?;
+            Ok(tools
+                .into_iter()
+                .map(|tool| {
+                    let mut function = json!({"name": tool.name, "parameters": tool.input_schema});
+                    if let Some(description) = tool.description {
+                        function["description"] = Value::from(description);
+                    }
+                    json!({"type": "function", "function": function})
+                })
+                .collect())
+        })
+    }
+
+    fn resolve_tool_choice(&self, tools: &ToolSet) -> Result<spec::ToolChoice> {
         Ok(match &self.tool_choice {
             None | Some(ToolChoice::Auto { .. }) if tools.is_empty() => spec::ToolChoice::None,
             None | Some(ToolChoice::Auto { .. }) => spec::ToolChoice::Auto,
@@ -332,7 +344,11 @@ impl MessagesRequest {
             }
             Some(ToolChoice::Any { .. }) => spec::ToolChoice::Required,
             Some(ToolChoice::Tool { name, .. }) => {
-                if !tools.iter().any(|tool| &tool.name == name) {
+                if !tools
+                    .definitions()
+                    .iter()
+                    .any(|tool| tool_name(tool) == Some(name))
+                {
                     return Err(Error::invalid_parameter(
                         "tool_choice",
                         format!("names tool {name:?}, which is not in tools"),
@@ -796,7 +812,7 @@ mod tests {
         assert_eq!(chat_prompt.messages.len(), 5);
         assert_eq!(chat_prompt.tool_choice, spec::ToolChoice::Auto);
         assert_eq!(
-            chat_prompt.tools,
+            chat_prompt.tools.definitions(),
             vec![json!({"type": "function", "function": {
                 "name": "weather", "description": "Current weather",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
@@ -1040,5 +1056,18 @@ mod tests {
             let detail = ErrorDetail::from_error(&Error::new(code, "x"));
             assert_eq!(detail.kind, expected, "{code}");
         }
+    }
+
+    #[test]
+    fn malformed_tools_name_the_field_at_fault_from_the_body_root() {
+        let err = messages_request(json!({
+            "model": "m", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "weather", "input_schema": {}}, {"name": "no_schema"}],
+        }))
+        .to_spec(&Limits::default())
+        .expect_err("a tool without input_schema");
+        assert_eq!(err.code, ErrorCode::InvalidRequest, "{err}");
+        assert_eq!(err.param.as_deref(), Some("tools[1].input_schema"), "{err}");
     }
 }

@@ -20,8 +20,9 @@ use serde_json::Value;
 use super::forms::{
     InputItem, JsonText, ListObject, PromptInput, StringOrList, TextOrList, literal_tag,
 };
-use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, image_urls};
-use super::tools;
+use super::parse::parse_json_field;
+use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, ToolSet, image_urls, tool_name};
+use super::tools::{self, ToolDialect, ToolsJson};
 use super::validate::{
     CheckedSampling, Limits, SamplingFields, check_inputs, check_top_logprobs, single_constraint,
 };
@@ -343,7 +344,8 @@ pub struct ChatCompletionRequest {
     pub seed: Option<i64>,
     /// The end user, for the caller's logs.
     pub user: Option<String>,
-    pub tools: Option<Vec<Tool>>,
+    /// `[Tool]`, kept as text until [`tools::memoized`] parses it.
+    pub tools: Option<ToolsJson>,
     pub tool_choice: Option<ToolChoice>,
     /// Default true; false allows one call at most.
     pub parallel_tool_calls: Option<bool>,
@@ -441,6 +443,7 @@ fn to_json<T: Serialize>(value: &T) -> Result<Value> {
 impl ChatCompletionRequest {
     /// Validates the request and turns it into the pipeline's spec.
     pub fn to_spec(&self, limits: &Limits) -> Result<GenerationSpec> {
+        let tools = self.tool_set()?;
         self.check_messages()?;
         let logprobs = self.logprobs.unwrap_or(false);
         check_top_logprobs(
@@ -448,19 +451,13 @@ impl ChatCompletionRequest {
             self.top_logprobs,
             (!logprobs).then_some("logprobs"),
         )?;
-        let tool_choice = self.resolve_tool_choice()?;
-        let tools: Vec<Value> = self
-            .tools
-            .iter()
-            .flatten()
-            .map(to_json)
-            .collect::<Result<_>>()?;
+        let tool_choice = self.resolve_tool_choice(&tools)?;
         let parallel_tool_calls = self.parallel_tool_calls.unwrap_or(true);
         let constraint = openai_constraint(
             self.response_format.as_ref(),
             self.regex.as_ref(),
             self.ebnf.as_ref(),
-            tools::tool_constraint(&tool_choice, &tools, parallel_tool_calls)?,
+            tools::tool_constraint(&tool_choice, tools.definitions(), parallel_tool_calls)?,
         )?;
         let CheckedSampling {
             sampling,
@@ -542,8 +539,21 @@ impl ChatCompletionRequest {
         Ok(())
     }
 
-    fn resolve_tool_choice(&self) -> Result<spec::ToolChoice> {
-        let tools = self.tools.as_deref().unwrap_or_default();
+    /// The request's tools, parsed and checked (or remembered from an
+    /// earlier request with the same `tools` text).
+    fn tool_set(&self) -> Result<ToolSet> {
+        let Some(json) = &self.tools else {
+            return Ok(ToolSet::default());
+        };
+        tools::memoized(ToolDialect::OpenAi, json.text(), |text| {
+            parse_json_field::<Vec<Tool>>("tools", text)?
+                .iter()
+                .map(to_json)
+                .collect()
+        })
+    }
+
+    fn resolve_tool_choice(&self, tools: &ToolSet) -> Result<spec::ToolChoice> {
         let requires_tools = |what: &str| {
             Error::invalid_parameter("tool_choice", format!("{what} requires a non-empty tools"))
         };
@@ -564,7 +574,11 @@ impl ChatCompletionRequest {
                 if tools.is_empty() {
                     return Err(requires_tools("a named function"));
                 }
-                if !tools.iter().any(|tool| &tool.function.name == name) {
+                if !tools
+                    .definitions()
+                    .iter()
+                    .any(|tool| tool_name(tool) == Some(name))
+                {
                     return Err(Error::invalid_parameter(
                         "tool_choice",
                         format!("names function {name:?}, which is not in tools"),
@@ -1033,7 +1047,7 @@ mod tests {
         ];
         assert_eq!(chat_prompt.messages, expected_messages);
         assert_eq!(
-            chat_prompt.tools,
+            chat_prompt.tools.definitions(),
             vec![json!({"type": "function", "function": {
                 "name": "lookup", "description": "Search",
                 "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}
@@ -1676,5 +1690,58 @@ mod tests {
                 "max_model_len": 32768,
             }]})
         );
+    }
+
+    #[test]
+    fn malformed_tools_name_the_field_at_fault_from_the_body_root() {
+        let user = json!({"role": "user", "content": "hi"});
+        for (tools, param) in [
+            (
+                json!([{"type": "function", "function": {"name": "a"}},
+                       {"type": "function", "function": {"description": "no name"}}]),
+                "tools[1].function.name",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": 7}}]),
+                "tools[0].function.name",
+            ),
+            (json!({"name": "not a list"}), "tools"),
+        ] {
+            let err = chat(json!({"model": "m", "messages": [user], "tools": tools}))
+                .to_spec(&Limits::default())
+                .expect_err("malformed tools");
+            assert_eq!(err.code, ErrorCode::InvalidRequest, "{err}");
+            assert_eq!(err.param.as_deref(), Some(param), "{err}");
+            assert!(err.message.starts_with(&format!("{param}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn requests_with_the_same_tools_text_share_one_tool_set() {
+        let body = |question: &str| {
+            json!({"model": "m", "messages": [{"role": "user", "content": question}],
+                   "tools": [{"type": "function", "function": {"name": "memo_probe_tool",
+                       "parameters": {"type": "object"}}}]})
+        };
+        let tools = |spec: GenerationSpec| match spec.prompt {
+            Prompt::Chat(chat) => chat.tools,
+            other => panic!("not a chat prompt: {other:?}"),
+        };
+        let first = tools(chat(body("one")).to_spec(&Limits::default()).unwrap());
+        let second = tools(chat(body("two")).to_spec(&Limits::default()).unwrap());
+        assert!(first.shares_views_with(&second));
+        assert_eq!(first.specs()[0].name, "memo_probe_tool");
+        // Other text, other set (even when it means the same tools).
+        let mut spaced = chat(body("three"));
+        spaced.tools = Some(
+            serde_json::from_str(
+                r#"{"tools": [ {"type": "function", "function": {"name": "memo_probe_tool", "parameters": {"type": "object"}}} ]}"#,
+            )
+            .map(|wrapper: std::collections::HashMap<String, ToolsJson>| wrapper["tools"].clone())
+            .unwrap(),
+        );
+        let third = tools(spaced.to_spec(&Limits::default()).unwrap());
+        assert!(!third.shares_views_with(&first));
+        assert_eq!(third, first);
     }
 }

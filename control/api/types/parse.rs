@@ -37,6 +37,32 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
     }
 }
 
+/// Parses the JSON text of one field of a request (kept raw until now),
+/// reporting shape errors as [`parse_json`] would have for the whole body:
+/// `param` and the message name the path from the body's root
+/// (`tools[1].function.name`).
+pub fn parse_json_field<T: DeserializeOwned>(field: &str, text: &str) -> Result<T> {
+    parse_json(text.as_bytes()).map_err(|mut err| {
+        let inner = err.param.take();
+        let reason = match &inner {
+            Some(inner) => err
+                .message
+                .strip_prefix(inner.as_str())
+                .and_then(|rest| rest.strip_prefix(": "))
+                .unwrap_or(&err.message),
+            None => &err.message,
+        };
+        let path = match inner.as_deref() {
+            None | Some("") => field.to_owned(),
+            Some(inner) if inner.starts_with('[') => format!("{field}{inner}"),
+            Some(inner) => format!("{field}.{inner}"),
+        };
+        err.message = format!("{path}: {reason}");
+        err.param = Some(path);
+        err
+    })
+}
+
 fn invalid_json(err: &serde_json::Error) -> Error {
     Error::new(
         ErrorCode::InvalidJson,

@@ -19,12 +19,106 @@
 //! `regex` and `ebnf`; the engines take one, so asking for two is a 400
 //! naming both (see [`super::validate::single_constraint`]).
 
+use std::fmt;
+use std::sync::LazyLock;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::spec::ToolChoice;
 pub use super::spec::tool_name;
+use super::spec::{ToolChoice, ToolSet};
 use crate::engine::Constraint;
 use crate::error::{Error, Result};
+use crate::memo::Memo;
+
+/// A request's `tools` array as the client wrote it: kept as text until
+/// [`memoized`] turns it into a [`ToolSet`], once per distinct text.
+#[derive(Clone)]
+pub struct ToolsJson(Box<RawValue>);
+
+impl ToolsJson {
+    /// The JSON text of `tools` (tools a gateway builds itself, e.g. the
+    /// Responses API's function tools in chat shape).
+    pub fn from_definitions<T: Serialize + ?Sized>(tools: &T) -> Result<Self> {
+        serde_json::value::to_raw_value(tools)
+            .map(Self)
+            .map_err(|err| Error::internal(format!("tools do not serialize: {err}")))
+    }
+
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolsJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(Self)
+    }
+}
+
+impl Serialize for ToolsJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl PartialEq for ToolsJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl fmt::Debug for ToolsJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+/// The request shape a `tools` text is written in: the same text means
+/// different tools in different dialects, so each has its own memo.
+#[derive(Debug, Clone, Copy)]
+pub enum ToolDialect {
+    /// `[{"type": "function", "function": {...}}]` (chat completions, and
+    /// the Responses API's tools once in that shape).
+    OpenAi,
+    /// `[{"name", "description", "input_schema"}]` (`/v1/messages`).
+    Anthropic,
+}
+
+/// What each dialect's memo of tool sets may hold. A set holds its
+/// definitions, the template's copy with each tool's JSON text and the
+/// parsers' schemas: about [`SET_BYTES_PER_TEXT_BYTE`] times its text.
+const TOOL_SET_MEMO_BYTES: usize = 32 * 1024 * 1024;
+const SET_BYTES_PER_TEXT_BYTE: usize = 12;
+
+/// Tool sets by the exact text of the `tools` they came from, one memo per
+/// dialect. Process-wide because the mapping is a pure function of the
+/// text (every model and listener would build the same set); nothing
+/// behaves differently on a hit except the time it takes.
+static TOOL_SETS: LazyLock<[Memo<ToolSet>; 2]> = LazyLock::new(|| {
+    [
+        Memo::new(TOOL_SET_MEMO_BYTES),
+        Memo::new(TOOL_SET_MEMO_BYTES),
+    ]
+});
+
+/// The [`ToolSet`] for a `tools` text of `dialect`: remembered from an
+/// earlier request with the same text, else `convert`ed (OpenAI-shaped
+/// definitions, or the request's error, which is not remembered).
+pub fn memoized(
+    dialect: ToolDialect,
+    text: &str,
+    convert: impl FnOnce(&str) -> Result<Vec<Value>>,
+) -> Result<ToolSet> {
+    let memo = &TOOL_SETS[dialect as usize];
+    if let Some(tools) = memo.get(text) {
+        return Ok(tools);
+    }
+    let tools = ToolSet::new(convert(text)?);
+    memo.insert(text, tools.clone(), text.len() * SET_BYTES_PER_TEXT_BYTE);
+    Ok(tools)
+}
 
 /// The arguments schema of an OpenAI-shaped tool; any object when absent.
 fn tool_parameters(tool: &Value) -> Value {

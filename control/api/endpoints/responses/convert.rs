@@ -20,6 +20,7 @@ use crate::api::types::openai::{
     ToolChoiceMode,
 };
 use crate::api::types::responses::{ContentPart, Item, ResponsesRequest, TextFormat};
+use crate::api::types::tools::ToolsJson;
 use crate::error::{Error, ErrorCode, Result};
 
 /// Messages built from items, in order.
@@ -328,13 +329,24 @@ pub fn response_format(format: Option<&TextFormat>) -> Option<ResponseFormat> {
     }
 }
 
+/// `tools` as a chat request's `tools` text, `None` when there are none.
+/// Made once per response: every generation of it (one per MCP round)
+/// sends the same text, which the tool-set memo then knows.
+pub fn chat_tools(tools: &[Tool]) -> Result<Option<ToolsJson>> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    ToolsJson::from_definitions(tools).map(Some)
+}
+
 /// The chat request that generates `request`'s output from `messages`,
-/// offering `tools` (function tools and the MCP servers' tools).
+/// offering `tools` (function tools and the MCP servers' tools, in chat
+/// shape; see [`chat_tools`]).
 pub fn chat_request(
     request: &ResponsesRequest,
     model: String,
     messages: Vec<ChatMessage>,
-    tools: Vec<Tool>,
+    tools: Option<ToolsJson>,
     choice: Option<ToolChoice>,
     stream: bool,
 ) -> ChatCompletionRequest {
@@ -348,7 +360,7 @@ pub fn chat_request(
         max_completion_tokens: request.max_output_tokens,
         // Checked against the tools by chat's rules ("required" needs some).
         tool_choice: choice,
-        tools: (!tools.is_empty()).then_some(tools),
+        tools,
         parallel_tool_calls: request.parallel_tool_calls,
         response_format: response_format(request.text.as_ref().and_then(|t| t.format.as_ref())),
         reasoning_effort: request.reasoning.as_ref().and_then(|r| r.effort.clone()),

@@ -46,6 +46,7 @@ use super::super::types::responses::{
     ResponseObject, ResponseObjectTag, ResponseStatus, ResponseUsage, ResponsesRequest, Sequenced,
     StreamEvent, TextConfig, ids, parse_input,
 };
+use super::super::types::tools::ToolsJson;
 use super::{limits, routing_key};
 use crate::error::{Error, ErrorCode, Result};
 use crate::history::History;
@@ -153,7 +154,10 @@ struct Plan {
     messages: Messages,
     /// This request's own input items (what is stored as its input).
     input_items: Vec<Item>,
+    /// The function tools, in chat shape.
     tools: Vec<Tool>,
+    /// `tools` as a chat request's text (see [`convert::chat_tools`]).
+    chat_tools: Option<ToolsJson>,
     /// The tools as the client sent them (echoed in the response).
     tools_echo: Vec<Value>,
     choice: Option<ToolChoice>,
@@ -381,6 +385,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
     }
     let stream = request.stream.unwrap_or(false);
     let tools_echo = request.tools.clone().unwrap_or_default();
+    let chat_tools = convert::chat_tools(&tools)?;
     let plan = Plan {
         id: ids::mint_owned(ids::RESPONSE, owner),
         created_at: now_unix(),
@@ -389,6 +394,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
         messages,
         input_items,
         tools,
+        chat_tools,
         tools_echo,
         choice,
         mcp_servers,
@@ -400,7 +406,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
         request,
     };
     // Every parameter is checked now, not when the first generation runs.
-    plan.chat_spec(state, &plan.tools)?;
+    plan.chat_spec(state, plan.chat_tools.as_ref())?;
     Ok(plan)
 }
 
@@ -409,13 +415,13 @@ impl Plan {
     fn chat_spec(
         &self,
         state: &SharedState,
-        tools: &[Tool],
+        tools: Option<&ToolsJson>,
     ) -> Result<crate::pipeline::spec::GenerationSpec> {
         let chat = convert::chat_request(
             &self.request,
             self.model.clone(),
             self.messages.messages(),
-            tools.to_vec(),
+            tools.cloned(),
             self.choice.clone(),
             self.stream,
         );
@@ -609,12 +615,16 @@ async fn generate(
     }
     let mut tools = plan.tools.clone();
     tools.extend(servers.chat_tools());
+    let tools = match convert::chat_tools(&tools) {
+        Ok(tools) => tools,
+        Err(err) => return Outcome::Failed(err),
+    };
     let mut calls_left = plan
         .request
         .max_tool_calls
         .unwrap_or(DEFAULT_MAX_TOOL_CALLS);
     loop {
-        let spec = match plan.chat_spec(state, &tools) {
+        let spec = match plan.chat_spec(state, tools.as_ref()) {
             Ok(spec) => spec,
             Err(err) => return Outcome::Failed(err),
         };

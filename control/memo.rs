@@ -1,0 +1,191 @@
+//! A bounded, sharded memo from request text to what the gateway derived
+//! from it, for work that repeats verbatim across requests.
+//!
+//! Why it exists: a fleet's requests repeat large pieces byte for byte —
+//! the system prompt and earlier turns between a chat template's special
+//! tokens, the `tools` array an agent resends every turn — and what the
+//! gateway makes of them (token ids, parsed and rendered tool schemas) is a
+//! pure function of those bytes. One mechanism serves them all: keys are
+//! the exact text (a hit is an equal string, never just an equal hash), and
+//! memory is bounded by a byte budget the caller charges per entry.
+//!
+//! Eviction is by generations, not per-entry recency: each shard fills a
+//! young map; when it would pass its budget, the young map becomes the old
+//! one (the previous old map is dropped) and a fresh young map starts. A
+//! hit in the old map moves the entry back to the young one. This keeps
+//! what is in use at the cost of one map swap, with no list to maintain on
+//! every hit; at most twice the budget of one generation is held.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+
+/// Independent shards (lock striping across tokio workers).
+const SHARDS: usize = 16;
+/// What an entry costs beyond its key and the caller's charge: two hash
+/// map slots and the shared value's header, roughly.
+const ENTRY_OVERHEAD_BYTES: usize = 64;
+
+/// Text → `V`, bounded by bytes. `V` is cloned out on a hit, so it should
+/// be cheap to clone (an `Arc`).
+pub struct Memo<V> {
+    shards: Vec<Mutex<Shard<V>>>,
+    hasher: RandomState,
+}
+
+struct Shard<V> {
+    young: HashMap<Box<str>, Entry<V>>,
+    old: HashMap<Box<str>, Entry<V>>,
+    young_bytes: usize,
+    budget_bytes: usize,
+}
+
+struct Entry<V> {
+    value: V,
+    cost: usize,
+}
+
+impl<V: Clone> Memo<V> {
+    /// A memo holding about `total_bytes` in all (keys and charges).
+    pub fn new(total_bytes: usize) -> Self {
+        // Each shard holds up to two generations of `budget_bytes`.
+        let budget_bytes = (total_bytes / SHARDS / 2).max(1);
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        young: HashMap::new(),
+                        old: HashMap::new(),
+                        young_bytes: 0,
+                        budget_bytes,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> &Mutex<Shard<V>> {
+        let index = self.hasher.hash_one(key) as usize % SHARDS;
+        &self.shards[index]
+    }
+
+    /// The value remembered for exactly `key`.
+    pub fn get(&self, key: &str) -> Option<V> {
+        let mut shard = self.shard(key).lock().ok()?;
+        if let Some(entry) = shard.young.get(key) {
+            return Some(entry.value.clone());
+        }
+        let (key, entry) = shard.old.remove_entry(key)?;
+        let value = entry.value.clone();
+        shard.admit(key, entry);
+        Some(value)
+    }
+
+    /// Remembers `value` for `key`; `charge` is what the value holds in
+    /// memory (the key's own bytes are counted here). A key larger than a
+    /// shard's budget is not remembered.
+    pub fn insert(&self, key: &str, value: V, charge: usize) {
+        let cost = key.len() + charge + ENTRY_OVERHEAD_BYTES;
+        if let Ok(mut shard) = self.shard(key).lock()
+            && cost <= shard.budget_bytes
+        {
+            shard.admit(key.into(), Entry { value, cost });
+        }
+    }
+
+    /// Forgets everything.
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            if let Ok(mut shard) = shard.lock() {
+                shard.young.clear();
+                shard.old.clear();
+                shard.young_bytes = 0;
+            }
+        }
+    }
+
+    /// Entries held, in both generations.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .filter_map(|shard| shard.lock().ok())
+            .map(|shard| shard.young.len() + shard.old.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<V> fmt::Debug for Memo<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Memo")
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V> Shard<V> {
+    fn admit(&mut self, key: Box<str>, entry: Entry<V>) {
+        if self.young_bytes + entry.cost > self.budget_bytes {
+            self.old = std::mem::take(&mut self.young);
+            self.young_bytes = 0;
+        }
+        self.young_bytes += entry.cost;
+        self.young.insert(key, entry);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hit_needs_the_exact_key() {
+        let memo = Memo::new(1 << 20);
+        memo.insert("tools: [a]", 1u32, 4);
+        assert_eq!(memo.get("tools: [a]"), Some(1));
+        assert_eq!(memo.get("tools: [a] "), None);
+        assert_eq!(memo.get("tools: [b]"), None);
+    }
+
+    #[test]
+    fn memory_stays_within_two_generations_of_the_budget() {
+        // One shard's generation holds 1 KiB; each entry costs 64 + key + 100.
+        let memo = Memo::new(SHARDS * 2 * 1024);
+        for index in 0..10_000 {
+            memo.insert(&format!("key {index}"), index, 100);
+        }
+        let per_entry = ENTRY_OVERHEAD_BYTES + 100 + "key 0000".len();
+        let most = SHARDS * 2 * 1024 / per_entry + SHARDS * 2;
+        assert!(memo.len() <= most, "{} entries, at most {most}", memo.len());
+        // The newest entries are the ones kept.
+        assert_eq!(memo.get("key 9999"), Some(9999));
+        assert_eq!(memo.get("key 0"), None);
+    }
+
+    #[test]
+    fn an_entry_in_use_survives_a_generation_change() {
+        let memo = Memo::new(SHARDS * 2 * 1024);
+        memo.insert("kept", 0, 10);
+        for index in 0..10_000 {
+            // Touching the entry keeps it in the young generation.
+            assert_eq!(memo.get("kept"), Some(0), "lost after {index} inserts");
+            memo.insert(&format!("filler {index}"), index + 1, 100);
+        }
+    }
+
+    #[test]
+    fn an_entry_larger_than_a_generation_is_not_kept() {
+        let memo = Memo::new(SHARDS * 2 * 1024);
+        memo.insert("huge", 1, 4096);
+        assert_eq!(memo.get("huge"), None);
+        memo.insert("small", 2, 10);
+        memo.clear();
+        assert!(memo.is_empty());
+    }
+}
