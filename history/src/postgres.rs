@@ -8,7 +8,12 @@
 //! together migrate once and the others wait for it.
 //!
 //! Errors never carry the URL's password: sqlx's messages are scrubbed of
-//! it at open, the only place the URL is parsed.
+//! it at open, the only place the URL is read.
+//!
+//! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
+//! `sslrootcert`. The certificate files the URL names are opened at start,
+//! so a wrong path fails there with its name: sqlx reads them only during
+//! a handshake, and says no more than "No such file or directory".
 
 use std::time::Duration;
 
@@ -36,6 +41,7 @@ impl PostgresStore {
         let unavailable = |what: &str, err: &dyn std::fmt::Display| {
             HistoryError::Unavailable(redact_secret(url, &format!("{what}: {err}")))
         };
+        check_certificate_files(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -48,6 +54,38 @@ impl PostgresStore {
             .map_err(|err| unavailable("cannot migrate the postgres history schema", &err))?;
         Ok(Self { pool })
     }
+}
+
+/// The URL parameters sqlx reads a certificate or key from (a file, or
+/// the PEM itself).
+const CERTIFICATE_PARAMETERS: [&str; 7] = [
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+];
+
+/// Fails, naming the parameter and the file, when a certificate file the
+/// URL names cannot be opened. A URL that does not parse is left to sqlx.
+fn check_certificate_files(url: &str) -> HistoryResult<()> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(());
+    };
+    for (key, value) in parsed.query_pairs() {
+        if !CERTIFICATE_PARAMETERS.contains(&&*key) || value.trim_start().starts_with("-----BEGIN")
+        {
+            continue;
+        }
+        if let Err(err) = std::fs::File::open(&*value) {
+            return Err(HistoryError::Unavailable(format!(
+                "cannot connect to postgres: {key}={value}: cannot read it: {err}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 const QUERIES: Queries = Queries {
