@@ -246,9 +246,17 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     let mut server = postgres::private_server().await;
     let url = server.create_database().await;
     let (_worker, fleet) = worker();
+    // Each call during the outage waits this long for a connection.
     let gateway = gateway(
         &fleet,
-        &["--history-backend", "postgres", "--history-url", &url],
+        &[
+            "--history-backend",
+            "postgres",
+            "--history-url",
+            &url,
+            "--history-connect-timeout-secs",
+            "2",
+        ],
     );
     let one = step(&gateway, "one", None).await;
 
@@ -343,22 +351,47 @@ async fn a_postgres_backend_without_a_url_does_not_start() {
     assert!(error_line(&stderr).contains("--history-url"), "{stderr}");
 }
 
+/// A postgres backend out of reach (nothing listens on port 1) or that
+/// refuses the gateway (a database the server does not have) fails
+/// start-up at once, in one line with the server's address and the cause,
+/// without the URL's password. With `--history-connect-timeout-secs 60`, a
+/// start that waited for the timeout (as retrying a refused connection
+/// does) would fail the harness' 30 s bound instead.
 #[tokio::test]
-async fn a_postgres_backend_out_of_reach_does_not_start_nor_tell_its_password() {
+async fn a_postgres_backend_out_of_reach_fails_start_up_at_once_with_its_cause() {
     let (_worker, fleet) = worker();
-    // Nothing listens on port 1; a database the server does not have.
     let mut missing = url::Url::parse(&postgres::fresh_database().await).expect("a URL");
     missing.set_path("/no_such_database");
     missing
         .set_password(Some("hunter2-secret"))
         .expect("a password");
-    let urls = [
-        "postgres://smg:hunter2-secret@127.0.0.1:1/history".to_owned(),
-        missing.to_string(),
+    let server = format!(
+        "{}:{}",
+        missing.host_str().expect("a host"),
+        missing.port().expect("a port")
+    );
+    let cases = [
+        (
+            "postgres://smg:hunter2-secret@127.0.0.1:1/history".to_owned(),
+            "127.0.0.1:1".to_owned(),
+            "Connection refused",
+        ),
+        (
+            missing.to_string(),
+            server,
+            "database \"no_such_database\" does not exist",
+        ),
     ];
-    for url in &urls {
+    for (url, server, cause) in &cases {
         let mut args: Vec<&str> = fleet.iter().map(String::as_str).collect();
-        args.extend(["--history-backend", "postgres", "--history-url", url]);
+        args.extend([
+            "--history-backend",
+            "postgres",
+            "--history-url",
+            url,
+            "--history-connect-timeout-secs",
+            "60",
+        ]);
         let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
         let run = tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -367,8 +400,14 @@ async fn a_postgres_backend_out_of_reach_does_not_start_nor_tell_its_password() 
         let (status, stderr) = bounded("a failed start", run).await.expect("ran smg");
         assert!(!status.success(), "{url}: {stderr}");
         let line = error_line(&stderr);
-        assert!(line.starts_with("smg: history store"), "{stderr}");
-        assert!(line.contains("postgres"), "{stderr}");
+        assert!(
+            line.starts_with(&format!(
+                "smg: history store unavailable: cannot connect to postgres at {server}: "
+            )),
+            "{stderr}"
+        );
+        assert!(line.contains(cause), "{stderr}");
+        assert!(line.ends_with("(postgres, --history-url)"), "{stderr}");
         assert!(!stderr.contains("hunter2-secret"), "{stderr}");
     }
 }

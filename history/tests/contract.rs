@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use smg_history::{HistoryConfig, HistoryError, HistoryStore, open};
 
@@ -52,17 +52,22 @@ async fn sqlite() -> Fixture {
     }
 }
 
+/// A postgres config for `url` with a pool of `max_connections`, waiting
+/// at most 5 s for a connection (the gateway's default).
+fn postgres_at(url: &str, max_connections: u32) -> HistoryConfig {
+    HistoryConfig::Postgres {
+        url: url.to_owned(),
+        max_connections,
+        connect_timeout: Duration::from_secs(5),
+    }
+}
+
 /// A new database on this binary's private server (or
 /// `SMG_TEST_POSTGRES_URL`'s).
 async fn postgres() -> Fixture {
     let url = support::postgres::fresh_database().await;
     Fixture {
-        store: open(&HistoryConfig::Postgres {
-            url,
-            max_connections: 4,
-        })
-        .await
-        .unwrap(),
+        store: open(&postgres_at(&url, 4)).await.unwrap(),
         _dir: None,
     }
 }
@@ -141,10 +146,7 @@ mod postgres {
     #[tokio::test]
     async fn stores_opened_at_once_migrate_once_and_share_history() {
         let url = support::postgres::fresh_database().await;
-        let config = HistoryConfig::Postgres {
-            url: url.clone(),
-            max_connections: 2,
-        };
+        let config = postgres_at(&url, 2);
         let (a, b, c) = tokio::join!(open(&config), open(&config), open(&config));
         let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
 
@@ -170,10 +172,7 @@ mod postgres {
 
     /// A postgres config for `url`, with a small pool.
     fn at(url: &str) -> HistoryConfig {
-        HistoryConfig::Postgres {
-            url: url.to_owned(),
-            max_connections: 2,
-        }
+        postgres_at(url, 2)
     }
 
     /// `sslmode=verify-full` with the server's CA in `sslrootcert`: the
@@ -265,26 +264,67 @@ mod postgres {
         );
     }
 
-    /// A server that cannot be reached is Unavailable, and the message
-    /// does not echo the URL's password.
+    /// A server that cannot be reached is Unavailable at once, with the
+    /// cause and the address: with a connect timeout of a minute, an open
+    /// that waited for it (as sqlx's pool does on a refused connection)
+    /// would fail the 30 s bound. The message never echoes the URL's
+    /// password, nor does that of a URL sqlx cannot parse.
     #[tokio::test]
-    async fn an_unreachable_server_is_unavailable_without_the_password() {
+    async fn an_unreachable_server_fails_at_once_with_its_cause_and_without_the_password() {
+        let minute = |url: &str| HistoryConfig::Postgres {
+            url: url.to_owned(),
+            max_connections: 1,
+            connect_timeout: Duration::from_secs(60),
+        };
+        let bounded = |config: HistoryConfig| async move {
+            tokio::time::timeout(Duration::from_secs(30), open(&config))
+                .await
+                .expect("open fails within 30 s")
+                .unwrap_err()
+        };
         // Port 1 on loopback: nothing listens there.
-        let config = HistoryConfig::Postgres {
-            url: "postgres://smg:hunter2-secret@127.0.0.1:1/history".into(),
-            max_connections: 1,
-        };
-        let err = open(&config).await.unwrap_err();
+        let err = bounded(minute("postgres://smg:hunter2-secret@127.0.0.1:1/history")).await;
         assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
-        assert!(!err.to_string().contains("hunter2-secret"), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("cannot connect to postgres at 127.0.0.1:1: ")
+                && message.contains("Connection refused"),
+            "{message}"
+        );
+        assert!(!message.contains("hunter2-secret"), "{message}");
 
-        // Nor does a URL sqlx cannot parse.
-        let config = HistoryConfig::Postgres {
-            url: "postgres://smg:hunter2-secret@127.0.0.1:notaport/history".into(),
-            max_connections: 1,
-        };
-        let err = open(&config).await.unwrap_err();
+        let err = bounded(minute(
+            "postgres://smg:hunter2-secret@127.0.0.1:notaport/history",
+        ))
+        .await;
         assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
         assert!(!err.to_string().contains("hunter2-secret"), "{err}");
+    }
+
+    /// A server that takes the connection and never answers fails the
+    /// open when the connect timeout runs out, saying so. The listener
+    /// never accepts: the kernel completes the handshake, and the first
+    /// byte sqlx waits for never comes.
+    #[tokio::test]
+    async fn a_server_that_never_answers_fails_the_open_after_the_connect_timeout() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = silent.local_addr().unwrap();
+        let config = HistoryConfig::Postgres {
+            url: format!("postgres://smg@{address}/history"),
+            max_connections: 1,
+            connect_timeout: Duration::from_secs(1),
+        };
+        let err = tokio::time::timeout(Duration::from_secs(30), open(&config))
+            .await
+            .expect("open fails within 30 s")
+            .unwrap_err();
+        assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "history store unavailable: cannot connect to postgres at {address}: \
+                 no answer within 1s"
+            )
+        );
     }
 }
