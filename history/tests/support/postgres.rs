@@ -252,16 +252,26 @@ impl PgServer {
 
     /// `initdb` into a temp dir, then `postgres` on a free loopback port
     /// (with a certificate made now, when `tls` is on).
+    /// A start that fails leaves no directory behind (a server that did
+    /// start removes its own when it stops).
     async fn start(tls: Tls) -> Result<Self, String> {
         let bin = find_bin_dir().ok_or_else(|| {
             "no `initdb` and `postgres` in PATH or /usr/lib/postgresql/*/bin".to_owned()
         })?;
-        let as_postgres = nix::unistd::geteuid().is_root();
         let dir = tempfile::Builder::new()
             .prefix("smg-pg-")
             .tempdir()
             .map_err(|err| format!("cannot make a temp dir: {err}"))?
             .keep();
+        let started = Self::start_in(&bin, &dir, tls).await;
+        if started.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        started
+    }
+
+    async fn start_in(bin: &Path, dir: &Path, tls: Tls) -> Result<Self, String> {
+        let as_postgres = nix::unistd::geteuid().is_root();
         // initdb refuses to run as root: the server's files belong to the
         // `postgres` system user (Debian's package makes it).
         let owner = if as_postgres {
@@ -278,12 +288,12 @@ impl PgServer {
                 .map_err(|err| format!("cannot chown {}: {err}", path.display())),
             None => Ok(()),
         };
-        give(&dir)?;
+        give(dir)?;
         let mut tls_settings = Vec::new();
         let ca = match tls {
             Tls::Off => None,
             Tls::On => {
-                let files = make_certificates(&dir)?;
+                let files = make_certificates(dir)?;
                 give(&files.cert)?;
                 give(&files.key)?;
                 tls_settings = vec![
@@ -325,12 +335,12 @@ impl PgServer {
             let port = free_port()?;
             let mut shell = command(as_postgres, Path::new("sh"))
                 .args(["-c", LIFELINE, "lifeline"])
-                .arg(&dir)
+                .arg(dir)
                 .arg(bin.join("postgres"))
                 .arg("-D")
                 .arg(&data)
                 .arg("-k")
-                .arg(&dir)
+                .arg(dir)
                 .arg("-p")
                 .arg(port.to_string())
                 .args(["-c", "listen_addresses=127.0.0.1"])
@@ -345,10 +355,10 @@ impl PgServer {
                 admin_url: url::Url::parse(&format!("postgres://smg@127.0.0.1:{port}/postgres"))
                     .map_err(|err| err.to_string())?,
                 lifeline: Some((shell, stdin)),
-                dir: Some(dir.clone()),
+                dir: Some(dir.to_owned()),
                 ca: ca.clone(),
             };
-            match server.wait_ready(&dir).await {
+            match server.wait_ready(dir).await {
                 Ok(()) => return Ok(server),
                 // Dropping `server` stops what is left of it.
                 Err(why) => last_error = why,
