@@ -561,6 +561,11 @@ pub struct LaunchArgs {
     /// The postgres backend's most open connections.
     #[arg(long, alias = "history-pool-size", value_name = "N", default_value_t = 16, help_heading = heading::HISTORY)]
     pub postgres_pool_max_size: u32,
+    /// How long a history call waits for a postgres connection (a free
+    /// one, or a new one) before it fails with history_unavailable (503),
+    /// and how long start-up waits for the first.
+    #[arg(long, value_name = "SECS", default_value_t = 5, help_heading = heading::HISTORY)]
+    pub history_connect_timeout_secs: u64,
 
     // ==== Images ====
     /// Directories `file://` image URLs may read from (repeatable).
@@ -1767,6 +1772,10 @@ fn history_config(args: &LaunchArgs) -> Result<HistoryConfig, ConfigError> {
                 )
             })?,
             max_connections: at_least("postgres-pool-max-size", args.postgres_pool_max_size, 1)?,
+            connect_timeout: seconds(
+                "history-connect-timeout-secs",
+                args.history_connect_timeout_secs,
+            )?,
         },
     })
 }
@@ -1954,6 +1963,38 @@ mod tests {
             Err(CliError::Config(err)) => err,
             other => panic!("{line}: expected a config error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn postgres_history_flags_become_the_postgres_config() {
+        let line = "smg launch --worker-urls grpc://a:1 --history-backend postgres \
+                    --history-url postgres://db/h";
+        let HistoryConfig::Postgres {
+            url,
+            max_connections,
+            connect_timeout,
+        } = config_ok(line).history
+        else {
+            panic!("{line}: not postgres");
+        };
+        assert_eq!(
+            (url.as_str(), max_connections, connect_timeout),
+            ("postgres://db/h", 16, Duration::from_secs(5))
+        );
+        let line = format!("{line} --postgres-pool-max-size 3 --history-connect-timeout-secs 1");
+        assert!(matches!(
+            config_ok(&line).history,
+            HistoryConfig::Postgres {
+                max_connections: 3,
+                connect_timeout,
+                ..
+            } if connect_timeout == Duration::from_secs(1)
+        ));
+        let refused = refusal(
+            "smg launch --worker-urls grpc://a:1 --history-backend postgres \
+             --history-url postgres://db/h --history-connect-timeout-secs 0",
+        );
+        assert_eq!(refused.flag, "history-connect-timeout-secs");
     }
 
     #[test]

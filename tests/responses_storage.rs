@@ -1,9 +1,10 @@
 //! The Responses API on the stores a deployment keeps its history in, end to
 //! end: a sqlite file that outlives the gateway process, one PostgreSQL
 //! database shared by two gateways at once, a PostgreSQL server that goes
-//! away and comes back under a running gateway, `--history-backend none`,
-//! and the start-up failures of a postgres backend that is misconfigured or
-//! out of reach.
+//! away and comes back under a running gateway, one that goes away while a
+//! streamed response is in the middle of its stream (so its save fails),
+//! `--history-backend none`, and the start-up failures of a postgres
+//! backend that is misconfigured or out of reach.
 //!
 //! Why it exists: `tests/responses.rs` proves the API on the memory backend
 //! inside one process; what a user of sqlite or postgres relies on is that a
@@ -21,9 +22,12 @@ mod support;
 #[path = "../history/tests/support/postgres.rs"]
 mod postgres;
 
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::chat::http;
-use support::{Gateway, SimWorker, bounded};
+use support::media::{metric, metrics_text};
+use support::responses::{names, parse_events};
+use support::{Gateway, SimWorker, bounded, poll_until};
 
 /// A zero-delay worker serving the fixture model as `model`, and the flags
 /// naming it.
@@ -246,9 +250,17 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     let mut server = postgres::private_server().await;
     let url = server.create_database().await;
     let (_worker, fleet) = worker();
+    // Each call during the outage waits this long for a connection.
     let gateway = gateway(
         &fleet,
-        &["--history-backend", "postgres", "--history-url", &url],
+        &[
+            "--history-backend",
+            "postgres",
+            "--history-url",
+            &url,
+            "--history-connect-timeout-secs",
+            "2",
+        ],
     );
     let one = step(&gateway, "one", None).await;
 
@@ -297,6 +309,137 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     assert_replayed(&gateway, &[("one", &one), ("two", &two), ("three", &three)]).await;
 }
 
+/// What the gateway holds for running requests: admission slots taken
+/// (`smg_admission_in_flight`) and the requests it counts on the worker at
+/// `worker_url` (the admin API's `in_flight`).
+async fn held(gateway: &Gateway, worker_url: &str) -> (f64, u64) {
+    let slots = metric(&metrics_text(gateway).await, "smg_admission_in_flight", &[]);
+    let (status, body) = send(http().get(gateway.admin_url("/workers"))).await;
+    assert_eq!(status, 200, "{body}");
+    let load = body["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .find(|worker| worker["url"] == worker_url)
+        .and_then(|worker| worker["in_flight"].as_u64())
+        .unwrap_or_else(|| panic!("{worker_url} is not listed: {body}"));
+    (slots, load)
+}
+
+/// The store fails exactly at the save of a streamed response: its worker
+/// holds the stream after two tokens (`--hold-after-tokens`) while the
+/// test stops the server, then lets it end (SIGUSR1). The stream has sent
+/// its events and finished its output; then comes `error` (the store's
+/// failure, as the gateway words it) and `response.failed` carrying the
+/// whole output, numbered on from the rest with no gap. Only the save
+/// failed; the admission slot and the worker's load count taken while it
+/// ran are given back; nothing was stored.
+#[tokio::test]
+async fn a_streamed_response_whose_save_fails_ends_with_error_then_response_failed() {
+    let mut server = postgres::private_server().await;
+    let url = server.create_database().await;
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--hold-after-tokens", "2"],
+    );
+    let worker_url = worker.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker_url,
+        "--served-model-name",
+        "model",
+        "--max-concurrent-requests",
+        "1",
+        "--history-backend",
+        "postgres",
+        "--history-url",
+        &url,
+        "--history-connect-timeout-secs",
+        "2",
+    ]);
+
+    let stream = bounded(
+        "the stream's head",
+        http()
+            .post(gateway.url("/v1/responses"))
+            .json(&json!({"input": "held", "stream": true, "max_output_tokens": 64}))
+            .send(),
+    )
+    .await
+    .expect("sent");
+    assert_eq!(stream.status().as_u16(), 200);
+    poll_until("the response to hold a slot and its worker", async || {
+        (held(&gateway, &worker_url).await == (1.0, 1)).then_some(())
+    })
+    .await;
+
+    server.stop().await;
+    worker.signal(Signal::SIGUSR1);
+    let text = bounded("the rest of the stream", stream.text())
+        .await
+        .expect("the stream's body");
+    let events = parse_events(&text);
+    let names = names(&events);
+    assert_eq!(names[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(
+        names[names.len() - 2..],
+        ["error", "response.failed"],
+        "{names:?}"
+    );
+    for (index, (_, data)) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], index, "{names:?}");
+    }
+    let done = names
+        .iter()
+        .position(|name| *name == "response.output_item.done")
+        .expect("the message was finished");
+    assert!(done < names.len() - 2, "before the save: {names:?}");
+    let deltas: String = events
+        .iter()
+        .filter(|(name, _)| name == "response.output_text.delta")
+        .filter_map(|(_, data)| data["delta"].as_str())
+        .collect();
+
+    let message = "the history store (postgres) failed to save the response; nothing was changed";
+    let error = &events[events.len() - 2].1;
+    assert_eq!(error["code"], "history_unavailable", "{error}");
+    assert_eq!(error["message"], message);
+    let failed = &events[events.len() - 1].1["response"];
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "history_unavailable");
+    assert_eq!(failed["error"]["message"], message);
+    let answer = output_text(failed);
+    digest(&answer);
+    assert_eq!(
+        answer, deltas,
+        "the failed response carries what was streamed"
+    );
+
+    let metrics = metrics_text(&gateway).await;
+    let errors = |labels: &[&str]| metric(&metrics, "smg_history_errors_total", labels);
+    assert_eq!(errors(&["operation=\"save_response\""]), 1.0, "{metrics}");
+    assert_eq!(errors(&[]), 1.0, "the save was the only call that failed");
+    poll_until(
+        "the slot and the worker's load to be given back",
+        async || (held(&gateway, &worker_url).await == (0.0, 0)).then_some(()),
+    )
+    .await;
+
+    server.start_again().await;
+    let id = failed["id"].as_str().expect("id");
+    let (status, body) = get(&gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!((status, code(&body)), (404, Some("response_not_found")));
+    // The one slot is free, and the worker holds no more streams.
+    let after = step(&gateway, "after", None).await;
+    let (status, stored) = get(
+        &gateway,
+        &format!("/v1/responses/{}", after["id"].as_str().expect("id")),
+    )
+    .await;
+    assert_eq!((status, stored), (200, after));
+}
+
 #[tokio::test]
 async fn history_backend_none_serves_responses_but_keeps_nothing() {
     let (_worker, fleet) = worker();
@@ -343,22 +486,47 @@ async fn a_postgres_backend_without_a_url_does_not_start() {
     assert!(error_line(&stderr).contains("--history-url"), "{stderr}");
 }
 
+/// A postgres backend out of reach (nothing listens on port 1) or that
+/// refuses the gateway (a database the server does not have) fails
+/// start-up at once, in one line with the server's address and the cause,
+/// without the URL's password. With `--history-connect-timeout-secs 60`, a
+/// start that waited for the timeout (as retrying a refused connection
+/// does) would fail the harness' 30 s bound instead.
 #[tokio::test]
-async fn a_postgres_backend_out_of_reach_does_not_start_nor_tell_its_password() {
+async fn a_postgres_backend_out_of_reach_fails_start_up_at_once_with_its_cause() {
     let (_worker, fleet) = worker();
-    // Nothing listens on port 1; a database the server does not have.
     let mut missing = url::Url::parse(&postgres::fresh_database().await).expect("a URL");
     missing.set_path("/no_such_database");
     missing
         .set_password(Some("hunter2-secret"))
         .expect("a password");
-    let urls = [
-        "postgres://smg:hunter2-secret@127.0.0.1:1/history".to_owned(),
-        missing.to_string(),
+    let server = format!(
+        "{}:{}",
+        missing.host_str().expect("a host"),
+        missing.port().expect("a port")
+    );
+    let cases = [
+        (
+            "postgres://smg:hunter2-secret@127.0.0.1:1/history".to_owned(),
+            "127.0.0.1:1".to_owned(),
+            "Connection refused",
+        ),
+        (
+            missing.to_string(),
+            server,
+            "database \"no_such_database\" does not exist",
+        ),
     ];
-    for url in &urls {
+    for (url, server, cause) in &cases {
         let mut args: Vec<&str> = fleet.iter().map(String::as_str).collect();
-        args.extend(["--history-backend", "postgres", "--history-url", url]);
+        args.extend([
+            "--history-backend",
+            "postgres",
+            "--history-url",
+            url,
+            "--history-connect-timeout-secs",
+            "60",
+        ]);
         let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
         let run = tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -367,8 +535,14 @@ async fn a_postgres_backend_out_of_reach_does_not_start_nor_tell_its_password() 
         let (status, stderr) = bounded("a failed start", run).await.expect("ran smg");
         assert!(!status.success(), "{url}: {stderr}");
         let line = error_line(&stderr);
-        assert!(line.starts_with("smg: history store"), "{stderr}");
-        assert!(line.contains("postgres"), "{stderr}");
+        assert!(
+            line.starts_with(&format!(
+                "smg: history store unavailable: cannot connect to postgres at {server}: "
+            )),
+            "{stderr}"
+        );
+        assert!(line.contains(cause), "{stderr}");
+        assert!(line.ends_with("(postgres, --history-url)"), "{stderr}");
         assert!(!stderr.contains("hunter2-secret"), "{stderr}");
     }
 }

@@ -13,6 +13,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -53,6 +54,7 @@ fn stores(rt: &Runtime, dir: &tempfile::TempDir) -> Vec<Arc<dyn HistoryStore>> {
             HistoryConfig::Postgres {
                 url: pg_server::fresh_database().await,
                 max_connections: 4,
+                connect_timeout: Duration::from_secs(5),
             },
         ];
         let mut stores = Vec::new();

@@ -4,7 +4,7 @@
 //! into one typed [`HistoryConfig`] once, and [`open`] turns that into the
 //! trait object it keeps; no other part of the gateway names a backend type.
 
-use std::{fmt, path::PathBuf, sync::Arc};
+use std::{fmt, path::PathBuf, sync::Arc, time::Duration};
 
 use crate::{
     HistoryResult, HistoryStore, memory::MemoryStore, none::NoneStore, postgres::PostgresStore,
@@ -21,7 +21,14 @@ pub enum HistoryConfig {
     /// An embedded database file (its parent directories are created).
     Sqlite { path: PathBuf },
     /// A PostgreSQL server shared by several gateway replicas.
-    Postgres { url: String, max_connections: u32 },
+    Postgres {
+        url: String,
+        max_connections: u32,
+        /// How long a call waits for a connection (a free one of the pool,
+        /// or a new one) before it fails `Unavailable`; also the bound on
+        /// connecting at open.
+        connect_timeout: Duration,
+    },
 }
 
 impl HistoryConfig {
@@ -46,10 +53,12 @@ impl fmt::Debug for HistoryConfig {
             Self::Postgres {
                 url,
                 max_connections,
+                connect_timeout,
             } => f
                 .debug_struct("Postgres")
                 .field("url", &redact_url(url))
                 .field("max_connections", max_connections)
+                .field("connect_timeout", connect_timeout)
                 .finish(),
         }
     }
@@ -96,8 +105,9 @@ pub async fn open(config: &HistoryConfig) -> HistoryResult<Arc<dyn HistoryStore>
         HistoryConfig::Postgres {
             url,
             max_connections,
+            connect_timeout,
         } => Ok(Arc::new(
-            PostgresStore::connect(url, *max_connections).await?,
+            PostgresStore::connect(url, *max_connections, *connect_timeout).await?,
         )),
     }
 }
@@ -111,6 +121,7 @@ mod tests {
         let config = HistoryConfig::Postgres {
             url: "postgres://smg:s3cret@db:5432/smg".into(),
             max_connections: 8,
+            connect_timeout: Duration::from_secs(5),
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("s3cret"), "{shown}");

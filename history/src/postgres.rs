@@ -8,20 +8,36 @@
 //! together migrate once and the others wait for it.
 //!
 //! Errors never carry the URL's password: sqlx's messages are scrubbed of
-//! it at open, the only place the URL is parsed.
+//! it at open, the only place the URL is read.
+//!
+//! Open connects once on its own, not through the pool, and migrates
+//! over that connection: sqlx's pool retries a refused connection until
+//! its acquire timeout and then says only "pool timed out", where one
+//! connection fails at once with its cause (refused, no such host, a
+//! password or database the server refuses, TLS). The pool connects
+//! lazily after that. Its acquire timeout, the `connect_timeout` of the
+//! config, is how long a call waits for a connection while the server is
+//! down or every connection is busy: nothing has been sent then, so the
+//! caller may say that nothing was changed. A query already sent is not
+//! timed out here, for the same reason.
+//!
+//! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
+//! `sslrootcert`. The certificate files the URL names are opened at start,
+//! so a wrong path fails there with its name: sqlx reads them only during
+//! a handshake, and says no more than "No such file or directory".
 
-use std::time::Duration;
+use std::{str::FromStr, time::Duration};
 
-use sqlx::{PgPool, postgres::PgPoolOptions};
+use sqlx::{
+    Connection, PgConnection, PgPool,
+    postgres::{PgConnectOptions, PgPoolOptions},
+};
 
 use crate::{
     HistoryError, HistoryResult,
     config::redact_secret,
     sql::{Queries, sql_store},
 };
-
-/// How long a call waits for a free connection before `Unavailable`.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The history in a PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -30,24 +46,88 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
-    /// Connects (one connection at once, so a bad URL fails here) and
-    /// brings the schema up to date.
-    pub async fn connect(url: &str, max_connections: u32) -> HistoryResult<Self> {
-        let unavailable = |what: &str, err: &dyn std::fmt::Display| {
-            HistoryError::Unavailable(redact_secret(url, &format!("{what}: {err}")))
+    /// Connects once (within `connect_timeout`, so a bad URL or a server
+    /// out of reach fails here, with its cause) and brings the schema up
+    /// to date over that connection; then the pool of `max_connections`,
+    /// whose calls wait at most `connect_timeout` for a connection.
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        connect_timeout: Duration,
+    ) -> HistoryResult<Self> {
+        let unavailable = |message: String| HistoryError::Unavailable(redact_secret(url, &message));
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|err| unavailable(format!("cannot connect to postgres: {err}")))?;
+        check_certificate_files(url)?;
+        let server = match options.get_socket() {
+            Some(socket) => socket.display().to_string(),
+            None => format!("{}:{}", options.get_host(), options.get_port()),
         };
+        let mut first = match tokio::time::timeout(
+            connect_timeout,
+            PgConnection::connect_with(&options),
+        )
+        .await
+        {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(err)) => {
+                return Err(unavailable(format!(
+                    "cannot connect to postgres at {server}: {err}"
+                )));
+            }
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "cannot connect to postgres at {server}: no answer within {connect_timeout:?}"
+                )));
+            }
+        };
+        let migrated = sqlx::migrate!("./migrations/postgres")
+            .run(&mut first)
+            .await;
+        let _ = first.close().await;
+        migrated.map_err(|err| {
+            unavailable(format!(
+                "cannot migrate the postgres history schema at {server}: {err}"
+            ))
+        })?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
-            .await
-            .map_err(|err| unavailable("cannot connect to postgres", &err))?;
-        sqlx::migrate!("./migrations/postgres")
-            .run(&pool)
-            .await
-            .map_err(|err| unavailable("cannot migrate the postgres history schema", &err))?;
+            .acquire_timeout(connect_timeout)
+            .connect_lazy_with(options);
         Ok(Self { pool })
     }
+}
+
+/// The URL parameters sqlx reads a certificate or key from (a file, or
+/// the PEM itself).
+const CERTIFICATE_PARAMETERS: [&str; 7] = [
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+];
+
+/// Fails, naming the parameter and the file, when a certificate file the
+/// URL names cannot be opened. A URL that does not parse is left to sqlx.
+fn check_certificate_files(url: &str) -> HistoryResult<()> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(());
+    };
+    for (key, value) in parsed.query_pairs() {
+        if !CERTIFICATE_PARAMETERS.contains(&&*key) || value.trim_start().starts_with("-----BEGIN")
+        {
+            continue;
+        }
+        if let Err(err) = std::fs::File::open(&*value) {
+            return Err(HistoryError::Unavailable(format!(
+                "cannot connect to postgres: {key}={value}: cannot read it: {err}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 const QUERIES: Queries = Queries {

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -71,6 +71,8 @@ pub struct Faults {
     pub exit_after_tokens: Option<u32>,
     /// Stop producing tokens (until cancelled) after this many tokens.
     pub stall_after_tokens: Option<u32>,
+    /// Stop producing tokens after this many, until released.
+    pub hold: Option<Hold>,
     /// Answer `accepted: false` to this many more Encode calls.
     pub refuse_encodes: AtomicU32,
     /// Fail this many more Encode calls with UNAVAILABLE.
@@ -85,6 +87,16 @@ pub struct Faults {
     pub unhealthy: bool,
     /// Report unhealthy in HealthCheck while this file exists (flapping).
     pub unhealthy_while_exists: Option<std::path::PathBuf>,
+}
+
+/// Streams that stop after `after_tokens` tokens and go on once
+/// `released` turns true (the test's signal: `--hold-after-tokens`), so a
+/// test can act while a response is known to be in the middle of its
+/// stream, and choose when it ends.
+#[derive(Debug)]
+pub struct Hold {
+    pub after_tokens: u32,
+    pub released: watch::Receiver<bool>,
 }
 
 /// Static engine settings.
@@ -693,6 +705,17 @@ impl Engine {
                     () = context.sender.closed() => return Err(Stop::ClientGone),
                 }
             }
+            if let Some(hold) = &faults.hold
+                && produced == hold.after_tokens
+            {
+                let mut released = hold.released.clone();
+                tokio::select! {
+                    // An error is the sender gone: nothing will release it.
+                    _ = released.wait_for(|released| *released) => {}
+                    () = context.cancel.cancelled() => {}
+                    () = context.sender.closed() => return Err(Stop::ClientGone),
+                }
+            }
             if context.cancel.is_cancelled() {
                 break complete(&output_ids, "abort", None);
             }
@@ -782,6 +805,7 @@ impl Engine {
             faults.fail_after_tokens,
             faults.drop_after_tokens,
             faults.stall_after_tokens,
+            faults.hold.as_ref().map(|hold| hold.after_tokens),
         ]
         .into_iter()
         .flatten()

@@ -45,7 +45,7 @@ use tokio::net::TcpListener;
 use tonic::service::Routes;
 
 use crate::agent::AgentModel;
-use crate::engine::{Engine, EngineConfig, Faults, Role, Timing};
+use crate::engine::{Engine, EngineConfig, Faults, Hold, Role, Timing};
 use crate::hostile::{Hostility, Misbehaviour};
 use crate::model::ModelFacts;
 use crate::scripted::CompletionScript;
@@ -158,6 +158,10 @@ struct Args {
     /// Fault: stop producing tokens after N (until aborted or cancelled).
     #[arg(long)]
     stall_after_tokens: Option<u32>,
+    /// Hold each stream after N tokens until the process gets SIGUSR1;
+    /// then held streams and every later one go on.
+    #[arg(long, value_name = "N")]
+    hold_after_tokens: Option<u32>,
     /// Fault: answer `accepted: false` to the first N Encode calls.
     #[arg(long, default_value_t = 0)]
     refuse_encodes: u32,
@@ -286,6 +290,7 @@ impl Args {
                 drop_after_tokens: self.drop_after_tokens,
                 exit_after_tokens: self.exit_after_tokens,
                 stall_after_tokens: self.stall_after_tokens,
+                hold: None,
                 refuse_encodes: AtomicU32::new(self.refuse_encodes),
                 fail_encodes: AtomicU32::new(self.fail_encodes),
                 exit_on_encode: self.exit_on_encode,
@@ -312,6 +317,22 @@ impl Args {
     }
 }
 
+/// A flag that turns true at the first SIGUSR1. The handler is in place
+/// before the ready line is printed, so a test's signal never meets the
+/// default action (ending the process).
+fn released_by_sigusr1() -> Result<tokio::sync::watch::Receiver<bool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut signals = signal(SignalKind::user_defined1()).context("cannot catch SIGUSR1")?;
+    let (release, released) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while signals.recv().await.is_some() {
+            release.send_replace(true);
+        }
+    });
+    Ok(released)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
@@ -325,6 +346,12 @@ async fn main() -> Result<()> {
     }
     let model = ModelFacts::load(&args.model_path, args.served_model_name.clone())?;
     let mut config = args.engine_config();
+    if let Some(after_tokens) = args.hold_after_tokens {
+        config.faults.hold = Some(Hold {
+            after_tokens,
+            released: released_by_sigusr1()?,
+        });
+    }
     if let Some(path) = &args.script {
         match CompletionScript::load(path, &model) {
             Ok(script) => config.script = Some(script),

@@ -420,6 +420,13 @@ impl SimWorker {
         self.child.id()
     }
 
+    /// Sends `signal` to the worker process (SIGUSR1 releases the streams
+    /// `--hold-after-tokens` holds).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the worker");
+    }
+
     /// Kills the worker process now.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

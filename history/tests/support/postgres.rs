@@ -23,6 +23,12 @@
 //! smg's `tests/responses_storage.rs`) takes a server of its own from
 //! [`private_server`], and stops and starts it again on the same port and
 //! data directory: the shell also reads `stop` and `start` lines.
+//!
+//! A test of TLS takes a server of its own from [`private_tls_server`]:
+//! `ssl=on` with a certificate for `127.0.0.1` issued, at start, by a CA
+//! made for that server alone ([`PgServer::ca_file`] is what a client
+//! trusts). The shared server stays without TLS, so the other tests and
+//! the benchmark measure the store, not the handshake.
 
 use std::{
     ffi::OsStr,
@@ -79,6 +85,16 @@ pub struct PgServer {
     lifeline: Option<(Child, ChildStdin)>,
     /// The server's directory (none for an outside server).
     dir: Option<PathBuf>,
+    /// The PEM file of the CA that issued the server's certificate (a
+    /// server with TLS on only).
+    ca: Option<PathBuf>,
+}
+
+/// Whether a server starts with TLS on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls {
+    Off,
+    On,
 }
 
 impl Drop for PgServer {
@@ -100,7 +116,7 @@ pub async fn server() -> &'static PgServer {
         .get_or_init(|| async {
             match std::env::var(URL_VAR) {
                 Ok(url) => PgServer::outside(&url),
-                Err(_) => PgServer::start().await,
+                Err(_) => PgServer::start(Tls::Off).await,
             }
         })
         .await;
@@ -126,7 +142,32 @@ pub async fn fresh_database() -> String {
 /// dropping it stops it and removes its files.
 #[allow(dead_code)] // Used by smg's tests/responses_storage.rs.
 pub async fn private_server() -> PgServer {
-    PgServer::start().await.unwrap_or_else(|why| {
+    start_private(Tls::Off).await
+}
+
+/// A server of the caller's own with TLS on (and plain connections still
+/// allowed): its certificate names `127.0.0.1`, and [`PgServer::ca_file`]
+/// is the CA that issued it.
+#[allow(dead_code)] // Used by tests/contract.rs.
+pub async fn private_tls_server() -> PgServer {
+    start_private(Tls::On).await
+}
+
+/// A new database on a server without TLS, and the server when it is one
+/// of the caller's own: this binary's server, unless that is an outside
+/// one (which may speak TLS), then a private one.
+#[allow(dead_code)] // Used by tests/contract.rs.
+pub async fn database_without_tls() -> (Option<PgServer>, String) {
+    if std::env::var_os(URL_VAR).is_none() {
+        return (None, fresh_database().await);
+    }
+    let server = private_server().await;
+    let url = server.create_database().await;
+    (Some(server), url)
+}
+
+async fn start_private(tls: Tls) -> PgServer {
+    PgServer::start(tls).await.unwrap_or_else(|why| {
         panic!(
             "no private PostgreSQL server for this test: {why}\n\
              Install Debian's `postgresql` package (`.ci/run` installs it when \
@@ -143,7 +184,17 @@ impl PgServer {
             admin_url,
             lifeline: None,
             dir: None,
+            ca: None,
         })
+    }
+
+    /// The PEM file of the CA that issued a TLS server's certificate (what
+    /// `sslrootcert` names).
+    #[allow(dead_code)] // Used by tests/contract.rs.
+    pub fn ca_file(&self) -> &Path {
+        self.ca
+            .as_deref()
+            .expect("a server started by private_tls_server")
     }
 
     /// The server's directory and the shell's stdin, for [`Self::stop`]
@@ -199,27 +250,63 @@ impl PgServer {
         url.to_string()
     }
 
-    /// `initdb` into a temp dir, then `postgres` on a free loopback port.
-    async fn start() -> Result<Self, String> {
+    /// `initdb` into a temp dir, then `postgres` on a free loopback port
+    /// (with a certificate made now, when `tls` is on).
+    /// A start that fails leaves no directory behind (a server that did
+    /// start removes its own when it stops).
+    async fn start(tls: Tls) -> Result<Self, String> {
         let bin = find_bin_dir().ok_or_else(|| {
             "no `initdb` and `postgres` in PATH or /usr/lib/postgresql/*/bin".to_owned()
         })?;
-        let as_postgres = nix::unistd::geteuid().is_root();
         let dir = tempfile::Builder::new()
             .prefix("smg-pg-")
             .tempdir()
             .map_err(|err| format!("cannot make a temp dir: {err}"))?
             .keep();
-        if as_postgres {
-            // initdb refuses to run as root: the server's files belong to
-            // the `postgres` system user (Debian's package makes it).
+        let started = Self::start_in(&bin, &dir, tls).await;
+        if started.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        started
+    }
+
+    async fn start_in(bin: &Path, dir: &Path, tls: Tls) -> Result<Self, String> {
+        let as_postgres = nix::unistd::geteuid().is_root();
+        // initdb refuses to run as root: the server's files belong to the
+        // `postgres` system user (Debian's package makes it).
+        let owner = if as_postgres {
             let user = nix::unistd::User::from_name("postgres")
                 .ok()
                 .flatten()
                 .ok_or("running as root and there is no `postgres` user to run the server as")?;
-            std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-                .map_err(|err| format!("cannot chown {}: {err}", dir.display()))?;
-        }
+            Some((user.uid.as_raw(), user.gid.as_raw()))
+        } else {
+            None
+        };
+        let give = |path: &Path| match owner {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|err| format!("cannot chown {}: {err}", path.display())),
+            None => Ok(()),
+        };
+        give(dir)?;
+        let mut tls_settings = Vec::new();
+        let ca = match tls {
+            Tls::Off => None,
+            Tls::On => {
+                let files = make_certificates(dir)?;
+                give(&files.cert)?;
+                give(&files.key)?;
+                tls_settings = vec![
+                    "-c".to_owned(),
+                    "ssl=on".to_owned(),
+                    "-c".to_owned(),
+                    format!("ssl_cert_file={}", files.cert.display()),
+                    "-c".to_owned(),
+                    format!("ssl_key_file={}", files.key.display()),
+                ];
+                Some(files.ca)
+            }
+        };
         let data = dir.join("data");
         let initdb = command(as_postgres, &bin.join("initdb"))
             .arg("-D")
@@ -248,15 +335,16 @@ impl PgServer {
             let port = free_port()?;
             let mut shell = command(as_postgres, Path::new("sh"))
                 .args(["-c", LIFELINE, "lifeline"])
-                .arg(&dir)
+                .arg(dir)
                 .arg(bin.join("postgres"))
                 .arg("-D")
                 .arg(&data)
                 .arg("-k")
-                .arg(&dir)
+                .arg(dir)
                 .arg("-p")
                 .arg(port.to_string())
                 .args(["-c", "listen_addresses=127.0.0.1"])
+                .args(&tls_settings)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
@@ -267,9 +355,10 @@ impl PgServer {
                 admin_url: url::Url::parse(&format!("postgres://smg@127.0.0.1:{port}/postgres"))
                     .map_err(|err| err.to_string())?,
                 lifeline: Some((shell, stdin)),
-                dir: Some(dir.clone()),
+                dir: Some(dir.to_owned()),
+                ca: ca.clone(),
             };
-            match server.wait_ready(&dir).await {
+            match server.wait_ready(dir).await {
                 Ok(()) => return Ok(server),
                 // Dropping `server` stops what is left of it.
                 Err(why) => last_error = why,
@@ -315,6 +404,55 @@ async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The files of a TLS server, in its directory.
+struct TlsFiles {
+    /// The CA's certificate (PEM), for clients.
+    ca: PathBuf,
+    /// The server's certificate (PEM), issued by the CA for `127.0.0.1`.
+    cert: PathBuf,
+    /// Its private key (PEM, mode 0600: postgres refuses a key others may
+    /// read).
+    key: PathBuf,
+}
+
+/// A CA made for one server, and the certificate it issues that server.
+fn make_certificates(dir: &Path) -> Result<TlsFiles, String> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    use std::os::unix::fs::PermissionsExt;
+
+    let failed = |what: &'static str| move |err: rcgen::Error| format!("cannot make {what}: {err}");
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(failed("CA params"))?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "smg history test CA");
+    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(failed("a key"))?)
+        .map_err(failed("the CA"))?;
+    let mut params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned()]).map_err(failed("server params"))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "smg history test server");
+    let key = KeyPair::generate().map_err(failed("a key"))?;
+    let cert = params
+        .signed_by(&key, &ca)
+        .map_err(failed("the server's certificate"))?;
+    let files = TlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+    };
+    let write = |path: &Path, text: String| {
+        std::fs::write(path, text).map_err(|err| format!("cannot write {}: {err}", path.display()))
+    };
+    write(&files.ca, ca.pem())?;
+    write(&files.cert, cert.pem())?;
+    write(&files.key, key.serialize_pem())?;
+    std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600))
+        .map_err(|err| format!("cannot restrict {}: {err}", files.key.display()))?;
+    Ok(files)
 }
 
 fn command(as_postgres: bool, program: &Path) -> Command {
