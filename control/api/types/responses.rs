@@ -9,6 +9,8 @@
 //! exactly; [`Item::from_input`] reads a client's item with the field path
 //! of what is wrong in its error, and mints the ids a client may omit.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -641,12 +643,22 @@ pub struct ResponseObject {
     pub temperature: Option<f32>,
     pub text: TextConfig,
     pub tool_choice: Value,
-    pub tools: Vec<Value>,
+    /// The request's tools, shared by every object of one response (a
+    /// stream repeats the object in several events).
+    #[serde(serialize_with = "shared_list")]
+    pub tools: Arc<[Value]>,
     pub top_p: Option<f32>,
     pub truncation: &'static str,
     pub usage: Option<ResponseUsage>,
     pub user: Option<String>,
     pub metadata: Map<String, Value>,
+}
+
+fn shared_list<S: serde::Serializer>(
+    items: &Arc<[Value]>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    items[..].serialize(serializer)
 }
 
 /// One event of a streamed response; [`Sequenced`] adds its number.

@@ -159,7 +159,7 @@ struct Plan {
     /// `tools` as a chat request's text (see [`convert::chat_tools`]).
     chat_tools: Option<ToolsJson>,
     /// The tools as the client sent them (echoed in the response).
-    tools_echo: Vec<Value>,
+    tools_echo: Arc<[Value]>,
     choice: Option<ToolChoice>,
     mcp_servers: Vec<McpServerPlan>,
     conversation_id: Option<String>,
@@ -293,7 +293,7 @@ async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
 
 /// Checks a request and reads its history into a [`Plan`].
 async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]) -> Result<Plan> {
-    let request: ResponsesRequest = parse_json(body)?;
+    let mut request: ResponsesRequest = parse_json(body)?;
     let history = &state.history;
     if request.conversation.is_some() && request.previous_response_id.is_some() {
         return Err(Error::new(
@@ -384,7 +384,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
         messages.push(item);
     }
     let stream = request.stream.unwrap_or(false);
-    let tools_echo = request.tools.clone().unwrap_or_default();
+    let tools_echo: Arc<[Value]> = request.tools.take().unwrap_or_default().into();
     let chat_tools = convert::chat_tools(&tools)?;
     let plan = Plan {
         id: ids::mint_owned(ids::RESPONSE, owner),
@@ -470,7 +470,7 @@ impl Plan {
                 .tool_choice
                 .clone()
                 .unwrap_or_else(|| Value::from("auto")),
-            tools: self.tools_echo.clone(),
+            tools: Arc::clone(&self.tools_echo),
             top_p: request.top_p,
             truncation: "disabled",
             usage,
