@@ -97,7 +97,7 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
 async fn serve_with(
     config: GatewayConfig,
     env: DiscoveryEnv,
-    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    metrics: crate::metrics::MetricsHandle,
 ) -> anyhow::Result<()> {
     // Certificates first: a bad file fails start-up before any discovery.
     let tls = match &config.listen.tls {

@@ -8,7 +8,8 @@
 //! counters named `_total`, ...), every family exported must be a row of
 //! the README's metrics table with the same type and labels, and that
 //! table must be the code's (`smg::metrics::FAMILIES`). A worker's health
-//! and circuit gauges must be there before any request.
+//! and circuit gauges must be there before any request, and a removed
+//! worker's series must leave with it while the others' stay.
 //!
 //! `promtool` comes from Debian's `prometheus` package. Without it on
 //! PATH the promtool check is skipped with a note, unless
@@ -364,6 +365,133 @@ async fn worker_gauges_show_from_start_up() {
             "a new worker's circuit is closed: {circuit}"
         );
     }
+}
+
+/// The families with a series labelled `worker="{url}"` in `text`.
+fn families_of(text: &str, url: &str) -> BTreeSet<String> {
+    let label = format!("worker=\"{url}\"");
+    text.lines()
+        .filter(|line| !line.starts_with('#') && line.contains(&label))
+        .filter_map(|line| Some(line.split_once('{')?.0.to_owned()))
+        .collect()
+}
+
+/// An admin call: its status and JSON body.
+async fn admin(
+    gateway: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut request = http().request(method, gateway.admin_url(path));
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = bounded("an admin call", request.send())
+        .await
+        .expect("answered");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_removed_workers_series_leave_with_it_and_the_others_stay() {
+    let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let second = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &first.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--health-check-interval-secs",
+        "1",
+        "--health-success-threshold",
+        "1",
+    ]);
+    let register = async || {
+        let (code, accepted) = admin(
+            &gateway,
+            reqwest::Method::POST,
+            "/workers",
+            Some(json!({"url": second.grpc_url()})),
+        )
+        .await;
+        assert_eq!(code, 202, "{accepted}");
+        let id = accepted["id"].as_str().expect("an id").to_owned();
+        support::poll_until("the registered worker is ready", async || {
+            let (code, status) = admin(
+                &gateway,
+                reqwest::Method::GET,
+                &format!("/workers/{id}"),
+                None,
+            )
+            .await;
+            (code == 200 && status["status"] == "ready").then_some(())
+        })
+        .await;
+        id
+    };
+    let id = register().await;
+    // Round robin: both workers are chosen.
+    for _ in 0..4 {
+        let answer = http()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&json!({"model": "model", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Hi"}]}))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(answer.status(), 200);
+    }
+    let text = scrape(&gateway).await;
+    let kept = families_of(&text, &first.grpc_url());
+    let removed = families_of(&text, &second.grpc_url());
+    for family in [
+        "smg_worker_health_state",
+        "smg_worker_cb_state",
+        "smg_worker_connections",
+        "smg_worker_connects_total",
+        "smg_worker_selection_total",
+    ] {
+        assert!(
+            kept.contains(family),
+            "{family} of the first worker:\n{text}"
+        );
+        assert!(
+            removed.contains(family),
+            "{family} of the second worker:\n{text}"
+        );
+    }
+
+    let (code, answer) = admin(
+        &gateway,
+        reqwest::Method::DELETE,
+        &format!("/workers/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(code, 202, "{answer}");
+    // Its series go once it has drained and been let go...
+    let text = support::poll_until("the removed worker's series are gone", async || {
+        let text = scrape(&gateway).await;
+        families_of(&text, &second.grpc_url())
+            .is_empty()
+            .then_some(text)
+    })
+    .await;
+    // ... and every series of the other worker stays.
+    assert_eq!(families_of(&text, &first.grpc_url()), kept, "{text}");
+    assert!(promtool_problems(&text).is_none(), "{text}");
+
+    // Registered again, the same URL's series come back.
+    register().await;
+    let text = scrape(&gateway).await;
+    assert!(
+        families_of(&text, &second.grpc_url()).contains("smg_worker_health_state"),
+        "{text}"
+    );
 }
 
 /// The gateway's stderr once it has logged `line`.

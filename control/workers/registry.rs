@@ -191,6 +191,9 @@ struct Job {
     bootstrap_port: Option<u16>,
     lane_override: Option<WorkerLaneOverride>,
     error: Option<String>,
+    /// Keeps the series labelled with its URL (its connects) in
+    /// `/metrics` while it runs and while its failure is listed.
+    _series: crate::metrics::WorkerSeriesHold,
 }
 
 /// The workers of one model and how they are managed.
@@ -309,6 +312,7 @@ impl WorkerRegistry {
                     bootstrap_port: spec.bootstrap_port,
                     lane_override,
                     error: None,
+                    _series: crate::metrics::WorkerSeriesHold::new(client.url()),
                 },
             );
         }
