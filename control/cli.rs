@@ -871,6 +871,10 @@ pub struct LaunchArgs {
     /// Log as JSON lines.
     #[arg(long, help_heading = heading::LOGGING)]
     pub log_json: bool,
+    /// Also log to a file a day in this directory (created if need be):
+    /// DIR/smg.YYYY-MM-DD (UTC), as SMG names them; never coloured.
+    #[arg(long, value_name = "DIR", help_heading = heading::LOGGING)]
+    pub log_dir: Option<PathBuf>,
 
     /// WARNs for the SMG flags given that have no effect here (filled in
     /// from the compatibility table, not a flag).
@@ -1745,6 +1749,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
                 color: args.log_color,
+                dir: args.log_dir,
             },
             warnings: args.smg_warnings,
         })
@@ -2665,14 +2670,14 @@ mod tests {
     #[test]
     fn smg_flags_without_effect_warn_and_others_are_refused_by_name() {
         let config = config(
-            "smg --worker-urls grpc://a:1 --eviction-interval 60 --log-dir /var/log/smg \
+            "smg --worker-urls grpc://a:1 --eviction-interval 60 --block-size 16 \
              --enable-trace --prometheus-duration-buckets 0.1 1 10",
         )
         .expect("valid");
         assert_eq!(config.warnings.len(), 4, "{:?}", config.warnings);
         for flag in [
             "--eviction-interval",
-            "--log-dir",
+            "--block-size",
             "--enable-trace",
             "--prometheus-duration-buckets",
         ] {
@@ -2704,6 +2709,18 @@ mod tests {
                 .is_empty(),
             "no SMG flag, no WARN"
         );
+    }
+
+    #[test]
+    fn log_dir_takes_effect() {
+        let config = config_ok("smg --worker-urls grpc://a:1 --log-dir /var/log/smg");
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        assert_eq!(
+            config.log.dir.as_deref(),
+            Some(std::path::Path::new("/var/log/smg"))
+        );
+        let plain = config_ok("smg --worker-urls grpc://a:1");
+        assert_eq!(plain.log.dir, None);
     }
 
     fn config_ok(line: &str) -> GatewayConfig {

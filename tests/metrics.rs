@@ -1,6 +1,6 @@
 //! The gateway's `/metrics` is clean Prometheus and documented; its logs
-//! carry colour codes only when asked or on a terminal; a start-up mistake
-//! is one line.
+//! carry colour codes only when asked or on a terminal, and go to a file a
+//! day too with `--log-dir`; a start-up mistake is one line.
 //!
 //! Gateways in each mode serve a mix of requests (every dialect, streamed
 //! and whole, an image, failures and refusals); then each scrape must pass
@@ -523,6 +523,45 @@ async fn log_lines_are_coloured_only_when_asked_or_on_a_terminal() {
         let text = log_with(&log, "smg serving").await;
         assert_eq!(text.contains('\u{1b}'), coloured, "{color:?}:\n{text}");
     }
+
+    // --log-dir: the same lines in DIR/smg.YYYY-MM-DD as well (the
+    // directory made by smg), never coloured, even when stderr is.
+    let logs = dir.path().join("logs");
+    let log = dir.path().join("with-dir.log");
+    let logs_arg = logs.to_str().expect("a UTF-8 path");
+    let _gateway = Gateway::start_logged(
+        &[
+            "--worker-urls",
+            &url,
+            "--log-color",
+            "always",
+            "--log-dir",
+            logs_arg,
+        ],
+        "info",
+        &log,
+    );
+    assert!(log_with(&log, "smg serving").await.contains('\u{1b}'));
+    let file = support::poll_until("the log file says smg serving", async || {
+        let mut text = String::new();
+        for entry in std::fs::read_dir(&logs).ok()?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let date = name.strip_prefix("smg.").unwrap_or_default();
+            assert!(
+                date.len() == 10
+                    && date.chars().enumerate().all(|(i, c)| if i == 4 || i == 7 {
+                        c == '-'
+                    } else {
+                        c.is_ascii_digit()
+                    }),
+                "{name} is not smg.YYYY-MM-DD"
+            );
+            text.push_str(&std::fs::read_to_string(entry.path()).ok()?);
+        }
+        text.contains("smg serving").then_some(text)
+    })
+    .await;
+    assert!(!file.contains('\u{1b}'), "{file}");
 }
 
 /// Runs `smg launch ARGS` to its failure, with backtraces asked for;
@@ -557,7 +596,11 @@ fn a_start_up_mistake_is_one_line() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
     let port = taken.local_addr().expect("its address").port().to_string();
     let missing = "/nonexistent/smg-test/cert.pem";
-    let cases: [(&[&str], &[&str]); 2] = [
+    // A --log-dir under a file cannot be made.
+    let not_a_dir = tempfile::NamedTempFile::new().expect("a file");
+    let log_dir = not_a_dir.path().join("logs");
+    let log_dir = log_dir.to_str().expect("a UTF-8 path");
+    let cases: [(&[&str], &[&str]); 3] = [
         (
             &["--worker-urls", &url, "--port", &port],
             &[&port, "in use"],
@@ -574,6 +617,10 @@ fn a_start_up_mistake_is_one_line() {
                 missing,
             ],
             &[missing],
+        ),
+        (
+            &["--worker-urls", &url, "--port", "0", "--log-dir", log_dir],
+            &["--log-dir", log_dir],
         ),
     ];
     for (args, names) in cases {

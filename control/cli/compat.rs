@@ -266,11 +266,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag("model-id-from", Value, NO_DISCOVERY),
     flag("model-alias", Value, SAME),
     // Logging
-    flag(
-        "log-dir",
-        Value,
-        Ignored("smg logs to stderr: redirect it, or let systemd or Kubernetes collect it"),
-    ),
+    flag("log-dir", Value, SAME),
     flag("log-level", Value, differs("also takes trace")),
     flag("log-json", Switch, SAME),
     // Prometheus
