@@ -675,6 +675,12 @@ pub struct LaunchArgs {
     /// then needs one good probe).
     #[arg(long, help_heading = heading::HEALTH)]
     pub disable_health_check: bool,
+    /// Remove a worker its health checks find unhealthy (not_ready or
+    /// failed), as DELETE /workers/ID would: it drains and leaves the fleet
+    /// until registered again. Default: it stays listed, out of rotation,
+    /// until it recovers.
+    #[arg(long, help_heading = heading::HEALTH)]
+    pub remove_unhealthy_workers: bool,
     /// Pause between two HealthCheck probes of a worker.
     #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::HEALTH)]
     pub health_check_interval_secs: u64,
@@ -1654,6 +1660,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             },
             max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
             max_dp_ranks: at_least("max-dp-ranks", args.max_dp_ranks, 1)?,
+            remove_unhealthy: args.remove_unhealthy_workers,
         };
         let overrides = args
             .worker_tensor_transport
@@ -1751,7 +1758,17 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 color: args.log_color,
                 dir: args.log_dir,
             },
-            warnings: args.smg_warnings,
+            warnings: {
+                let mut warnings = args.smg_warnings;
+                if args.remove_unhealthy_workers && args.disable_health_check {
+                    warnings.push(
+                        "--remove-unhealthy-workers has no effect with --disable-health-check: \
+                         no health check finds a worker unhealthy"
+                            .to_owned(),
+                    );
+                }
+                warnings
+            },
         })
     }
 }
@@ -2712,15 +2729,25 @@ mod tests {
     }
 
     #[test]
-    fn log_dir_takes_effect() {
-        let config = config_ok("smg --worker-urls grpc://a:1 --log-dir /var/log/smg");
+    fn log_dir_and_remove_unhealthy_workers_take_effect() {
+        let config = config_ok(
+            "smg --worker-urls grpc://a:1 --log-dir /var/log/smg --remove-unhealthy-workers",
+        );
         assert!(config.warnings.is_empty(), "{:?}", config.warnings);
         assert_eq!(
             config.log.dir.as_deref(),
             Some(std::path::Path::new("/var/log/smg"))
         );
+        assert!(config.lifecycle.remove_unhealthy);
         let plain = config_ok("smg --worker-urls grpc://a:1");
         assert_eq!(plain.log.dir, None);
+        assert!(!plain.lifecycle.remove_unhealthy);
+        // Without health checks nothing finds a worker unhealthy: said once.
+        let idle = config_ok(
+            "smg --worker-urls grpc://a:1 --remove-unhealthy-workers --disable-health-check",
+        );
+        assert_eq!(idle.warnings.len(), 1, "{:?}", idle.warnings);
+        assert!(idle.warnings[0].contains("--disable-health-check"));
     }
 
     fn config_ok(line: &str) -> GatewayConfig {

@@ -292,9 +292,11 @@ async fn serve_with(
                     Arc::clone(&env.lanes) as _,
                 )
                 .with_worker_tls(worker_tls.clone());
+                let registry = Arc::new(registry);
+                registry.spawn_unhealthy_removal();
                 state.serve(Fleet::Single {
                     router: Arc::new(router),
-                    registry: Arc::new(registry),
+                    registry,
                 });
                 anyhow::Ok(())
             };

@@ -382,13 +382,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
         Ignored("workers are probed with their gRPC HealthCheck RPC, which has no path"),
     ),
     flag("disable-health-check", Switch, SAME),
-    flag(
-        "remove-unhealthy-workers",
-        Switch,
-        Ignored(
-            "a failed worker stays listed (status failed) and out of rotation until it recovers or DELETE /workers/ID removes it",
-        ),
-    ),
+    flag("remove-unhealthy-workers", Switch, SAME),
     flag(
         "drain-settle-secs",
         Value,
