@@ -166,7 +166,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
         "eviction-interval",
         Value,
         Ignored(
-            "the cache_aware tree evicts its least recently used pages as it grows past --max-tree-size, with no periodic sweep",
+            "the cache_aware tree evicts its least recently used pages as soon as it grows past --max-tree-size, so it never holds more and there is no periodic sweep to time",
         ),
     ),
     flag(
@@ -379,7 +379,9 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag(
         "health-check-endpoint",
         Value,
-        Ignored("workers are probed with their gRPC HealthCheck RPC, which has no path"),
+        Ignored(
+            "smg speaks only gRPC to workers and probes them with the HealthCheck RPC, which has no HTTP path",
+        ),
     ),
     flag("disable-health-check", Switch, SAME),
     flag("remove-unhealthy-workers", Switch, SAME),
