@@ -17,6 +17,11 @@
 //!
 //! The same reading of a request line names the route of a connection
 //! refused at the connection cap ([`dialect_of_head_start`]).
+//!
+//! What it does not see: bytes that arrive while a request is in flight
+//! are not scanned (the listener watches heads only between requests), so
+//! a pipelined head sent before the previous response ended is bounded by
+//! hyper alone, and may still get hyper's bodiless 431.
 
 use super::dialect::ErrorDialect;
 use crate::error::{Error, ErrorCode, bytes_text};
