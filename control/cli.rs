@@ -680,6 +680,12 @@ pub struct LaunchArgs {
     /// then needs one good probe).
     #[arg(long, help_heading = heading::HEALTH)]
     pub disable_health_check: bool,
+    /// Remove a worker its health checks find unhealthy (not_ready or
+    /// failed), as DELETE /workers/ID would: it drains and leaves the fleet
+    /// until registered again. Default: it stays listed, out of rotation,
+    /// until it recovers.
+    #[arg(long, help_heading = heading::HEALTH)]
+    pub remove_unhealthy_workers: bool,
     /// Pause between two HealthCheck probes of a worker.
     #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::HEALTH)]
     pub health_check_interval_secs: u64,
@@ -876,6 +882,10 @@ pub struct LaunchArgs {
     /// Log as JSON lines.
     #[arg(long, help_heading = heading::LOGGING)]
     pub log_json: bool,
+    /// Also log to a file a day in this directory (created if need be):
+    /// DIR/smg.YYYY-MM-DD (UTC), as SMG names them; never coloured.
+    #[arg(long, value_name = "DIR", help_heading = heading::LOGGING)]
+    pub log_dir: Option<PathBuf>,
 
     /// WARNs for the SMG flags given that have no effect here (filled in
     /// from the compatibility table, not a flag).
@@ -1655,6 +1665,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             },
             max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
             max_dp_ranks: at_least("max-dp-ranks", args.max_dp_ranks, 1)?,
+            remove_unhealthy: args.remove_unhealthy_workers,
         };
         let overrides = args
             .worker_tensor_transport
@@ -1750,8 +1761,19 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 level: args.log_level.as_filter(),
                 json: args.log_json,
                 color: args.log_color,
+                dir: args.log_dir,
             },
-            warnings: args.smg_warnings,
+            warnings: {
+                let mut warnings = args.smg_warnings;
+                if args.remove_unhealthy_workers && args.disable_health_check {
+                    warnings.push(
+                        "--remove-unhealthy-workers has no effect with --disable-health-check: \
+                         no health check finds a worker unhealthy"
+                            .to_owned(),
+                    );
+                }
+                warnings
+            },
         })
     }
 }
@@ -2706,14 +2728,14 @@ mod tests {
     #[test]
     fn smg_flags_without_effect_warn_and_others_are_refused_by_name() {
         let config = config(
-            "smg --worker-urls grpc://a:1 --eviction-interval 60 --log-dir /var/log/smg \
+            "smg --worker-urls grpc://a:1 --eviction-interval 60 --block-size 16 \
              --enable-trace --prometheus-duration-buckets 0.1 1 10",
         )
         .expect("valid");
         assert_eq!(config.warnings.len(), 4, "{:?}", config.warnings);
         for flag in [
             "--eviction-interval",
-            "--log-dir",
+            "--block-size",
             "--enable-trace",
             "--prometheus-duration-buckets",
         ] {
@@ -2745,6 +2767,28 @@ mod tests {
                 .is_empty(),
             "no SMG flag, no WARN"
         );
+    }
+
+    #[test]
+    fn log_dir_and_remove_unhealthy_workers_take_effect() {
+        let config = config_ok(
+            "smg --worker-urls grpc://a:1 --log-dir /var/log/smg --remove-unhealthy-workers",
+        );
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        assert_eq!(
+            config.log.dir.as_deref(),
+            Some(std::path::Path::new("/var/log/smg"))
+        );
+        assert!(config.lifecycle.remove_unhealthy);
+        let plain = config_ok("smg --worker-urls grpc://a:1");
+        assert_eq!(plain.log.dir, None);
+        assert!(!plain.lifecycle.remove_unhealthy);
+        // Without health checks nothing finds a worker unhealthy: said once.
+        let idle = config_ok(
+            "smg --worker-urls grpc://a:1 --remove-unhealthy-workers --disable-health-check",
+        );
+        assert_eq!(idle.warnings.len(), 1, "{:?}", idle.warnings);
+        assert!(idle.warnings[0].contains("--disable-health-check"));
     }
 
     fn config_ok(line: &str) -> GatewayConfig {

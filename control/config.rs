@@ -389,7 +389,7 @@ impl DataPlaneSettings {
 }
 
 /// How the gateway logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogConfig {
     /// A `tracing` filter directive (`info`, `debug`, ...); `RUST_LOG` wins.
     pub level: &'static str,
@@ -397,4 +397,6 @@ pub struct LogConfig {
     pub json: bool,
     /// When lines carry ANSI colour codes.
     pub color: crate::logging::LogColor,
+    /// `--log-dir`: a directory where the lines also go, a file a day.
+    pub dir: Option<std::path::PathBuf>,
 }

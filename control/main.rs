@@ -36,19 +36,25 @@ fn one_line(err: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
+/// Installs logging as `log` says.
+fn init_logging(log: &smg::config::LogConfig) -> anyhow::Result<()> {
+    smg::logging::init(log.level, log.json, log.color, log.dir.as_deref()).map_err(|err| {
+        let dir = log.dir.as_deref().unwrap_or(std::path::Path::new(""));
+        anyhow::anyhow!("--log-dir {}: {err}", dir.display())
+    })
+}
+
 fn run() -> anyhow::Result<()> {
     match smg::cli::parse() {
         Invocation::Launch(config) => {
-            let log = &config.log;
-            smg::logging::init(log.level, log.json, log.color);
+            init_logging(&config.log)?;
             // Enumerate the cores once, before any thread is pinned.
             let cores = CorePlan::enumerate(config.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
             runtime.block_on(smg::server::launch(*config, cores))
         }
         Invocation::Demo(plan) => {
-            let log = &plan.gateway.log;
-            smg::logging::init(log.level, log.json, log.color);
+            init_logging(&plan.gateway.log)?;
             let cores = CorePlan::enumerate(plan.gateway.dataplane.cores);
             let runtime = smg::server::control_runtime(&cores)?;
             runtime.block_on(smg::demo::run(*plan, cores))

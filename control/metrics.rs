@@ -11,10 +11,35 @@
 //! ending in `_total`) and against the README's list. Gauges a dashboard
 //! needs before the first request (a worker's health and circuit) are set
 //! when the worker joins ([`record_worker_joined`]).
+//!
+//! The families about workers (`smg_worker_*`, labelled by the worker's
+//! URL) are kept apart from the exporter's registry, in [`WorkerSeries`],
+//! and leave `/metrics` with the worker. Why: the exporter can drop a
+//! series only when it has not changed for an idle timeout, which would
+//! also drop a live worker's steady gauges (its health, its circuit), and
+//! keeping a removed worker's series for ever shows dead workers on
+//! dashboards and grows without bound as workers come and go. So every
+//! worker, and every registration while it runs or its failure is listed,
+//! holds a [`WorkerSeriesHold`] on its URL; when the last hold on a URL is
+//! dropped, every series labelled with it goes, gauges and counters alike
+//! (a counter of a target that is gone may disappear, as Prometheus
+//! expects). A worker drops its hold with its last reference, after its
+//! drain and after its probes and load polls have let go, so no late
+//! reading brings its series back.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::formatting::{
+    sanitize_label_key, sanitize_label_value, write_help_line, write_type_line,
+};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use metrics_util::registry::{AtomicStorage, Registry};
 
 pub const REQUESTS_TOTAL: &str = "smg_router_requests_total";
 pub const REQUEST_DURATION: &str = "smg_router_request_duration_seconds";
@@ -61,6 +86,17 @@ pub enum Kind {
     Counter,
     Gauge,
     Histogram,
+}
+
+impl Kind {
+    /// The `# TYPE` word.
+    pub fn prometheus_type(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
 }
 
 /// One metric family: its name, kind and `# HELP` text.
@@ -280,14 +316,45 @@ const LATENCY_BUCKETS: &[f64] = &[
     60.0, 120.0,
 ];
 
-/// Installs the global Prometheus recorder and describes every family;
-/// call once at start-up.
-pub fn install() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new()
+/// The name prefix of the families about workers, kept in
+/// [`WorkerSeries`]: counters and gauges only.
+const WORKER_PREFIX: &str = "smg_worker_";
+
+/// Whether the family `name` is about workers.
+fn about_workers(name: &str) -> bool {
+    name.starts_with(WORKER_PREFIX)
+}
+
+/// The worker families' series, once [`install`] ran.
+static WORKER_SERIES: OnceLock<WorkerSeries> = OnceLock::new();
+
+/// What `/metrics` serves: the exporter's families, then the workers'.
+#[derive(Debug, Clone)]
+pub struct MetricsHandle {
+    exporter: PrometheusHandle,
+    workers: &'static WorkerSeries,
+}
+
+impl MetricsHandle {
+    /// The Prometheus text of every series.
+    pub fn render(&self) -> String {
+        let mut text = self.exporter.render();
+        self.workers.render(&mut text);
+        text
+    }
+}
+
+/// Installs the global recorder (the Prometheus exporter, with the worker
+/// families in [`WorkerSeries`]) and describes every family; call once at
+/// start-up.
+pub fn install() -> Result<MetricsHandle, String> {
+    let exporter = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
         .map_err(|err| err.to_string())?
-        .install_recorder()
-        .map_err(|err| err.to_string())?;
+        .build_recorder();
+    let handle = exporter.handle();
+    let workers = WORKER_SERIES.get_or_init(WorkerSeries::default);
+    metrics::set_global_recorder(Split { exporter, workers }).map_err(|err| err.to_string())?;
     for family in FAMILIES {
         match family.kind {
             Kind::Counter => metrics::describe_counter!(family.name, family.help),
@@ -295,7 +362,207 @@ pub fn install() -> Result<PrometheusHandle, String> {
             Kind::Histogram => metrics::describe_histogram!(family.name, family.help),
         }
     }
-    Ok(handle)
+    Ok(MetricsHandle {
+        exporter: handle,
+        workers,
+    })
+}
+
+/// The global recorder: the worker families go to [`WorkerSeries`], the
+/// rest to the Prometheus exporter.
+struct Split {
+    exporter: PrometheusRecorder,
+    workers: &'static WorkerSeries,
+}
+
+impl Recorder for Split {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        // The worker families' help comes from [`FAMILIES`] when rendered.
+        if !about_workers(key.as_str()) {
+            self.exporter.describe_counter(key, unit, description);
+        }
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        if !about_workers(key.as_str()) {
+            self.exporter.describe_gauge(key, unit, description);
+        }
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.exporter.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        if about_workers(key.name()) {
+            return self.workers.counter(key);
+        }
+        self.exporter.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        if about_workers(key.name()) {
+            return self.workers.gauge(key);
+        }
+        self.exporter.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.exporter.register_histogram(key, metadata)
+    }
+}
+
+/// The series of the worker families, and the holds on each worker URL's
+/// series.
+#[derive(Debug)]
+struct WorkerSeries {
+    registry: Registry<Key, AtomicStorage>,
+    /// How many holds each worker URL has.
+    holds: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl Default for WorkerSeries {
+    fn default() -> Self {
+        Self {
+            registry: Registry::atomic(),
+            holds: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl WorkerSeries {
+    fn counter(&self, key: &Key) -> Counter {
+        self.registry
+            .get_or_create_counter(key, |counter| Counter::from_arc(Arc::clone(counter)))
+    }
+
+    fn gauge(&self, key: &Key) -> Gauge {
+        self.registry
+            .get_or_create_gauge(key, |gauge| Gauge::from_arc(Arc::clone(gauge)))
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, usize>> {
+        self.holds.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn hold(&self, url: &Arc<str>) {
+        *self.holds().entry(Arc::clone(url)).or_default() += 1;
+    }
+
+    /// One hold on `url` let go; the last takes its series with it.
+    fn release(&self, url: &str) {
+        let mut holds = self.holds();
+        let Some(count) = holds.get_mut(url) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            holds.remove(url);
+            // Under the lock: a hold taken meanwhile waits, and its
+            // worker's series are recorded after this.
+            self.forget(url);
+        }
+    }
+
+    /// Removes every series labelled `worker=url`.
+    fn forget(&self, url: &str) {
+        let other = |key: &Key| {
+            !key.labels()
+                .any(|label| label.key() == "worker" && label.value() == url)
+        };
+        self.registry.retain_counters(|key, _| other(key));
+        self.registry.retain_gauges(|key, _| other(key));
+    }
+
+    /// Appends the series in the Prometheus text format, one block per
+    /// family as the exporter writes them, sorted.
+    fn render(&self, text: &mut String) {
+        let mut families: BTreeMap<String, (Kind, Vec<(String, String)>)> = BTreeMap::new();
+        let mut add = |key: &Key, kind: Kind, value: String| {
+            let labels = key
+                .labels()
+                .map(|label| {
+                    format!(
+                        "{}=\"{}\"",
+                        sanitize_label_key(label.key()),
+                        sanitize_label_value(label.value())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            families
+                .entry(key.name().to_owned())
+                .or_insert_with(|| (kind, Vec::new()))
+                .1
+                .push((labels, value));
+        };
+        self.registry.visit_counters(|key, counter| {
+            add(
+                key,
+                Kind::Counter,
+                counter.load(Ordering::Acquire).to_string(),
+            );
+        });
+        self.registry.visit_gauges(|key, gauge| {
+            let value = f64::from_bits(gauge.load(Ordering::Acquire));
+            add(key, Kind::Gauge, value.to_string());
+        });
+        for (name, (kind, mut series)) in families {
+            series.sort();
+            if let Some(family) = FAMILIES.iter().find(|family| family.name == name) {
+                write_help_line(text, &name, None, None, family.help);
+            }
+            write_type_line(text, &name, None, None, kind.prometheus_type());
+            for (labels, value) in series {
+                text.push_str(&name);
+                if !labels.is_empty() {
+                    text.push('{');
+                    text.push_str(&labels);
+                    text.push('}');
+                }
+                text.push(' ');
+                text.push_str(&value);
+                text.push('\n');
+            }
+            text.push('\n');
+        }
+    }
+}
+
+/// A hold on the series labelled with one worker URL: they stay while any
+/// hold on the URL exists and go when the last is dropped. Each worker
+/// (each data-parallel rank) holds one for as long as it exists, and each
+/// registration while it runs or its failure is listed. Before
+/// [`install`] (in unit tests) it holds nothing.
+#[derive(Debug)]
+pub struct WorkerSeriesHold {
+    url: Arc<str>,
+    series: Option<&'static WorkerSeries>,
+}
+
+impl WorkerSeriesHold {
+    pub fn new(url: &str) -> Self {
+        let url: Arc<str> = Arc::from(url);
+        let series = WORKER_SERIES.get();
+        if let Some(series) = series {
+            series.hold(&url);
+        }
+        Self { url, series }
+    }
+}
+
+impl Clone for WorkerSeriesHold {
+    fn clone(&self) -> Self {
+        Self::new(&self.url)
+    }
+}
+
+impl Drop for WorkerSeriesHold {
+    fn drop(&mut self) {
+        if let Some(series) = self.series {
+            series.release(&self.url);
+        }
+    }
 }
 
 /// One finished request.
@@ -575,6 +842,100 @@ mod tests {
             );
             assert!(family.help.ends_with('.'), "{name}: a sentence");
         }
+    }
+
+    /// The worker store keeps counters and gauges only, and every family
+    /// labelled by worker lives there (so it can leave with the worker).
+    #[test]
+    fn worker_families_are_counters_or_gauges() {
+        for family in FAMILIES.iter().filter(|family| about_workers(family.name)) {
+            assert_ne!(family.kind, Kind::Histogram, "{}", family.name);
+        }
+        for name in [
+            WORKER_SELECTION,
+            WORKER_HEALTH,
+            BREAKER_STATE,
+            BREAKER_TRANSITIONS,
+            LOAD_READINGS,
+            LOAD_AGE,
+            WORKER_CONNECTIONS,
+            WORKER_CONNECTS,
+            WORKER_RESENDS,
+            CIRCUIT_PROBES,
+            WORKER_PROTOCOL_VIOLATIONS,
+        ] {
+            assert!(about_workers(name), "{name} is labelled by worker");
+        }
+    }
+
+    fn key(name: &'static str, worker: &str) -> Key {
+        Key::from_parts(
+            name,
+            vec![
+                metrics::Label::new("worker", worker.to_owned()),
+                metrics::Label::new("role", "regular"),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_worker_urls_series_go_with_its_last_hold_and_no_one_elses() {
+        let series = WorkerSeries::default();
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("grpc://h:1"), Arc::from("grpc://h:10"));
+        series.gauge(&key(WORKER_HEALTH, &a)).set(1.0);
+        series.counter(&key(WORKER_CONNECTS, &a)).increment(3);
+        series.gauge(&key(LOAD_AGE, &b)).set(f64::INFINITY);
+        series.counter(&key(WORKER_CONNECTS, &b)).increment(1);
+        series
+            .counter(&Key::from_parts(
+                PANIC_ROUTING,
+                vec![metrics::Label::new("role", "decode")],
+            ))
+            .increment(1);
+        // Two holds on `a` (two data-parallel ranks), one on `b`.
+        series.hold(&a);
+        series.hold(&a);
+        series.hold(&b);
+        series.release(&a);
+        let mut text = String::new();
+        series.render(&mut text);
+        assert!(text.contains("worker=\"grpc://h:1\""), "{text}");
+
+        series.release(&a);
+        let mut text = String::new();
+        series.render(&mut text);
+        assert!(!text.contains("worker=\"grpc://h:1\""), "{text}");
+        assert!(
+            text.contains("smg_worker_connects_total{worker=\"grpc://h:10\",role=\"regular\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "smg_worker_load_age_seconds{worker=\"grpc://h:10\",role=\"regular\"} inf\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("smg_worker_panic_routing_total{role=\"decode\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP smg_worker_connects_total Connects to a worker")
+                && text.contains("# TYPE smg_worker_connects_total counter\n")
+                && text.contains("# TYPE smg_worker_load_age_seconds gauge\n"),
+            "{text}"
+        );
+        assert!(!text.contains("smg_worker_health_state"), "{text}");
+
+        // A URL held again records afresh.
+        series.hold(&a);
+        series.gauge(&key(WORKER_HEALTH, &a)).set(1.0);
+        let mut text = String::new();
+        series.render(&mut text);
+        assert!(
+            text.contains("smg_worker_health_state{worker=\"grpc://h:1\""),
+            "{text}"
+        );
     }
 
     #[test]

@@ -175,6 +175,7 @@ impl ModelTable {
             context: OnceLock::new(),
             routers: Mutex::default(),
         });
+        entry.registry.spawn_unhealthy_removal();
         start_load_polling(
             entry.workers(),
             &entry.policies,

@@ -97,7 +97,7 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
 async fn serve_with(
     config: GatewayConfig,
     env: DiscoveryEnv,
-    metrics: metrics_exporter_prometheus::PrometheusHandle,
+    metrics: crate::metrics::MetricsHandle,
 ) -> anyhow::Result<()> {
     // Certificates first: a bad file fails start-up before any discovery.
     let tls = match &config.listen.tls {
@@ -292,9 +292,11 @@ async fn serve_with(
                     Arc::clone(&env.lanes) as _,
                 )
                 .with_worker_tls(worker_tls.clone());
+                let registry = Arc::new(registry);
+                registry.spawn_unhealthy_removal();
                 state.serve(Fleet::Single {
                     router: Arc::new(router),
-                    registry: Arc::new(registry),
+                    registry,
                 });
                 anyhow::Ok(())
             };

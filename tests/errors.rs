@@ -5,7 +5,9 @@
 //! admission, the head and body limits, the JSON parser, the request
 //! timeout, the router's fallbacks (404, 405) and the framework's own
 //! rejections. Refusals of a limit name the flag that changes it. Real
-//! `smg` and `smg-sim-worker` processes, real HTTP.
+//! `smg` and `smg-sim-worker` processes, real HTTP. (The connection cap's
+//! refusal, answered before any request is served, is checked in both
+//! dialects in `tests/front_door.rs`.)
 
 mod support;
 
@@ -174,6 +176,28 @@ async fn requests_the_front_door_refuses_are_refused_in_the_routes_dialect() {
         .await;
         let message = assert_error(path, &answer, 431, "headers_too_large");
         assert!(message.contains("--max-header-size (4 KiB)"), "{message}");
+        // Heads hyper would refuse without a body (one still going at twice
+        // the limit, one with more fields than it reads) are stopped on the
+        // way and answered by the listener, in the route's dialect too.
+        let answer = send(
+            keyed()
+                .header("x-padding", "p".repeat(9000))
+                .json(&body(path)),
+        )
+        .await;
+        let message = assert_error(path, &answer, 431, "headers_too_large");
+        assert!(
+            message.contains("more than 8192 bytes")
+                && message.contains("--max-header-size (4 KiB)"),
+            "{message}"
+        );
+        let mut many = keyed();
+        for n in 0..120 {
+            many = many.header(format!("x-field-{n}"), "v");
+        }
+        let answer = send(many.json(&body(path))).await;
+        let message = assert_error(path, &answer, 431, "headers_too_large");
+        assert!(message.contains("100 header fields"), "{message}");
 
         // The JSON parser.
         let answer = send(keyed().header("content-type", "application/json").body("{")).await;

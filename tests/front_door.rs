@@ -74,6 +74,17 @@ async fn chat(gateway: &Gateway, headers: &[(&str, &str)]) -> Answer {
     send(request).await
 }
 
+/// Checks Anthropic's error shape and its error type.
+fn assert_anthropic(answer: &Answer, status: u16, kind: &str) {
+    assert_eq!(answer.status, status, "{}", answer.body);
+    assert_eq!(answer.body["type"], "error", "{}", answer.body);
+    let error = &answer.body["error"];
+    assert_eq!(error["type"], kind, "{}", answer.body);
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    let keys: Vec<&String> = answer.body.as_object().expect("an object").keys().collect();
+    assert_eq!(keys, ["type", "error"], "{}", answer.body);
+}
+
 /// Checks the OpenAI error shape and the code.
 fn assert_refused(answer: &Answer, status: u16, code: &str) {
     assert_eq!(answer.status, status, "{}", answer.body);
@@ -521,14 +532,47 @@ async fn oversized_heads_are_refused_and_other_clients_still_served() {
     ]);
     let answer = chat(&gateway, &[("x-filler", &"a".repeat(20_000))]).await;
     assert_refused(&answer, 431, "headers_too_large");
-    // Past twice the limit the head is refused before it is parsed.
+    // Past twice the limit the head is refused before hyper parses it, by
+    // the listener, as JSON in the dialect of the route its request line
+    // names.
     let huge = send(
         http()
             .get(gateway.url("/liveness"))
             .header("x-filler", "a".repeat(40_000)),
     )
     .await;
-    assert_eq!(huge.status, 431);
+    assert_refused(&huge, 431, "headers_too_large");
+    assert_eq!(huge.header("connection"), Some("close"));
+    let huge = send(
+        http()
+            .post(gateway.url("/v1/messages"))
+            .header("x-filler", "a".repeat(40_000))
+            .json(&json!({"model": "model", "max_tokens": 4, "messages": []})),
+    )
+    .await;
+    assert_anthropic(&huge, 431, "invalid_request_error");
+    // Also on the raw socket, the head cut off mid-way: the answer comes
+    // while the client is still sending.
+    let mut raw = TcpStream::connect(gateway.http).await.expect("connect");
+    raw.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: smg\r\nx-filler: ")
+        .await
+        .expect("write");
+    raw.write_all(&[b'a'; 40_000]).await.expect("write");
+    let refused = bounded("the refusal", read_response(&mut raw)).await;
+    assert_eq!(refused.status, 431, "{refused:?}");
+    let body: Value = serde_json::from_slice(&refused.body).expect("json");
+    assert_eq!(body["type"], "error", "{body}");
+    assert!(until_closed(&mut raw).await.is_empty(), "then closed");
+
+    let metrics = metrics_text(&gateway).await;
+    assert!(
+        metric(
+            &metrics,
+            "smg_http_refusals_total",
+            &["code=\"headers_too_large\""]
+        ) >= 4.0,
+        "{metrics}"
+    );
     assert_eq!(chat(&gateway, &[]).await.status, 200);
 }
 
@@ -717,19 +761,41 @@ async fn connections_over_the_cap_are_answered_503_with_retry_after() {
         assert_eq!(read_response(&mut stream).await.status, 200);
         held.push(stream);
     }
-    let mut third = TcpStream::connect(gateway.http).await.expect("connect");
-    third.write_all(LIVENESS).await.expect("write");
-    let refused = bounded("the refusal", read_response(&mut third)).await;
-    assert_eq!(refused.status, 503, "{refused:?}");
-    assert!(refused.head.contains("retry-after: 1"), "{}", refused.head);
-    assert!(
-        refused.head.contains("connection: close"),
-        "{}",
-        refused.head
-    );
-    let body: Value = serde_json::from_slice(&refused.body).expect("json");
-    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
-    assert!(until_closed(&mut third).await.is_empty(), "then closed");
+    // The refusal speaks the dialect of the route the request line names:
+    // OpenAI's with the code, or Anthropic's on /v1/messages.
+    let messages = b"POST /v1/messages HTTP/1.1\r\nhost: smg\r\ncontent-length: 2\r\n\r\n{}";
+    for (request, anthropic) in [(LIVENESS, false), (&messages[..], true)] {
+        let mut third = TcpStream::connect(gateway.http).await.expect("connect");
+        third.write_all(request).await.expect("write");
+        let refused = bounded("the refusal", read_response(&mut third)).await;
+        assert_eq!(refused.status, 503, "{refused:?}");
+        assert!(refused.head.contains("retry-after: 1"), "{}", refused.head);
+        assert!(
+            refused.head.contains("connection: close"),
+            "{}",
+            refused.head
+        );
+        assert!(
+            refused.head.contains("content-type: application/json"),
+            "{}",
+            refused.head
+        );
+        let body: Value = serde_json::from_slice(&refused.body).expect("json");
+        if anthropic {
+            assert_eq!(body["type"], "error", "{body}");
+            assert_eq!(body["error"]["type"], "overloaded_error", "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("--max-connections")),
+                "{body}"
+            );
+        } else {
+            assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
+            assert_eq!(body["error"]["type"], "service_unavailable_error", "{body}");
+        }
+        assert!(until_closed(&mut third).await.is_empty(), "then closed");
+    }
 
     // The held connections still work; once one closes, a newcomer is served.
     held[0].write_all(LIVENESS).await.expect("write");

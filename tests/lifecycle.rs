@@ -1,7 +1,8 @@
 //! End-to-end tests of the worker lifecycle through real `smg` and
 //! `smg-sim-worker` processes: the admin API (registration at run time,
-//! refusals, draining removal), health transitions of a flapping worker, and
-//! the circuit breaker opening on failed RPCs and closing after recovery.
+//! refusals, draining removal), health transitions of a flapping worker, the
+//! removal of an unhealthy one under `--remove-unhealthy-workers`, and the
+//! circuit breaker opening on failed RPCs and closing after recovery.
 
 #![allow(clippy::unwrap_used)]
 
@@ -338,6 +339,58 @@ async fn a_flapping_worker_leaves_and_rejoins_rotation() {
     assert_eq!(code, 200);
     let (code, body) = chat(&gateway, json!({})).await;
     assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test]
+async fn with_remove_unhealthy_workers_an_unhealthy_worker_is_removed() {
+    let flag = tempfile::NamedTempFile::new().unwrap();
+    let flag_path = flag.path().to_str().unwrap().to_owned();
+    let sick = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--unhealthy-while-exists", &flag_path],
+    );
+    let well = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &sick.grpc_url(),
+        &well.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--remove-unhealthy-workers",
+    ]);
+    // The flag file exists: the sick worker reports unhealthy, and is
+    // removed rather than kept out of rotation.
+    let listed = poll_until("the unhealthy worker is removed", async || {
+        let (_, body) = admin_get(&gateway, "/workers").await;
+        let urls: Vec<&str> = body["workers"]
+            .as_array()?
+            .iter()
+            .filter_map(|w| w["url"].as_str())
+            .collect();
+        (urls == [well.grpc_url().as_str()]).then_some(body.clone())
+    })
+    .await;
+    assert_eq!(listed["workers"][0]["status"], "ready", "{listed}");
+    let (code, body) = chat(&gateway, json!({})).await;
+    assert_eq!(code, 200, "the healthy worker serves: {body}");
+    // Its series leave /metrics with it.
+    let sick_label = format!("worker=\"{}\"", sick.grpc_url());
+    let text = poll_until("the removed worker's series are gone", async || {
+        let text = metrics_text(&gateway).await;
+        (!text.contains(&sick_label)).then_some(text)
+    })
+    .await;
+    assert!(
+        text.contains(&format!("worker=\"{}\"", well.grpc_url())),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -21,7 +21,6 @@ use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::{Stream, StreamExt};
-use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
@@ -205,7 +204,7 @@ pub fn refusal(err: &Error) -> Response {
 /// public listener refuses connections.
 pub async fn serve_metrics(
     listener: TcpListener,
-    handle: PrometheusHandle,
+    handle: crate::metrics::MetricsHandle,
     state: SharedState,
     stop: CancellationToken,
 ) {

@@ -8,9 +8,11 @@
 //!
 //! - At most `max_connections` are served at once. One more is answered
 //!   `503 too_many_connections` with `Retry-After: 1`, written straight to
-//!   the socket as HTTP/1.1 (before any request is read; an HTTP/2 client
-//!   sees a protocol error), and closed. Answering beats leaving it in the
-//!   kernel's backlog: the client learns at once that it should back off.
+//!   the socket as HTTP/1.1 once its request line has named the route (the
+//!   answer is in that route's error dialect; after a second without one,
+//!   in OpenAI's; an HTTP/2 client sees a protocol error), and closed.
+//!   Answering beats leaving it in the kernel's backlog: the client learns
+//!   at once that it should back off.
 //! - Each connection runs a [`ConnClock`] with two timers. The head timer
 //!   runs from the accept, and from the first byte of each later request,
 //!   until the request's head is complete; on expiry the socket is closed
@@ -20,8 +22,13 @@
 //!   only the keep-alive timer once the preface is in: their frames
 //!   interleave, so no byte marks a new request's start.
 //! - Request heads are bounded twice: `api::limits` answers heads over
-//!   `--max-header-size` with a JSON 431; hyper's read buffer, at twice that
-//!   size, refuses anything larger with a bodiless 431 before it is parsed.
+//!   `--max-header-size` with a JSON 431. An HTTP/1 head still going at
+//!   twice that size, or with more header fields or a longer target than
+//!   hyper reads, is stopped on its way to hyper by its [`HeadScan`] (hyper
+//!   would answer it 431 or 414 without a body): the listener answers it
+//!   itself, a JSON 431 in the dialect of the route its request line names,
+//!   and closes the connection. (An HTTP/2 header list over twice the limit
+//!   is refused by the h2 layer, 431 without a body: see the README.)
 //! - Sockets get TCP_NODELAY, so the first token is never held back by
 //!   Nagle.
 //! - With TLS (`crate::tls`), each connection first completes its
@@ -58,6 +65,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::dialect::ErrorDialect;
+use super::head::{HeadScan, MAX_HEAD_FIELDS, Overflow, REQUEST_LINE_KEPT, Scan};
 use crate::config::HttpLimits;
 use crate::error::{Error, ErrorCode};
 use crate::metrics;
@@ -72,6 +81,10 @@ const MAX_REFUSALS_IN_FLIGHT: usize = 256;
 /// How long a refused connection is read (and discarded) after its answer,
 /// so closing it does not reset the answer away before the client reads it.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// How long a connection over the cap may take to send its request line
+/// (which names the route whose dialect the refusal speaks).
+const REQUEST_LINE_WAIT: Duration = Duration::from_secs(1);
 
 /// The two timeouts a connection runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,24 +122,29 @@ enum Phase {
     Idle(Instant),
 }
 
-/// A connection's timers as a state machine: events in, a deadline out.
-/// Time is passed in, so the rules are tested without a clock.
+/// A connection's timers as a state machine, events in, a deadline out,
+/// with the scan of its HTTP/1 heads ([`HeadScan`]). Time is passed in, so
+/// the rules are tested without a clock.
 #[derive(Debug, Clone)]
 pub(crate) struct ConnClock {
     timeouts: ConnTimeouts,
     protocol: Protocol,
     phase: Phase,
     in_flight: usize,
+    /// The HTTP/1 head on its way (in `Phase::Head`).
+    head: HeadScan,
 }
 
 impl ConnClock {
-    /// A connection accepted at `now`: its first head is on its way.
-    pub fn new(timeouts: ConnTimeouts, now: Instant) -> Self {
+    /// A connection accepted at `now`: its first head is on its way, and
+    /// may take `head_cap` bytes without ending.
+    pub fn new(timeouts: ConnTimeouts, head_cap: usize, now: Instant) -> Self {
         Self {
             timeouts,
             protocol: Protocol::Undecided(0),
             phase: Phase::Head(now),
             in_flight: 0,
+            head: HeadScan::new(head_cap),
         }
     }
 
@@ -135,7 +153,11 @@ impl ConnClock {
     pub fn wants_bytes(&self) -> bool {
         match self.protocol {
             Protocol::Undecided(_) => true,
-            Protocol::Http1 => matches!(self.phase, Phase::Idle(_)),
+            Protocol::Http1 => match self.phase {
+                Phase::Idle(_) => true,
+                Phase::Head(_) => self.head.state() == Scan::Reading,
+                Phase::Busy => false,
+            },
             Protocol::Http2 => false,
         }
     }
@@ -149,6 +171,8 @@ impl ConnClock {
             let expected = &H2_PREFACE[matched..];
             let n = expected.len().min(bytes.len());
             self.protocol = if bytes[..n] != expected[..n] {
+                // The bytes that looked like the preface began the head.
+                self.head.feed(&H2_PREFACE[..matched]);
                 Protocol::Http1
             } else if matched + n == H2_PREFACE.len() {
                 Protocol::Http2
@@ -162,11 +186,28 @@ impl ConnClock {
                 return true;
             }
         }
-        if self.protocol == Protocol::Http1 && matches!(self.phase, Phase::Idle(_)) {
-            self.phase = Phase::Head(now);
-            return true;
+        if self.protocol != Protocol::Http1 {
+            return false;
         }
-        false
+        let mut moved = false;
+        if matches!(self.phase, Phase::Idle(_)) {
+            self.phase = Phase::Head(now);
+            self.head.restart();
+            moved = true;
+        }
+        if matches!(self.phase, Phase::Head(_)) {
+            self.head.feed(bytes);
+        }
+        moved
+    }
+
+    /// The current head's refusal, once its scan refused it, with the
+    /// dialect of the route it names.
+    pub fn head_refused(&self) -> Option<(Overflow, ErrorDialect)> {
+        match (self.phase, self.head.state()) {
+            (Phase::Head(_), Scan::Refused(overflow)) => Some((overflow, self.head.dialect())),
+            _ => None,
+        }
     }
 
     /// A request's head is complete and its handler runs.
@@ -218,12 +259,28 @@ struct ConnState {
 }
 
 impl ConnState {
-    fn new(timeouts: ConnTimeouts) -> Arc<Self> {
+    fn new(timeouts: ConnTimeouts, head_cap: usize) -> Arc<Self> {
         Arc::new(Self {
-            clock: Mutex::new(ConnClock::new(timeouts, Instant::now())),
+            clock: Mutex::new(ConnClock::new(timeouts, head_cap, Instant::now())),
             wants_bytes: AtomicBool::new(true),
             moved: Notify::new(),
         })
+    }
+
+    /// Bytes arrived: the clock and the head's scan see them. Returns the
+    /// head's refusal, if they made it one.
+    fn on_read(&self, bytes: &[u8]) -> Option<(Overflow, ErrorDialect)> {
+        let now = Instant::now();
+        let mut clock = self.clock.lock().unwrap_or_else(PoisonError::into_inner);
+        let moved = clock.on_bytes(bytes, now);
+        let refused = clock.head_refused();
+        self.wants_bytes
+            .store(clock.wants_bytes(), Ordering::Relaxed);
+        drop(clock);
+        if moved {
+            self.moved.notify_one();
+        }
+        refused
     }
 
     fn update(&self, change: impl FnOnce(&mut ConnClock) -> bool) {
@@ -299,26 +356,65 @@ impl HttpBody for TrackedBody {
     }
 }
 
-/// A socket (or the plaintext of a TLS session) that tells its
-/// connection's clock when bytes arrive.
-struct WatchedStream<S> {
+/// A head refused on its way to hyper: the connection's stream, taken
+/// back from hyper to answer on, and the refusal.
+struct RefusedHead<S> {
     stream: S,
+    overflow: Overflow,
+    dialect: ErrorDialect,
+}
+
+/// Where a [`WatchedStream`] leaves its stream when its head is refused.
+type RefusedSlot<S> = Arc<Mutex<Option<RefusedHead<S>>>>;
+
+/// A socket (or the plaintext of a TLS session) that tells its
+/// connection's clock when bytes arrive. When the bytes make the head's
+/// scan refuse it, the stream leaves hyper (which sees a read error and
+/// ends the connection without answering) for `refused`, where the
+/// connection's task takes it to answer.
+struct WatchedStream<S> {
+    /// `None` once handed over to `refused`.
+    stream: Option<S>,
     state: Arc<ConnState>,
+    refused: RefusedSlot<S>,
+}
+
+impl<S> WatchedStream<S> {
+    fn gone() -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "the request head was refused",
+        )
+    }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let Some(stream) = this.stream.as_mut() else {
+            return Poll::Ready(Err(Self::gone()));
+        };
         let before = buf.filled().len();
-        let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if matches!(polled, Poll::Ready(Ok(()))) && self.state.wants_bytes.load(Ordering::Relaxed) {
+        let polled = Pin::new(stream).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && this.state.wants_bytes.load(Ordering::Relaxed) {
             let arrived = &buf.filled()[before..];
-            if !arrived.is_empty() {
-                let now = Instant::now();
-                self.state.update(|clock| clock.on_bytes(arrived, now));
+            if !arrived.is_empty()
+                && let Some((overflow, dialect)) = this.state.on_read(arrived)
+                && let Some(stream) = this.stream.take()
+            {
+                *this.refused.lock().unwrap_or_else(PoisonError::into_inner) = Some(RefusedHead {
+                    stream,
+                    overflow,
+                    dialect,
+                });
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "request head refused before hyper read it",
+                )));
             }
         }
         polled
@@ -327,31 +423,43 @@ impl<S: AsyncRead + Unpin> AsyncRead for WatchedStream<S> {
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for WatchedStream<S> {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        match self.get_mut().stream.as_mut() {
+            Some(stream) => Pin::new(stream).poll_write(cx, buf),
+            None => Poll::Ready(Err(Self::gone())),
+        }
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        match self.get_mut().stream.as_mut() {
+            Some(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
+            None => Poll::Ready(Err(Self::gone())),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        self.stream.as_ref().is_some_and(S::is_write_vectored)
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut().stream.as_mut() {
+            Some(stream) => Pin::new(stream).poll_flush(cx),
+            None => Poll::Ready(Ok(())),
+        }
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut().stream.as_mut() {
+            Some(stream) => Pin::new(stream).poll_shutdown(cx),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 
@@ -418,6 +526,7 @@ pub async fn serve(
         .http1()
         .keep_alive(true)
         .header_read_timeout(None)
+        .max_headers(MAX_HEAD_FIELDS)
         .max_buf_size(hyper_buffer(limits.max_header_bytes));
     builder.http2().max_header_list_size(
         u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX),
@@ -441,7 +550,7 @@ pub async fn serve(
                 && let Ok(permit) = Arc::clone(&refusals).try_acquire_owned()
             {
                 tokio::spawn(async move {
-                    refuse(stream).await;
+                    refuse_over_cap(stream).await;
                     drop(permit);
                 });
             }
@@ -456,7 +565,8 @@ pub async fn serve(
             app: app.clone(),
             builder: builder.clone(),
             listener: settings.name,
-            state: ConnState::new(timeouts),
+            max_header_bytes: limits.max_header_bytes,
+            state: ConnState::new(timeouts, head_cap(limits.max_header_bytes)),
             stop: Stop {
                 draining: draining.clone(),
                 cut: cut.clone(),
@@ -483,10 +593,18 @@ pub async fn serve(
     Ok(())
 }
 
-/// hyper's read buffer: twice the head limit, so heads between the two get
-/// the JSON answer of `api::limits`; at least hyper's minimum.
+/// The bytes an HTTP/1 head may take without ending before the listener
+/// refuses it: twice the head limit, so complete heads between the two get
+/// the JSON answer of `api::limits`, with the route known.
+fn head_cap(max_header_bytes: usize) -> usize {
+    max_header_bytes.saturating_mul(2)
+}
+
+/// hyper's read buffer: at least the head cap, so a head's scan refuses it
+/// before hyper would (at the same read or an earlier one); at least
+/// hyper's minimum.
 fn hyper_buffer(max_header_bytes: usize) -> usize {
-    max_header_bytes.saturating_mul(2).max(8192)
+    head_cap(max_header_bytes).max(8192)
 }
 
 /// An accept that failed: a connection that died in the backlog is nobody's
@@ -504,21 +622,41 @@ async fn accept_failed(err: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Answers a connection over the cap, then reads what the client sends
-/// until it closes (or [`REFUSAL_LINGER`]), so the answer is not lost to a
-/// reset.
-async fn refuse(mut stream: TcpStream) {
+/// Answers a connection over the cap in the dialect of the route its
+/// request line names (waiting up to [`REQUEST_LINE_WAIT`] for it), then
+/// closes it.
+async fn refuse_over_cap(mut stream: TcpStream) {
+    let mut start = [0u8; REQUEST_LINE_KEPT];
+    let mut read = 0;
+    let reading = async {
+        while read < start.len() && !start[..read].contains(&b'\n') {
+            match tokio::io::AsyncReadExt::read(&mut stream, &mut start[read..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REQUEST_LINE_WAIT, reading).await;
+    let dialect = super::head::dialect_of_head_start(&start[..read]);
     let err = Error::new(
         ErrorCode::TooManyConnections,
         "the gateway holds as many connections as --max-connections allows; retry shortly",
-    );
-    let body = err.to_openai_json().to_string();
-    let answer = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    if stream.write_all(answer.as_bytes()).await.is_err() || stream.shutdown().await.is_err() {
+    )
+    .with_retry_after(Duration::from_secs(1));
+    answer_and_close(stream, &err, dialect).await;
+}
+
+/// Writes `err` as a whole HTTP/1.1 response in `dialect` (with
+/// `Connection: close`), closes the sending side, then reads what the
+/// client still sends until it closes (or [`REFUSAL_LINGER`]), so the
+/// answer is not lost to a reset.
+async fn answer_and_close<S>(mut stream: S, err: &Error, dialect: ErrorDialect)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    if stream.write_all(&raw_answer(err, dialect)).await.is_err()
+        || stream.shutdown().await.is_err()
+    {
         return;
     }
     let drain = async {
@@ -531,6 +669,26 @@ async fn refuse(mut stream: TcpStream) {
         }
     };
     let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
+}
+
+/// `err` as the bytes of an HTTP/1.1 response: its status, its JSON body
+/// in `dialect`, `Retry-After` when it says when to come back, and
+/// `Connection: close`.
+fn raw_answer(err: &Error, dialect: ErrorDialect) -> Vec<u8> {
+    let status = http::StatusCode::from_u16(err.code.http_status())
+        .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let body = dialect.body(err).to_string();
+    let retry_after = err.retry_after.map_or(String::new(), |after| {
+        format!("retry-after: {}\r\n", after.as_secs().max(1))
+    });
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\n{retry_after}\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// When a connection must close: once idle (`draining`), or now (`cut`).
@@ -546,6 +704,8 @@ struct Connection {
     app: axum::Router,
     builder: auto::Builder<TrackedExecutor>,
     listener: &'static str,
+    /// `--max-header-size`, for the refusal of a head its scan stops.
+    max_header_bytes: usize,
     /// Its clock, started at the accept (a TLS handshake counts against
     /// the first head's time).
     state: Arc<ConnState>,
@@ -581,21 +741,57 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let refused: RefusedSlot<S> = Arc::default();
+        let max_header_bytes = self.max_header_bytes;
+        let cut = self.stop.cut.clone();
+        self.serve_http(stream, Arc::clone(&refused)).await;
+        let head = refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(RefusedHead {
+            stream,
+            overflow,
+            dialect,
+        }) = head
+        {
+            let err = overflow.error(max_header_bytes);
+            metrics::record_refusal(err.code.as_str());
+            tracing::debug!(%err, "request head refused before hyper read it");
+            tokio::select! {
+                () = answer_and_close(stream, &err, dialect) => {}
+                () = cut.cancelled() => {}
+            }
+        }
+    }
+
+    /// Serves the connection's HTTP until it ends (or its head is refused:
+    /// then its stream is in `refused`).
+    async fn serve_http<S>(self, stream: S, refused: RefusedSlot<S>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let Connection {
             peer,
             app,
             builder,
             listener,
+            max_header_bytes: _,
             state,
             stop,
         } = self;
-        serve_connection(stream, peer, app, builder, listener, state, stop).await;
+        let io = WatchedStream {
+            stream: Some(stream),
+            state: Arc::clone(&state),
+            refused,
+        };
+        serve_connection(io, peer, app, builder, listener, state, stop).await;
     }
 }
 
 /// Serves one connection under its clock.
 async fn serve_connection<S>(
-    stream: S,
+    stream: WatchedStream<S>,
     peer: SocketAddr,
     app: axum::Router,
     builder: auto::Builder<TrackedExecutor>,
@@ -605,10 +801,7 @@ async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let io = TokioIo::new(WatchedStream {
-        stream,
-        state: Arc::clone(&state),
-    });
+    let io = TokioIo::new(stream);
     let service_state = Arc::clone(&state);
     let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         let in_flight = service_state.request_started();
@@ -681,6 +874,8 @@ mod tests {
         keep_alive: Duration::from_secs(75),
     };
 
+    const HEAD_CAP: usize = 8192;
+
     fn at(start: Instant, secs: u64) -> Instant {
         start + Duration::from_secs(secs)
     }
@@ -688,7 +883,7 @@ mod tests {
     #[test]
     fn a_fresh_connection_has_the_head_timeout_from_its_accept() {
         let start = Instant::now();
-        let mut clock = ConnClock::new(TIMEOUTS, start);
+        let mut clock = ConnClock::new(TIMEOUTS, HEAD_CAP, start);
         assert_eq!(clock.deadline(), Some((at(start, 10), Expiry::HeaderRead)));
         // Bytes trickling in do not push the deadline back (slowloris).
         for second in 1..10 {
@@ -701,7 +896,7 @@ mod tests {
     #[test]
     fn a_request_in_flight_has_no_timer_and_idleness_starts_when_it_ends() {
         let start = Instant::now();
-        let mut clock = ConnClock::new(TIMEOUTS, start);
+        let mut clock = ConnClock::new(TIMEOUTS, HEAD_CAP, start);
         clock.on_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n", start);
         clock.on_request();
         assert_eq!(clock.deadline(), None, "a generation may take minutes");
@@ -713,7 +908,7 @@ mod tests {
     #[test]
     fn the_next_head_on_a_kept_alive_connection_is_timed_from_its_first_byte() {
         let start = Instant::now();
-        let mut clock = ConnClock::new(TIMEOUTS, start);
+        let mut clock = ConnClock::new(TIMEOUTS, HEAD_CAP, start);
         clock.on_bytes(b"GET /health HTTP/1.1\r\n\r\n", start);
         clock.on_request();
         clock.on_response_end(at(start, 1));
@@ -728,7 +923,7 @@ mod tests {
     #[test]
     fn http2_is_idle_after_its_preface_and_its_frames_start_no_head() {
         let start = Instant::now();
-        let mut clock = ConnClock::new(TIMEOUTS, start);
+        let mut clock = ConnClock::new(TIMEOUTS, HEAD_CAP, start);
         // The preface may arrive in pieces.
         let (first, rest) = H2_PREFACE.split_at(5);
         assert!(!clock.on_bytes(first, start));
@@ -752,7 +947,7 @@ mod tests {
     #[test]
     fn a_head_that_starts_like_the_preface_but_differs_is_http1() {
         let start = Instant::now();
-        let mut clock = ConnClock::new(TIMEOUTS, start);
+        let mut clock = ConnClock::new(TIMEOUTS, HEAD_CAP, start);
         clock.on_bytes(b"PRI", start);
         clock.on_bytes(b"ZE /x HTTP/1.1\r\n", start);
         assert_eq!(clock.protocol, Protocol::Http1);
@@ -760,8 +955,82 @@ mod tests {
     }
 
     #[test]
-    fn hyper_reads_at_least_its_minimum_and_twice_our_head_limit() {
+    fn hyper_reads_at_least_its_minimum_and_never_less_than_the_head_cap() {
         assert_eq!(hyper_buffer(1024), 8192);
+        assert_eq!(head_cap(1024), 2048);
         assert_eq!(hyper_buffer(64 * 1024), 128 * 1024);
+        for limit in [1024, 4096, 5000, 64 * 1024, 1 << 20] {
+            assert!(hyper_buffer(limit) >= head_cap(limit), "{limit}");
+        }
+    }
+
+    #[test]
+    fn each_http1_head_is_scanned_from_its_first_byte() {
+        let start = Instant::now();
+        let mut clock = ConnClock::new(TIMEOUTS, 64, start);
+        // The first bytes look like the HTTP/2 preface, then are not: they
+        // are the head's first bytes all the same.
+        clock.on_bytes(b"PRI", start);
+        clock.on_bytes(b"NT /v1/messages HTTP/1.1\r\n", start);
+        assert!(clock.wants_bytes(), "the head has not ended");
+        assert_eq!(clock.head_refused(), None);
+        clock.on_bytes(b"x-filler: aaaaaaaaaaaaaaaaaaaaaaaaa", start);
+        assert_eq!(
+            clock.head_refused(),
+            Some((Overflow::Bytes(64), ErrorDialect::Anthropic))
+        );
+
+        // On a kept-alive connection, the next head is scanned afresh.
+        let mut clock = ConnClock::new(TIMEOUTS, 64, start);
+        clock.on_bytes(b"GET /v1/messages HTTP/1.1\r\n\r\n", start);
+        assert!(
+            !clock.wants_bytes(),
+            "the head ended; its body is not looked at"
+        );
+        clock.on_request();
+        clock.on_response_end(at(start, 1));
+        clock.on_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n", at(start, 2));
+        clock.on_bytes(&[b'a'; 64], at(start, 2));
+        assert_eq!(
+            clock.head_refused(),
+            Some((Overflow::Bytes(64), ErrorDialect::OpenAi))
+        );
+        // HTTP/2 is not scanned (the h2 layer bounds its header lists).
+        let mut clock = ConnClock::new(TIMEOUTS, 64, start);
+        clock.on_bytes(H2_PREFACE, start);
+        clock.on_bytes(&[0; 256], start);
+        assert_eq!(clock.head_refused(), None);
+    }
+
+    #[test]
+    fn a_refusal_the_listener_writes_is_a_whole_response_in_its_dialect() {
+        let err = Error::new(ErrorCode::TooManyConnections, "full")
+            .with_retry_after(Duration::from_secs(1));
+        let openai = String::from_utf8(raw_answer(&err, ErrorDialect::OpenAi)).expect("text");
+        let (head, body) = openai.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nretry-after: 1\r\n"), "{head}");
+        assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+        assert!(
+            head.ends_with(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
+        let json: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(json["error"]["code"], "too_many_connections");
+
+        let err = Overflow::Fields.error(4096);
+        let anthropic = String::from_utf8(raw_answer(&err, ErrorDialect::Anthropic)).expect("text");
+        let (head, body) = anthropic.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(
+            head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+            "{head}"
+        );
+        assert!(!head.contains("retry-after"), "{head}");
+        let json: serde_json::Value = serde_json::from_str(body).expect("json");
+        assert_eq!(json["type"], "error");
+        assert_eq!(json["error"]["type"], "invalid_request_error");
     }
 }

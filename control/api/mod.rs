@@ -3,13 +3,16 @@
 //! the front door every request passes first (`auth`, `limits`,
 //! `request_id`), errors in each route's dialect (`dialect`), and the
 //! server plumbing (`http`: routes, SSE framing; `listener`: connections,
-//! their limits and timers).
+//! their limits and timers; `head`: each HTTP/1 request head scanned on its
+//! way to hyper, so heads hyper would refuse without a body are answered
+//! in their route's dialect).
 
 mod admin;
 mod admit;
 mod auth;
 mod dialect;
 mod endpoints;
+mod head;
 mod http;
 mod limits;
 mod listener;

@@ -86,6 +86,7 @@ impl AppState {
                 connections: crate::engine::ConnectionConfig::default(),
                 max_in_flight: None,
                 max_dp_ranks: Lifecycle::DEFAULT_MAX_DP_RANKS,
+                remove_unhealthy: false,
             },
             crate::lanes::TensorLanes::inline() as _,
         );

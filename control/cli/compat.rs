@@ -166,7 +166,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
         "eviction-interval",
         Value,
         Ignored(
-            "the cache_aware tree evicts its least recently used pages as it grows past --max-tree-size, with no periodic sweep",
+            "the cache_aware tree evicts its least recently used pages as soon as it grows past --max-tree-size, so it never holds more and there is no periodic sweep to time",
         ),
     ),
     flag(
@@ -266,11 +266,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag("model-id-from", Value, NO_DISCOVERY),
     flag("model-alias", Value, SAME),
     // Logging
-    flag(
-        "log-dir",
-        Value,
-        Ignored("smg logs to stderr: redirect it, or let systemd or Kubernetes collect it"),
-    ),
+    flag("log-dir", Value, SAME),
     flag("log-level", Value, differs("also takes trace")),
     flag("log-json", Switch, SAME),
     // Prometheus
@@ -383,16 +379,12 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
     flag(
         "health-check-endpoint",
         Value,
-        Ignored("workers are probed with their gRPC HealthCheck RPC, which has no path"),
-    ),
-    flag("disable-health-check", Switch, SAME),
-    flag(
-        "remove-unhealthy-workers",
-        Switch,
         Ignored(
-            "a failed worker stays listed (status failed) and out of rotation until it recovers or DELETE /workers/ID removes it",
+            "smg speaks only gRPC to workers and probes them with the HealthCheck RPC, which has no HTTP path",
         ),
     ),
+    flag("disable-health-check", Switch, SAME),
+    flag("remove-unhealthy-workers", Switch, SAME),
     flag(
         "drain-settle-secs",
         Value,

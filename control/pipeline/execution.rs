@@ -10,6 +10,13 @@
 //! A lone leg (Regular mode: no prefill, no encodes) has nothing to run
 //! beside it, so its stream applies the same rules itself as it is polled,
 //! without a supervising task and channel per request.
+//!
+//! An Encode's answer may come after its request has finished: the encode
+//! worker hands the embedding to prefill before it answers. Such an encode
+//! is awaited in the background (within [`ENCODE_ANSWER_GRACE`], once the
+//! request's load counts and leases are released), not cancelled: the encode
+//! worker is not told to stop work it has done, and the Encode is timed
+//! (`smg_router_encode_duration_seconds`) like every other.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -225,8 +232,6 @@ pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventS
 
     let (sender, receiver) = mpsc::channel(32);
     tasks.spawn(async move {
-        let _guards = guards;
-        let _leases = leases;
         let mut side: FuturesUnordered<SideCall> = encodes.into_iter().map(encode_call).collect();
         let mut prefill_stream = prefill_stream;
         let mut primary_stream = primary_stream;
@@ -238,6 +243,7 @@ pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventS
             &sender,
         )
         .await;
+        let finished = matches!(outcome, Supervised::Finished { .. });
         if let Supervised::Finished { prefill_done } = outcome {
             primary_abort.armed = false;
             if let Some(guard) = prefill_abort.as_mut() {
@@ -251,6 +257,19 @@ pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventS
         }
         drop(primary_abort);
         drop(prefill_abort);
+        drop(guards);
+        drop(leases);
+        if finished && !side.is_empty() {
+            let answers = async { while side.next().await.is_some() {} };
+            if tokio::time::timeout(ENCODE_ANSWER_GRACE, answers)
+                .await
+                .is_err()
+            {
+                tracing::debug!("an Encode did not answer after its request finished");
+            }
+        }
+        // Unfinished: the encodes still running are cancelled here.
+        drop(side);
     });
     Ok(Box::pin(ReceiverStream::new(receiver)))
 }
@@ -499,6 +518,10 @@ fn ended_before_completion(worker: &Arc<str>) -> Error {
     )
     .with_worker(Arc::clone(worker))
 }
+
+/// How long a finished request's encodes may take to answer (their
+/// embeddings reached prefill already) before they are cancelled.
+const ENCODE_ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a failed leg waits for still-running encodes to report.
 const ENCODE_BLAME_GRACE: std::time::Duration = std::time::Duration::from_millis(250);

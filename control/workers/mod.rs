@@ -122,6 +122,10 @@ pub struct Worker {
     /// The tensor transport its admin registration asked for; it lives
     /// and goes with the worker.
     lane_override: Option<WorkerLaneOverride>,
+    /// Keeps the series labelled with its URL in `/metrics` while it
+    /// exists: its last holder (its drain, a probe, a load poll) is the
+    /// last that can record for it.
+    _series: crate::metrics::WorkerSeriesHold,
 }
 
 impl Worker {
@@ -139,6 +143,7 @@ impl Worker {
         })?;
         let circuit_opened = Arc::new(tokio::sync::Notify::new());
         let breaker = observed_breaker(&url, role, BreakerConfig::default(), &circuit_opened);
+        let series = crate::metrics::WorkerSeriesHold::new(&url);
         Ok(Self {
             id: worker_id(&url),
             url,
@@ -159,6 +164,7 @@ impl Worker {
             load: LoadCell::default(),
             retired: CancellationToken::new(),
             lane_override: None,
+            _series: series,
         })
     }
 

@@ -14,6 +14,13 @@
 //! with its own id and load; the engine's own id (the one the registration
 //! answered) then names all of its ranks for `GET` (the first rank) and
 //! `DELETE` (every rank).
+//!
+//! With `--remove-unhealthy-workers` (SMG's flag), a worker its health
+//! checks find unhealthy (`not_ready` or `failed`) is removed the same way,
+//! once per health-check interval ([`WorkerRegistry::remove_unhealthy`]):
+//! it drains and leaves the fleet for good (registering it again brings it
+//! back), where it would otherwise stay listed out of rotation until it
+//! recovers.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -56,6 +63,9 @@ pub struct Lifecycle {
     /// (`--max-dp-ranks`): each becomes a worker with its own probes and
     /// load, so an engine reporting 50,000 must be refused, not obeyed.
     pub max_dp_ranks: u32,
+    /// Remove a worker its health checks find unhealthy, as `DELETE
+    /// /workers/ID` would (`--remove-unhealthy-workers`); needs `health`.
+    pub remove_unhealthy: bool,
 }
 
 impl Lifecycle {
@@ -191,6 +201,9 @@ struct Job {
     bootstrap_port: Option<u16>,
     lane_override: Option<WorkerLaneOverride>,
     error: Option<String>,
+    /// Keeps the series labelled with its URL (its connects) in
+    /// `/metrics` while it runs and while its failure is listed.
+    _series: crate::metrics::WorkerSeriesHold,
 }
 
 /// The workers of one model and how they are managed.
@@ -309,6 +322,7 @@ impl WorkerRegistry {
                     bootstrap_port: spec.bootstrap_port,
                     lane_override,
                     error: None,
+                    _series: crate::metrics::WorkerSeriesHold::new(client.url()),
                 },
             );
         }
@@ -488,6 +502,54 @@ impl WorkerRegistry {
         ))
     }
 
+    /// With `--remove-unhealthy-workers` (and health checks on): removes
+    /// the unhealthy workers once per health-check interval, until the
+    /// registry is dropped.
+    pub fn spawn_unhealthy_removal(self: &Arc<Self>) {
+        let (Some(health), true) = (self.lifecycle.health, self.lifecycle.remove_unhealthy) else {
+            return;
+        };
+        let registry = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(health.interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                registry.remove_unhealthy();
+            }
+        });
+    }
+
+    /// Removes (drains) every member its health checks find unhealthy;
+    /// returns their ids.
+    pub fn remove_unhealthy(self: &Arc<Self>) -> Vec<String> {
+        let unhealthy: Vec<Arc<Worker>> = self
+            .set
+            .all()
+            .into_iter()
+            .filter(|worker| {
+                matches!(worker.health(), HealthState::NotReady | HealthState::Failed)
+                    && !worker.is_draining()
+            })
+            .collect();
+        let mut removed = Vec::new();
+        for worker in unhealthy {
+            tracing::warn!(
+                worker = worker.url(),
+                state = worker.health().name(),
+                "removing an unhealthy worker (--remove-unhealthy-workers)"
+            );
+            match self.remove(worker.id()) {
+                Ok(_) => removed.push(worker.id().to_owned()),
+                Err(err) => tracing::debug!(worker = worker.url(), %err, "not removed"),
+            }
+        }
+        removed
+    }
+
     /// One worker's status, registered, draining or registering.
     pub fn status(&self, id: &str) -> Option<WorkerStatus> {
         if let Some(worker) = self.engine_workers(id).first() {
@@ -599,6 +661,7 @@ mod tests {
             connections: ConnectionConfig::default(),
             max_in_flight: None,
             max_dp_ranks,
+            remove_unhealthy: false,
         }
     }
 
@@ -635,5 +698,40 @@ mod tests {
             .dp_ranks("w", &reporting(50_000))
             .expect_err("50k");
         assert!(refused.message.contains("50000"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn unhealthy_members_are_removed_and_healthy_ones_stay() {
+        let set = WorkerSet::default();
+        let fleet = crate::policies::test_support::workers(4);
+        for worker in &fleet {
+            set.insert(Arc::clone(worker));
+        }
+        fleet[1].set_health(HealthState::NotReady);
+        fleet[2].set_health(HealthState::Failed);
+        fleet[3].set_health(HealthState::Pending);
+        let registry = Arc::new(WorkerRegistry::new(
+            "model".to_owned(),
+            Runtime::TokenSpeed,
+            vec![WorkerRole::Regular],
+            set.clone(),
+            lifecycle(8),
+            crate::lanes::TensorLanes::inline() as _,
+        ));
+        let mut removed = registry.remove_unhealthy();
+        removed.sort();
+        let mut expected = vec![fleet[1].id().to_owned(), fleet[2].id().to_owned()];
+        expected.sort();
+        assert_eq!(removed, expected);
+        let mut left: Vec<String> = set.all().iter().map(|w| w.id().to_owned()).collect();
+        left.sort();
+        let mut kept = vec![fleet[0].id().to_owned(), fleet[3].id().to_owned()];
+        kept.sort();
+        assert_eq!(left, kept, "ready and pending workers stay");
+        assert!(fleet[1].is_draining() && fleet[2].is_draining());
+        assert!(
+            registry.remove_unhealthy().is_empty(),
+            "a draining worker is not removed twice"
+        );
     }
 }
