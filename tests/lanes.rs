@@ -118,6 +118,19 @@ fn recorded_lanes(fleet: &Fleet) -> Vec<(u64, String)> {
     recorded_in(fleet.record.path())
 }
 
+/// Whether an encoder input's sidecar is in `dir` (read while the worker
+/// may still be writing it: a partial file does not count yet).
+fn encoder_input_recorded(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "json"))
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .filter_map(|text| serde_json::from_str::<Value>(&text).ok())
+        .any(|sidecar| sidecar["name"] == "encoder_input")
+}
+
 /// The (size, lane) of every encoder input recorded in `dir`, sorted.
 fn recorded_in(dir: &std::path::Path) -> Vec<(u64, String)> {
     let mut lanes: Vec<(u64, String)> = std::fs::read_dir(dir)
@@ -407,17 +420,20 @@ async fn a_client_that_disconnects_during_the_encode_frees_its_slot() {
     let gateway = gateway(&fleet, "shm", &["--multimodal-shm-reclaim-ms", "300"]);
     let private = shm.names_of(gateway.pid());
     let messages = messages(&[image_url(MEDIUM)]);
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(700))
-        .build()
-        .unwrap();
-    let sent = client
+    let request = reqwest::Client::new()
         .post(gateway.url("/v1/chat/completions"))
         .json(&json!({"model": "model", "messages": messages, "max_tokens": 4}))
-        .send()
-        .await;
-    assert!(sent.is_err(), "the stalled encode never answers");
-    // The encoder received the tensor over shm before stalling.
+        .send();
+    let client = tokio::spawn(request);
+    // The encoder has the tensor (over shm) and stalls: now the client leaves.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !encoder_input_recorded(fleet.record.path()) {
+        assert!(!client.is_finished(), "the stalled encode answered");
+        assert!(Instant::now() < deadline, "the encoder never received the image");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.abort();
+    assert!(client.await.is_err_and(|err| err.is_cancelled()));
     assert_eq!(recorded_lanes(&fleet)[0].1, "shm");
     assert_settles(&gateway, &shm, &private).await;
 }
