@@ -429,7 +429,10 @@ async fn a_client_that_disconnects_during_the_encode_frees_its_slot() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !encoder_input_recorded(fleet.record.path()) {
         assert!(!client.is_finished(), "the stalled encode answered");
-        assert!(Instant::now() < deadline, "the encoder never received the image");
+        assert!(
+            Instant::now() < deadline,
+            "the encoder never received the image"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     client.abort();
