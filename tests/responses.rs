@@ -18,7 +18,9 @@ use smg::proto::tokenspeed_scheduler as ts;
 use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use support::chat::{FamilyModel, http};
 use support::media::image_data_url;
-use support::responses::{create, delete, events, get, names, output_text, parse_events, post};
+use support::responses::{
+    chat_text, create, delete, digest, events, get, names, output_text, parse_events, post,
+};
 use support::{Gateway, SimWorker, bounded, poll_until};
 
 const ZERO: &[&str] = &["--zero-delay"];
@@ -71,27 +73,6 @@ fn fleet(mode: &str) -> Fleet {
 fn gateway(fleet: &Fleet) -> Gateway {
     let args: Vec<&str> = fleet.flags.iter().map(String::as_str).collect();
     Gateway::start(&args)
-}
-
-/// The digest a sim worker starts its answer with (`digest=<16 hex>.`).
-fn digest(text: &str) -> &str {
-    assert!(text.starts_with("digest="), "{text:?}");
-    &text[..24]
-}
-
-/// The content of a whole chat completion over `messages`.
-async fn chat_text(gateway: &Gateway, messages: Value) -> String {
-    let (status, body) = post(
-        gateway,
-        "/v1/chat/completions",
-        &json!({"model": "model", "messages": messages, "max_tokens": 64}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    body["choices"][0]["message"]["content"]
-        .as_str()
-        .expect("content")
-        .to_owned()
 }
 
 async fn check_lifecycle(gateway: &Gateway, input: Value) {

@@ -26,7 +26,7 @@ use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 use support::chat::http;
 use support::media::{metric, metrics_text};
-use support::responses::{names, parse_events};
+use support::responses::{chat_text, digest, get, names, output_text, parse_events, post, send};
 use support::{Gateway, SimWorker, bounded, poll_until};
 
 /// A zero-delay worker serving the fixture model as `model`, and the flags
@@ -49,25 +49,6 @@ fn gateway(fleet: &[String], history: &[&str]) -> Gateway {
     Gateway::start(&args)
 }
 
-async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
-    bounded("an HTTP exchange", async {
-        let response = request.send().await.expect("request sent");
-        let status = response.status().as_u16();
-        let text = response.text().await.expect("body");
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, body)
-    })
-    .await
-}
-
-async fn post(gateway: &Gateway, path: &str, body: &Value) -> (u16, Value) {
-    send(http().post(gateway.url(path)).json(body)).await
-}
-
-async fn get(gateway: &Gateway, path: &str) -> (u16, Value) {
-    send(http().get(gateway.url(path))).await
-}
-
 /// A whole response that must succeed.
 async fn create(gateway: &Gateway, body: Value) -> Value {
     let (status, response) = post(gateway, "/v1/responses", &body).await;
@@ -83,39 +64,6 @@ async fn step(gateway: &Gateway, input: &str, previous: Option<&Value>) -> Value
         body["previous_response_id"] = previous["id"].clone();
     }
     create(gateway, body).await
-}
-
-/// The text of a response's message items.
-fn output_text(response: &Value) -> String {
-    response["output"]
-        .as_array()
-        .expect("output")
-        .iter()
-        .filter(|item| item["type"] == "message")
-        .flat_map(|item| item["content"].as_array().expect("content").iter())
-        .filter_map(|part| part["text"].as_str())
-        .collect()
-}
-
-/// The digest a sim worker starts its answer with (`digest=<16 hex>.`).
-fn digest(text: &str) -> &str {
-    assert!(text.starts_with("digest="), "{text:?}");
-    &text[..24]
-}
-
-/// The content of a whole chat completion over `messages`.
-async fn chat_text(gateway: &Gateway, messages: Value) -> String {
-    let (status, body) = post(
-        gateway,
-        "/v1/chat/completions",
-        &json!({"model": "model", "messages": messages, "max_tokens": 64}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    body["choices"][0]["message"]["content"]
-        .as_str()
-        .expect("content")
-        .to_owned()
 }
 
 /// Asserts that `last` saw the chain `steps` (input, response; the last

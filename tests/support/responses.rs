@@ -3,16 +3,19 @@
 
 use serde_json::Value;
 
-use super::Gateway;
 use super::chat::http;
+use super::{Gateway, bounded};
 
 /// Sends `request`; its status and body (JSON, or the text as a string).
 pub async fn send(request: reqwest::RequestBuilder) -> (u16, Value) {
-    let response = request.send().await.expect("request sent");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("body");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
+    bounded("an HTTP exchange", async {
+        let response = request.send().await.expect("request sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, body)
+    })
+    .await
 }
 
 pub async fn post(gateway: &Gateway, path: &str, body: &Value) -> (u16, Value) {
@@ -44,6 +47,27 @@ pub fn output_text(response: &Value) -> String {
         .flat_map(|item| item["content"].as_array().expect("content").iter())
         .filter_map(|part| part["text"].as_str())
         .collect()
+}
+
+/// The digest a sim worker starts its answer with (`digest=<16 hex>.`).
+pub fn digest(text: &str) -> &str {
+    assert!(text.starts_with("digest="), "{text:?}");
+    &text[..24]
+}
+
+/// The content of a whole chat completion over `messages`.
+pub async fn chat_text(gateway: &Gateway, messages: Value) -> String {
+    let (status, body) = post(
+        gateway,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "model", "messages": messages, "max_tokens": 64}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
 }
 
 /// A streamed response's events: (SSE event name, data).
