@@ -555,22 +555,6 @@ async fn regular_and_pd_tokenspeed_workers_read_mm_inputs_through_shm_too() {
     }
 }
 
-/// Sends an admin API call to `gateway`.
-async fn admin(
-    gateway: &Gateway,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = support::media::http().request(method, gateway.admin_url(path));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// Registers `url` with the extra `fields`, waits until it is ready, and
 /// returns its status.
 async fn register_ready(gateway: &Gateway, url: &str, fields: Value) -> Value {
@@ -578,12 +562,14 @@ async fn register_ready(gateway: &Gateway, url: &str, fields: Value) -> Value {
     body.as_object_mut()
         .unwrap()
         .extend(fields.as_object().unwrap().clone());
-    let (status, answer) = admin(gateway, reqwest::Method::POST, "/workers", Some(body)).await;
+    let (status, answer) = gateway
+        .admin(reqwest::Method::POST, "/workers", Some(body))
+        .await;
     assert_eq!(status, 202, "{answer}");
     let path = format!("/workers/{}", answer["id"].as_str().unwrap());
     support::bounded("registration", async {
         loop {
-            let (_, status) = admin(gateway, reqwest::Method::GET, &path, None).await;
+            let (_, status) = gateway.admin(reqwest::Method::GET, &path, None).await;
             if status["status"] == "ready" {
                 return status;
             }
@@ -596,10 +582,10 @@ async fn register_ready(gateway: &Gateway, url: &str, fields: Value) -> Value {
 /// Removes worker `id` and waits until it has drained and is gone.
 async fn remove_worker(gateway: &Gateway, id: &str) {
     let path = format!("/workers/{id}");
-    let (status, answer) = admin(gateway, reqwest::Method::DELETE, &path, None).await;
+    let (status, answer) = gateway.admin(reqwest::Method::DELETE, &path, None).await;
     assert_eq!(status, 202, "{answer}");
     support::bounded("removal", async {
-        while admin(gateway, reqwest::Method::GET, &path, None).await.0 != 404 {
+        while gateway.admin(reqwest::Method::GET, &path, None).await.0 != 404 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -609,7 +595,7 @@ async fn remove_worker(gateway: &Gateway, id: &str) {
 /// The status of the gateway's one worker (`GET /workers` must list exactly
 /// one).
 async fn the_only_worker(gateway: &Gateway) -> Value {
-    let (_, listed) = admin(gateway, reqwest::Method::GET, "/workers", None).await;
+    let (_, listed) = gateway.admin(reqwest::Method::GET, "/workers", None).await;
     let workers = listed["workers"].as_array().unwrap();
     assert_eq!(workers.len(), 1, "{listed}");
     workers[0].clone()
@@ -717,7 +703,9 @@ async fn a_registered_transport_applies_to_its_worker_until_it_is_removed() {
         body.as_object_mut()
             .unwrap()
             .extend(fields.as_object().unwrap().clone());
-        let (status, answer) = admin(&gateway, reqwest::Method::POST, "/workers", Some(body)).await;
+        let (status, answer) = gateway
+            .admin(reqwest::Method::POST, "/workers", Some(body))
+            .await;
         assert_eq!(status, 400, "{fields}: {answer}");
         assert_eq!(answer["error"]["code"], code, "{fields}: {answer}");
         assert_eq!(answer["error"]["param"], param, "{fields}: {answer}");
@@ -829,7 +817,7 @@ async fn a_registration_asking_for_rdma_opens_the_lane() {
     .await;
     assert_eq!(transport_of(&status), ("rdma", 65536, "registration"));
     assert_eq!(shm.names_of(gateway.pid()).len(), 1, "one arena file");
-    let (_, listed) = admin(&gateway, reqwest::Method::GET, "/workers", None).await;
+    let (_, listed) = gateway.admin(reqwest::Method::GET, "/workers", None).await;
     let first_id = listed["workers"]
         .as_array()
         .unwrap()

@@ -387,24 +387,6 @@ fn families_of(text: &str, url: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// An admin call: its status and JSON body.
-async fn admin(
-    gateway: &Gateway,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> (u16, serde_json::Value) {
-    let mut request = http().request(method, gateway.admin_url(path));
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = bounded("an admin call", request.send())
-        .await
-        .expect("answered");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or_default())
-}
-
 #[tokio::test]
 async fn a_removed_workers_series_leave_with_it_and_the_others_stay() {
     let first = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
@@ -422,23 +404,19 @@ async fn a_removed_workers_series_leave_with_it_and_the_others_stay() {
         "1",
     ]);
     let register = async || {
-        let (code, accepted) = admin(
-            &gateway,
-            reqwest::Method::POST,
-            "/workers",
-            Some(json!({"url": second.grpc_url()})),
-        )
-        .await;
+        let (code, accepted) = gateway
+            .admin(
+                reqwest::Method::POST,
+                "/workers",
+                Some(json!({"url": second.grpc_url()})),
+            )
+            .await;
         assert_eq!(code, 202, "{accepted}");
         let id = accepted["id"].as_str().expect("an id").to_owned();
         support::poll_until("the registered worker is ready", async || {
-            let (code, status) = admin(
-                &gateway,
-                reqwest::Method::GET,
-                &format!("/workers/{id}"),
-                None,
-            )
-            .await;
+            let (code, status) = gateway
+                .admin(reqwest::Method::GET, &format!("/workers/{id}"), None)
+                .await;
             (code == 200 && status["status"] == "ready").then_some(())
         })
         .await;
@@ -476,13 +454,9 @@ async fn a_removed_workers_series_leave_with_it_and_the_others_stay() {
         );
     }
 
-    let (code, answer) = admin(
-        &gateway,
-        reqwest::Method::DELETE,
-        &format!("/workers/{id}"),
-        None,
-    )
-    .await;
+    let (code, answer) = gateway
+        .admin(reqwest::Method::DELETE, &format!("/workers/{id}"), None)
+        .await;
     assert_eq!(code, 202, "{answer}");
     // Its series go once it has drained and been let go...
     let text = support::poll_until("the removed worker's series are gone", async || {

@@ -364,6 +364,26 @@ impl Gateway {
         self.child.id()
     }
 
+    /// An admin API call (`/workers...`): its status and JSON body (null
+    /// when the body is not JSON).
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut request = chat::http().request(method, self.admin_url(path));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        bounded("an admin call", async {
+            let response = request.send().await.expect("answered");
+            let status = response.status().as_u16();
+            (status, response.json().await.unwrap_or_default())
+        })
+        .await
+    }
+
     /// Sends `signal` to the gateway process.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).expect("a pid"));
