@@ -641,3 +641,73 @@ fn a_start_up_mistake_is_one_line() {
     );
     drop(taken);
 }
+
+/// The value of `family`'s series labelled `worker="{url}"`.
+fn worker_gauge(text: &str, family: &str, url: &str) -> Option<f64> {
+    let label = format!("worker=\"{url}\"");
+    text.lines()
+        .find(|line| line.starts_with(&format!("{family}{{")) && line.contains(&label))
+        .and_then(|line| line.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// A refused duplicate registration leaves the live worker's series alone:
+/// the worker holds three streams open over one stream per connection, so
+/// its pool has three connections; registering its URL again is refused
+/// (409) and `smg_worker_connections` still says three, not the one
+/// connection a new client would have started with.
+#[tokio::test]
+async fn a_refused_duplicate_registration_keeps_the_live_workers_connection_count() {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--hold-after-tokens", "1"],
+    );
+    let url = worker.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &url,
+        "--served-model-name",
+        "model",
+        "--worker-streams-per-connection",
+        "1",
+    ]);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let stream = bounded(
+            "a held stream's head",
+            http()
+                .post(gateway.url("/v1/chat/completions"))
+                .json(&json!({"model": "model", "max_tokens": 8, "stream": true,
+                    "messages": [{"role": "user", "content": "Hi"}]}))
+                .send(),
+        )
+        .await
+        .expect("sent");
+        assert_eq!(stream.status(), 200);
+        streams.push(stream);
+    }
+    support::poll_until("three connections to the worker", async || {
+        let text = scrape(&gateway).await;
+        (worker_gauge(&text, "smg_worker_connections", &url) == Some(3.0)).then_some(())
+    })
+    .await;
+
+    let (code, refused) = gateway
+        .admin(reqwest::Method::POST, "/workers", Some(json!({"url": url})))
+        .await;
+    assert_eq!(code, 409, "{refused}");
+    let text = scrape(&gateway).await;
+    assert_eq!(
+        worker_gauge(&text, "smg_worker_connections", &url),
+        Some(3.0),
+        "{text}"
+    );
+
+    worker.signal(nix::sys::signal::Signal::SIGUSR1);
+    for stream in streams {
+        let body = bounded("a released stream", stream.text())
+            .await
+            .expect("its body");
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    }
+}

@@ -296,14 +296,8 @@ impl WorkerRegistry {
                 format!("this gateway serves {:?}, not {model:?}", self.model),
             ));
         }
-        let client = EngineClient::with_connections(
-            &spec.url,
-            self.runtime,
-            self.lifecycle.connections,
-            &self.tls,
-        )?;
-        let id = worker_id(client.url());
-        {
+        let id = worker_id(&spec.url);
+        let client = {
             let mut jobs = self.jobs();
             let taken = !self.engine_workers(&id).is_empty()
                 || jobs.get(&id).is_some_and(|job| job.error.is_none());
@@ -314,6 +308,14 @@ impl WorkerRegistry {
                 )
                 .with_param("url"));
             }
+            // Built only once the URL is known to be new: a client records its
+            // connection gauge, which a refused duplicate must not overwrite.
+            let client = EngineClient::with_connections(
+                &spec.url,
+                self.runtime,
+                self.lifecycle.connections,
+                &self.tls,
+            )?;
             jobs.insert(
                 id.clone(),
                 Job {
@@ -325,7 +327,8 @@ impl WorkerRegistry {
                     _series: crate::metrics::WorkerSeriesHold::new(client.url()),
                 },
             );
-        }
+            client
+        };
         let registry = Arc::clone(self);
         let job_id = id.clone();
         tokio::spawn(async move {
