@@ -464,11 +464,20 @@ impl WorkerSeries {
         }
     }
 
-    /// Removes every series labelled `worker=url`.
+    /// Removes every series labelled `worker=url`, and those of its
+    /// data-parallel ranks (`worker=url@rank`).
     fn forget(&self, url: &str) {
+        let of_url = |value: &str| {
+            value.strip_prefix(url).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest
+                        .strip_prefix('@')
+                        .is_some_and(|rank| rank.bytes().all(|b| b.is_ascii_digit()))
+            })
+        };
         let other = |key: &Key| {
             !key.labels()
-                .any(|label| label.key() == "worker" && label.value() == url)
+                .any(|label| label.key() == "worker" && of_url(label.value()))
         };
         self.registry.retain_counters(|key, _| other(key));
         self.registry.retain_gauges(|key, _| other(key));

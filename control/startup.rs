@@ -132,6 +132,9 @@ struct Reached {
     bootstrap_port: Option<u16>,
     /// Data-parallel ranks (`--dp-aware`); 1 otherwise.
     ranks: u32,
+    /// Keeps the series recorded while reaching it (its connects) until
+    /// its workers hold them.
+    _series: crate::metrics::WorkerSeriesHold,
 }
 
 /// The outcome of trying one worker until the deadline.
@@ -392,6 +395,9 @@ impl Reach {
     /// Tries the worker until it answers, a fatal error, or the deadline.
     async fn until(self, deadline: Instant, startup: StartupConfig) -> Attempt {
         let (url, role) = (self.address.url.clone(), self.address.role);
+        // The series recorded while trying (its connects) leave /metrics
+        // with this hold when the worker is given up.
+        let _series = crate::metrics::WorkerSeriesHold::new(&url);
         let mut backoff = Backoff::new(startup);
         let mut last_logged: Option<String> = None;
         loop {
@@ -490,6 +496,7 @@ impl Reach {
             runtime,
             bootstrap_port,
             ranks,
+            _series: crate::metrics::WorkerSeriesHold::new(url),
         })
     }
 }

@@ -659,6 +659,38 @@ async fn dp_aware_gateways_route_to_each_data_parallel_rank() {
     assert_eq!(ranks, 2);
     assert_eq!(running, [(0, 1), (1, 1)]);
     finish_rank_streams(streams).await;
+
+    // Each rank has series of its own (`<url>@<rank>`), so one rank's
+    // gauges do not overwrite the other's; the engine's connections are
+    // counted under its URL.
+    let text = metrics_text(&gateway).await;
+    let url = worker.grpc_url();
+    for rank in 0..2 {
+        let label = format!("worker=\"{url}@{rank}\"");
+        for family in [
+            "smg_worker_selection_total",
+            "smg_worker_health_state",
+            "smg_worker_cb_state",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|line| line.starts_with(family) && line.contains(&label)),
+                "{family} of rank {rank}:\n{text}"
+            );
+        }
+        let chosen = text
+            .lines()
+            .find(|line| line.starts_with("smg_worker_selection_total") && line.contains(&label))
+            .and_then(|line| line.rsplit_once(' '))
+            .map(|(_, count)| count.to_owned());
+        assert_eq!(chosen.as_deref(), Some("1"), "{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|line| line.starts_with("smg_worker_connections{")
+                && line.contains(&format!("worker=\"{url}\""))),
+        "{text}"
+    );
 }
 
 /// Starts `n` streamed chats and reads each one's first chunk, so all `n`

@@ -279,3 +279,59 @@ async fn a_model_path_that_is_no_local_directory_fails_before_waiting_for_worker
         "{stderr}"
     );
 }
+
+/// A worker on the command line that never answers is given up after
+/// `--worker-startup-timeout-secs`, and the series recorded while the
+/// gateway tried it (its failed connects) leave `/metrics` with it; the
+/// worker that answered keeps its own.
+#[tokio::test]
+async fn a_worker_given_up_at_start_up_leaves_no_series_behind() {
+    let live = SimWorker::start("tokenspeed", "regular", ZERO);
+    let live_url = live.grpc_url();
+    let dead_url = format!("grpc://127.0.0.1:{}", free_port());
+    let gateway = Gateway::start_listening(
+        Some(&model_dir()),
+        &[
+            "--worker-urls",
+            &live_url,
+            &dead_url,
+            "--served-model-name",
+            "model",
+            "--runtime",
+            "tokenspeed",
+            "--worker-startup-timeout-secs",
+            "3",
+            "--worker-startup-check-interval",
+            "1",
+        ],
+        None,
+    );
+    let metrics = || async {
+        reqwest::get(format!("http://{}/metrics", gateway.metrics))
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("text")
+    };
+    let of = |text: &str, url: &str| {
+        let label = format!("worker=\"{url}\"");
+        text.lines()
+            .any(|line| !line.starts_with('#') && line.contains(&label))
+    };
+    poll_until(
+        "the dead worker's failed connects are counted",
+        async || {
+            let text = metrics().await;
+            of(&text, &dead_url).then_some(())
+        },
+    )
+    .await;
+    let text = poll_until("the dead worker's series are gone", async || {
+        let text = metrics().await;
+        (!of(&text, &dead_url)).then_some(text)
+    })
+    .await;
+    assert!(of(&text, &live_url), "{text}");
+    assert_eq!(chat(&gateway).await.0, 200);
+}

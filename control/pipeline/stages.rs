@@ -126,7 +126,7 @@ pub fn try_pick(
             }
         };
         policy.on_routed(worker, request);
-        metrics::record_selection(worker.url(), role.name(), policy.name());
+        metrics::record_selection(worker.label(), role.name(), policy.name());
         return Ok(Picked::Held(guard));
     }
     if full {

@@ -196,13 +196,13 @@ async fn circuit_probe_loop(worker: &Worker, timeout: Duration) {
                 break;
             }
             if probe(worker, timeout).await {
-                crate::metrics::record_circuit_probe(worker.url(), "healthy");
+                crate::metrics::record_circuit_probe(worker.label(), "healthy");
                 if worker.breaker().probe_succeeded().is_some() {
-                    tracing::info!(worker = worker.url(), "open circuit probed healthy");
+                    tracing::info!(worker = worker.label(), "open circuit probed healthy");
                 }
                 break;
             }
-            crate::metrics::record_circuit_probe(worker.url(), "failed");
+            crate::metrics::record_circuit_probe(worker.label(), "failed");
             pause = (pause * 2).min(config.max_probe_interval.max(config.probe_interval));
         }
     }
@@ -217,7 +217,7 @@ async fn probe_loop(worker: &Worker, config: HealthConfig) {
         let healthy = probe(worker, config.timeout).await;
         if let Some(state) = tracker.observe(healthy, Instant::now()) {
             if state == HealthState::Ready {
-                tracing::info!(worker = worker.url(), "worker ready");
+                tracing::info!(worker = worker.label(), "worker ready");
             } else {
                 tracing::warn!(
                     worker = worker.url(),

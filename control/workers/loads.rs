@@ -140,13 +140,13 @@ async fn poll_one(worker: Arc<super::Worker>, interval: Duration) {
         Ok(Ok(load)) => {
             let now = Instant::now();
             worker.load_cell().store(LoadReading::from_load(&load), now);
-            crate::metrics::record_load_reading(worker.url(), role_name(&worker));
+            crate::metrics::record_load_reading(worker.label(), role_name(&worker));
         }
-        Ok(Err(err)) => tracing::debug!(worker = worker.url(), %err, "GetLoads failed"),
-        Err(_) => tracing::debug!(worker = worker.url(), "GetLoads timed out"),
+        Ok(Err(err)) => tracing::debug!(worker = worker.label(), %err, "GetLoads failed"),
+        Err(_) => tracing::debug!(worker = worker.label(), "GetLoads timed out"),
     }
     let age = worker.load_cell().last(Instant::now()).map(|(_, age)| age);
-    crate::metrics::record_load_age(worker.url(), role_name(&worker), age);
+    crate::metrics::record_load_age(worker.label(), role_name(&worker), age);
 }
 
 fn role_name(worker: &super::Worker) -> &'static str {

@@ -102,6 +102,8 @@ pub struct Worker {
     bootstrap_port: Option<u16>,
     /// The data-parallel rank this logical worker stands for (`--dp-aware`).
     dp_rank: Option<u32>,
+    /// How metrics and logs name it (see [`Worker::label`]).
+    label: String,
     client: Arc<dyn Engine>,
     in_flight: AtomicUsize,
     /// Most requests held at once; `None`: no limit.
@@ -146,6 +148,7 @@ impl Worker {
         let series = crate::metrics::WorkerSeriesHold::new(&url);
         Ok(Self {
             id: worker_id(&url),
+            label: url.clone(),
             url,
             serial: next_serial(),
             role,
@@ -205,7 +208,7 @@ impl Worker {
 
     /// The worker with this circuit-breaker configuration.
     pub fn with_breaker(mut self, config: BreakerConfig) -> Self {
-        self.breaker = observed_breaker(&self.url, self.role, config, &self.circuit_opened);
+        self.breaker = observed_breaker(&self.label, self.role, config, &self.circuit_opened);
         self
     }
 
@@ -214,6 +217,9 @@ impl Worker {
     pub fn with_dp_rank(mut self, rank: u32) -> Self {
         self.id = worker_id(&format!("{}#dp{rank}", self.url));
         self.dp_rank = Some(rank);
+        self.label = format!("{}@{rank}", self.url);
+        let config = *self.breaker.config();
+        self.breaker = observed_breaker(&self.label, self.role, config, &self.circuit_opened);
         self
     }
 
@@ -234,6 +240,14 @@ impl Worker {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// How metrics and logs name this worker: its URL, and for one
+    /// data-parallel rank `<url>@<rank>` (as SMG names the ranks of a
+    /// DP-aware worker), so the ranks of one engine have series of their
+    /// own. Series about the engine's connections keep the bare URL.
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// A process-unique number for this worker.
@@ -275,7 +289,7 @@ impl Worker {
     pub fn set_health(&self, state: HealthState) {
         let before = self.health.swap(state as u8, Ordering::Relaxed);
         if before != state as u8 {
-            crate::metrics::record_health(self.url(), self.role.name(), state.name());
+            crate::metrics::record_health(self.label(), self.role.name(), state.name());
         }
     }
 
@@ -556,7 +570,7 @@ impl WorkerSet {
 
     pub fn insert(&self, worker: Arc<Worker>) {
         crate::metrics::record_worker_joined(
-            worker.url(),
+            worker.label(),
             worker.role.name(),
             worker.health().name(),
             worker.breaker().state().name(),
