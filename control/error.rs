@@ -4,6 +4,20 @@
 //! the code fixes the HTTP status, who caused the failure (the client, the
 //! gateway or a worker) and whether the request may be retried on another
 //! attempt. Handlers never invent statuses; they pick a code.
+//!
+//! What a client reads is deliberately less than what the gateway knows.
+//! Messages quote client input only through [`excerpt`] (bounded, control
+//! characters escaped), so a 1.5 MB URL cannot become a 1.5 MB error. The
+//! detail of a failure the client did not cause (a worker's address and
+//! its words, an OS error chain, a `/dev/shm` name) helps an attacker map
+//! the deployment and helps the client not at all: for codes that
+//! [withhold](ErrorCode::withholds_detail) it, the client reads the code,
+//! a fixed sentence and the request id ([`Error::client_message`]), and the
+//! full message goes to the log under that id. Messages of client errors,
+//! and of the gateway's capacity refusals that name the flag raising the
+//! limit, are written for the client and stay; they must never carry a
+//! resolved address, a path the client did not write, a pid or a worker
+//! URL.
 
 use std::fmt;
 use std::sync::Arc;
@@ -50,6 +64,18 @@ macro_rules! error_codes {
             /// Whether another attempt (possibly on another worker) may succeed.
             pub const fn retryable(self) -> bool {
                 match self { $(ErrorCode::$variant => $retryable,)* }
+            }
+
+            /// Whether the client is told only the code, a fixed sentence
+            /// and the request id, never the message: every worker fault
+            /// answered 5xx, and the gateway's own unexpected failures,
+            /// whose messages carry worker addresses, a worker's words, OS
+            /// error chains or `/dev/shm` names (see the module doc). (The
+            /// history store's failure keeps its fixed message; the
+            /// driver's words are logged where it fails.)
+            pub const fn withholds_detail(self) -> bool {
+                matches!(self, ErrorCode::InternalError)
+                    || (matches!(self.origin(), Origin::Worker) && self.http_status() >= 500)
             }
 
             /// Whether the failure counts against the worker it blames (its
@@ -114,6 +140,12 @@ error_codes! {
     MediaUrlForbidden => ("media_url_forbidden", 400, Client, false, free),
     /// An image is larger than the configured byte cap.
     MediaTooLarge => ("media_too_large", 400, Client, false, free),
+    /// The prompt holds multimodal tokens (`<|image_pad|>`,
+    /// `<|vision_start|>`, ...) that the request's attached images do not
+    /// account for: token ids a client sent, or a raw prompt's markup that
+    /// disagrees with its `image_data`. Client text never makes one (it is
+    /// neutralized); this is the backstop.
+    PlaceholderMismatch => ("placeholder_mismatch", 400, Client, false, free),
     /// The request carries more images than the configured limit.
     TooManyImages => ("too_many_images", 400, Client, false, free),
     /// An image could not be obtained from where the client pointed: the
@@ -350,12 +382,46 @@ impl Error {
         }
     }
 
+    /// The message a client reads. For a code that
+    /// [withholds](ErrorCode::withholds_detail) its detail: a fixed sentence
+    /// naming the code and `request_id` (the `x-request-id` the log files
+    /// the detail under), and the detail goes to the log here (WARN, in the
+    /// request's span when there is one). Otherwise the message, cut to
+    /// [`MAX_MESSAGE_CHARS`] as a backstop.
+    pub fn client_message(&self, request_id: Option<&str>) -> String {
+        if !self.code.withholds_detail() {
+            return bounded(&self.message, MAX_MESSAGE_CHARS);
+        }
+        tracing::warn!(
+            code = self.code.as_str(),
+            request_id = request_id.unwrap_or("-"),
+            worker = self.worker.as_deref().unwrap_or("-"),
+            detail = %self.message,
+            "a failure answered without its detail"
+        );
+        let what = match self.code.origin() {
+            Origin::Worker => "a worker failed to serve the request",
+            Origin::Gateway | Origin::Client => "the gateway failed to serve the request",
+        };
+        match request_id {
+            Some(id) => format!(
+                "{what} ({}); the gateway's log has the details under request id {id}",
+                self.code
+            ),
+            None => format!(
+                "{what} ({}); the gateway's log has the details under the request's x-request-id",
+                self.code
+            ),
+        }
+    }
+
     /// The OpenAI-shaped error body:
-    /// `{"error": {"message", "type", "param", "code"}}`.
-    pub fn to_openai_json(&self) -> serde_json::Value {
+    /// `{"error": {"message", "type", "param", "code"}}`, its message as
+    /// [`Error::client_message`] gives it.
+    pub fn to_openai_json(&self, request_id: Option<&str>) -> serde_json::Value {
         serde_json::json!({
             "error": {
-                "message": self.message,
+                "message": self.client_message(request_id),
                 "type": self.openai_type(),
                 "param": self.param,
                 "code": self.code.as_str(),
@@ -408,11 +474,80 @@ impl Error {
             }
             cause = err.source();
         }
+        // The worker's address is the `worker` field, for the breakers and
+        // the log; a message a client may read never names it.
         Self::new(
             code,
-            format!("worker {worker}: {message} ({:?})", status.code()),
+            format!("the worker answered {:?}: {message}", status.code()),
         )
         .with_worker(worker)
+    }
+}
+
+/// The most characters of client input a message quotes.
+pub const EXCERPT_CHARS: usize = 100;
+
+/// The most characters of any message a client reads: a backstop for a
+/// message that quoted input without [`excerpt`].
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// Client-supplied text as a message quotes it: at most
+/// [`EXCERPT_CHARS`] characters (cut on a character boundary), control
+/// characters escaped (`\n`, `\u{1b}`), and when cut an ellipsis and
+/// the original length in bytes. `Display` writes it bare, `Debug` in
+/// double quotes (inner quotes escaped), as `{:?}` quotes a string.
+pub fn excerpt(text: &str) -> Excerpt<'_> {
+    Excerpt(text)
+}
+
+/// See [`excerpt`].
+#[derive(Clone, Copy)]
+pub struct Excerpt<'a>(&'a str);
+
+impl Excerpt<'_> {
+    fn write(&self, f: &mut fmt::Formatter<'_>, quoted: bool) -> fmt::Result {
+        use fmt::Write as _;
+        let mut written = 0;
+        for c in self.0.chars() {
+            if written >= EXCERPT_CHARS {
+                return write!(f, "… ({} bytes)", self.0.len());
+            }
+            if c.is_control() {
+                let escaped = c.escape_default().to_string();
+                written += escaped.chars().count();
+                f.write_str(&escaped)?;
+            } else if quoted && (c == '"' || c == '\\') {
+                written += 2;
+                f.write_char('\\')?;
+                f.write_char(c)?;
+            } else {
+                written += 1;
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Excerpt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write(f, false)
+    }
+}
+
+impl fmt::Debug for Excerpt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"")?;
+        self.write(f, true)?;
+        f.write_str("\"")
+    }
+}
+
+/// `text` cut to `max` characters with an ellipsis and its length.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text.to_owned(),
     }
 }
 
@@ -509,7 +644,7 @@ mod tests {
     #[test]
     fn openai_body_carries_code_and_param() {
         let err = Error::invalid_parameter("temperature", "must be within [0, 2]");
-        let body = err.to_openai_json();
+        let body = err.to_openai_json(None);
         assert_eq!(body["error"]["code"], "invalid_parameter");
         assert_eq!(body["error"]["param"], "temperature");
         assert_eq!(body["error"]["type"], "invalid_request_error");
@@ -586,6 +721,64 @@ mod tests {
             assert_eq!(code.retryable(), retryable, "{text}");
             assert!(!code.charges_worker(), "{text}");
         }
+    }
+
+    #[test]
+    fn excerpts_are_bounded_escaped_and_cut_on_a_character() {
+        let long = "x".repeat(1_500_000);
+        let shown = excerpt(&long).to_string();
+        assert_eq!(
+            shown,
+            format!("{}… (1500000 bytes)", "x".repeat(EXCERPT_CHARS))
+        );
+        // A cut falling inside multibyte characters keeps them whole.
+        let wide = "é🦀".repeat(80);
+        let shown = excerpt(&wide).to_string();
+        assert!(shown.starts_with(&"é🦀".repeat(50)), "{shown}");
+        assert!(
+            shown.ends_with(&format!("… ({} bytes)", wide.len())),
+            "{shown}"
+        );
+        // Control characters cannot forge log lines or terminal output.
+        assert_eq!(
+            excerpt("a\nb\u{1b}[2Jc\0").to_string(),
+            "a\\nb\\u{1b}[2Jc\\u{0}"
+        );
+        assert_eq!(format!("{:?}", excerpt("say \"hi\"")), "\"say \\\"hi\\\"\"");
+        // Short plain text is quoted as it is.
+        assert_eq!(excerpt("gpt-4o").to_string(), "gpt-4o");
+        assert_eq!(format!("{:?}", excerpt("gpt-4o")), "\"gpt-4o\"");
+    }
+
+    #[test]
+    fn withheld_details_reach_the_log_not_the_client() {
+        // Typed out by hand: the codes whose message the client never reads.
+        let withheld = [
+            ErrorCode::InternalError,
+            ErrorCode::WorkerUnavailable,
+            ErrorCode::WorkerError,
+            ErrorCode::WorkerProtocolViolation,
+            ErrorCode::WorkerTimeout,
+            ErrorCode::EncodeFailed,
+            ErrorCode::StreamInterrupted,
+        ];
+        for code in ErrorCode::ALL {
+            assert_eq!(code.withholds_detail(), withheld.contains(code), "{code}");
+            let err = Error::new(*code, "grpc://10.1.2.3:50051 pid 4242: /dev/shm/smg-4242-7")
+                .with_worker("grpc://10.1.2.3:50051");
+            let message = err.client_message(Some("req-7"));
+            if code.withholds_detail() {
+                assert!(!message.contains("10.1.2.3"), "{code}: {message}");
+                assert!(!message.contains("4242"), "{code}: {message}");
+                assert!(message.contains(code.as_str()), "{code}: {message}");
+                assert!(message.contains("req-7"), "{code}: {message}");
+            } else {
+                assert_eq!(message, err.message, "{code}");
+            }
+        }
+        // Every message is bounded, whatever it quotes.
+        let huge = Error::invalid_request("y".repeat(100_000));
+        assert!(huge.client_message(None).chars().count() < MAX_MESSAGE_CHARS + 32);
     }
 
     #[test]

@@ -521,7 +521,11 @@ async fn a_worker_failing_mid_stream_ends_the_stream_with_worker_error() {
         assert!(outcome.completions.is_empty());
         let err = outcome.error();
         assert_eq!(err.code, ErrorCode::WorkerError, "{runtime:?}: {err}");
-        assert!(err.message.contains(&worker.grpc_url()), "{err}");
+        assert_eq!(
+            err.worker.as_deref(),
+            Some(worker.grpc_url().as_str()),
+            "{err}"
+        );
     }
 }
 
@@ -548,7 +552,7 @@ async fn an_unreachable_worker_is_worker_unavailable() {
         let client = EngineClient::new(&url, runtime).expect("no I/O until first use");
         let err = run(&client, request("x", &prompt(), 4, true)).await.error();
         assert_eq!(err.code, ErrorCode::WorkerUnavailable, "{runtime:?}: {err}");
-        assert!(err.message.contains(&url), "{err}");
+        assert_eq!(err.worker.as_deref(), Some(url.as_str()), "{err}");
         let err = bounded("health", client.health_check())
             .await
             .expect_err("unreachable");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
-use support::{Gateway, SimWorker, bounded};
+use support::{Gateway, SimWorker, bounded, poll_until};
 
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
@@ -295,5 +295,94 @@ async fn a_request_timeout_answers_in_the_routes_dialect_and_names_its_flag() {
         let answer = send(http().post(gateway.url(path)).json(&body(path))).await;
         let message = assert_error(path, &answer, 504, "request_timeout");
         assert!(message.contains("--request-timeout-secs"), "{message}");
+    }
+}
+
+/// A worker's failure answers its code and the request's id, never the
+/// worker's address: the address, and the worker's own words, go to the
+/// gateway's log under the same id. Before any output (a worker that is
+/// down) and within a stream (a worker failing after a token), in both
+/// dialects.
+#[tokio::test]
+async fn a_worker_failure_names_the_request_id_and_no_worker_address() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("smg.log");
+    let mut down = worker();
+    let failing = SimWorker::start("tokenspeed", "regular", &["--fail-after-tokens", "1"]);
+    let addresses = [down.grpc_url(), failing.grpc_url()];
+    let ports = [
+        down.grpc.port().to_string(),
+        failing.grpc.port().to_string(),
+    ];
+    let flags = [
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+        "--disable-retries",
+    ];
+    let mut args = vec!["--worker-urls", &addresses[0]];
+    args.extend(flags);
+    let gateway = Gateway::start_logged(&args, "warn", &log);
+    down.kill();
+    let leaks = |text: &str| {
+        addresses
+            .iter()
+            .chain(&ports)
+            .any(|address| text.contains(address.as_str()))
+            || text.contains("127.0.0.1")
+    };
+    for (n, path) in [CHAT, MESSAGES].into_iter().enumerate() {
+        let id = format!("trace-down-{n}");
+        let answer = send(
+            http()
+                .post(gateway.url(path))
+                .header("x-request-id", &id)
+                .json(&body(path)),
+        )
+        .await;
+        let message = assert_error(path, &answer, 503, "worker_unavailable");
+        assert!(!leaks(&answer.text), "{path}: {}", answer.text);
+        assert!(
+            message.contains(&id) && message.contains("worker_unavailable"),
+            "{path}: the message names the request id and the code: {message}"
+        );
+    }
+    poll_until(
+        "the log names the down worker under the request id",
+        async || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .any(|line| line.contains("trace-down-0") && line.contains(&ports[0]))
+                .then_some(())
+        },
+    )
+    .await;
+
+    let mut args = vec!["--worker-urls", &addresses[1]];
+    args.extend(flags);
+    let gateway = Gateway::start(&args);
+    for path in [CHAT, MESSAGES] {
+        let mut request = body(path);
+        request["stream"] = json!(true);
+        request["max_tokens"] = json!(8);
+        let answer = send(
+            http()
+                .post(gateway.url(path))
+                .header("x-request-id", "trace-stream")
+                .json(&request),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text);
+        assert!(
+            answer.text.contains("worker_error"),
+            "{path}: {}",
+            answer.text
+        );
+        assert!(
+            answer.text.contains("trace-stream"),
+            "{path}: {}",
+            answer.text
+        );
+        assert!(!leaks(&answer.text), "{path}: {}", answer.text);
     }
 }

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use smg_dataplane::preprocess::{ImageLimits, Qwen2VlImageProcessor, VisionPreprocessConfig};
 use smg_shared::tensor::DType;
 use support::media::{
-    Packing, chat, expected, expected_for, image_data_url, image_url, images_dir, messages, metric,
-    metrics_text,
+    Packing, chat, expected, expected_for, http, image_data_url, image_url, images_dir, messages,
+    metric, metrics_text,
 };
 use support::{Gateway, SimWorker};
 
@@ -431,4 +431,203 @@ async fn a_saturated_data_plane_answers_dataplane_busy() {
     );
     let (status, body) = chat(&gateway, &messages(&[image_url("tiny_20x20.png")])).await;
     assert_eq!(status, 200, "serving again after the burst: {body}");
+}
+
+/// Refusals of an image reference quote what the client wrote, bounded,
+/// and nothing it did not: not what a host name resolved to, not where a
+/// symlink leads, not the canonical path. A 1.5 MB reference gets a small
+/// error.
+#[tokio::test]
+async fn image_refusals_quote_the_client_bounded_and_reveal_nothing_internal() {
+    let fleet = fleet("tokenspeed", "regular", 0, &[]);
+    let gateway = gateway(&fleet, &[]);
+    let refused = async |url: String, code: &str| -> String {
+        let response = http()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&json!({"model": "model", "messages": messages(&[url]), "max_tokens": 4}))
+            .send()
+            .await
+            .expect("sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("a body");
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{}",
+            &text[..text.len().min(2000)]
+        );
+        text
+    };
+
+    // A 1.5 MB reference, outside the allowed directory and inside it.
+    let long = "x".repeat(1_500_000);
+    for (url, code) in [
+        (format!("file:///{long}.png"), "media_url_forbidden"),
+        (
+            format!("file://{}/{long}.png", images_dir().display()),
+            "media_fetch_failed",
+        ),
+        (
+            format!("https://127.0.0.1/{long}.png"),
+            "media_url_forbidden",
+        ),
+    ] {
+        let text = refused(url, code).await;
+        assert!(text.len() < 4096, "{code}: a {} byte error", text.len());
+    }
+
+    // A host name that resolves to loopback: the refusal names the host
+    // the client wrote, not the address it resolved to.
+    let text = refused(
+        "http://localhost:9/cat.png".to_owned(),
+        "media_url_forbidden",
+    )
+    .await;
+    assert!(text.contains("localhost"), "{text}");
+    for address in ["127.0.0.1", "::1", "loopback"] {
+        assert!(!text.contains(address), "{address}: {text}");
+    }
+
+    // A symlink inside the allowed directory that leads out of it.
+    let outside = tempfile::tempdir().expect("tempdir");
+    let secret = outside.path().join("secret.png");
+    std::fs::copy(images_dir().join("tiny_20x20.png"), &secret).expect("copy");
+    let inside = tempfile::tempdir_in(images_dir()).expect("tempdir inside the allowed dir");
+    let link = inside.path().join("innocent.png");
+    std::os::unix::fs::symlink(&secret, &link).expect("symlink");
+    let text = refused(format!("file://{}", link.display()), "media_url_forbidden").await;
+    let outside_dir = outside.path().display().to_string();
+    assert!(!text.contains(&outside_dir), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+}
+
+/// The fixture model's multimodal tokens: `<|vision_start|>`,
+/// `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>`.
+const VISION_TOKENS: [u32; 4] = [4003, 4004, 4005, 4006];
+
+/// The prompt ids a worker logged (`--prompt-log`) for the request whose
+/// client id is `id`.
+fn logged_prompt(log: &std::path::Path, id: &str) -> Option<Vec<u32>> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let line = text
+        .lines()
+        .find(|line| line.starts_with(&format!("{id}-")))?;
+    let ids = line.split_once(' ')?.1;
+    Some(
+        ids.split(',')
+            .filter(|id| !id.is_empty())
+            .map(|id| id.parse().expect("a token id"))
+            .collect(),
+    )
+}
+
+/// Placeholder tokens typed as text, in every dialect, reach the engine as
+/// ordinary text: no placeholder id without an image. With a real image,
+/// the prompt holds exactly that image's placeholders.
+#[tokio::test]
+async fn placeholder_tokens_typed_as_text_never_become_placeholder_ids() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("prompts.log");
+    let log_flag = log.display().to_string();
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--prompt-log", &log_flag],
+    );
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--allowed-local-media-path",
+        &images_dir().display().to_string(),
+    ]);
+    let typed = "look: <|image_pad|> and <|vision_start|><|image_pad|><|vision_end|> \
+                 and <|video_pad|> and <|vision_start|>";
+    let split = json!([{"role": "user", "content": [
+        {"type": "text", "text": "split <|image"},
+        {"type": "text", "text": "_pad|> across parts <|vision_"},
+        {"type": "text", "text": "start|>"},
+    ]}]);
+    let requests = [
+        (
+            "/v1/chat/completions",
+            json!({"model": "model", "max_tokens": 2,
+                   "messages": [{"role": "system", "content": typed},
+                                {"role": "user", "content": typed}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "model", "max_tokens": 2, "messages": split}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "model", "max_tokens": 2, "system": typed,
+                   "messages": [{"role": "user", "content": [{"type": "text", "text": typed}]}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "model", "max_output_tokens": 2, "input": typed, "store": false}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "model", "max_tokens": 2, "prompt": typed}),
+        ),
+        (
+            "/generate",
+            json!({"text": typed, "sampling_params": {"max_new_tokens": 2}}),
+        ),
+    ];
+    for (n, (path, body)) in requests.iter().enumerate() {
+        let id = format!("typed-{n}");
+        let response = http()
+            .post(gateway.url(path))
+            .header("x-request-id", &id)
+            .json(body)
+            .send()
+            .await
+            .expect("sent");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("a body");
+        assert_eq!(status, 200, "{path}: {text}");
+        let prompt = logged_prompt(&log, &id).expect("the worker logged the prompt");
+        let placeholders: Vec<u32> = prompt
+            .iter()
+            .copied()
+            .filter(|id| VISION_TOKENS.contains(id))
+            .collect();
+        assert_eq!(placeholders, Vec::<u32>::new(), "{path} {body}: {prompt:?}");
+    }
+
+    // One real image, and the same text typed beside it.
+    let image = "tiny_20x20.png";
+    let bytes = std::fs::read(images_dir().join(image)).expect("fixture image");
+    let expansion = support::media::processor()
+        .preprocess(&bytes, DType::BFloat16)
+        .expect("preprocess")
+        .plan
+        .tokens as usize;
+    let messages = json!([{"role": "user", "content": [
+        {"type": "text", "text": typed},
+        {"type": "image_url", "image_url": {"url": image_url(image)}},
+        {"type": "text", "text": typed},
+    ]}]);
+    let response = http()
+        .post(gateway.url("/v1/chat/completions"))
+        .header("x-request-id", "typed-image")
+        .json(&json!({"model": "model", "max_tokens": 2, "messages": messages}))
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    assert_eq!(status, 200, "{text}");
+    let prompt = logged_prompt(&log, "typed-image").expect("the worker logged the prompt");
+    let count = |token: u32| prompt.iter().filter(|&&id| id == token).count();
+    assert_eq!(
+        [count(4003), count(4004), count(4005), count(4006)],
+        [1, 1, expansion, 0],
+        "{prompt:?}"
+    );
 }

@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::types::anthropic;
 use crate::error::{Error, ErrorCode};
+use crate::pipeline::request_context::client_request_id;
 
 /// The shape errors take on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,12 +49,14 @@ impl ErrorDialect {
         }
     }
 
-    /// `err` as this dialect's JSON body.
+    /// `err` as this dialect's JSON body, its message as the client may
+    /// read it ([`Error::client_message`], naming the request's id).
     pub fn body(self, err: &Error) -> serde_json::Value {
+        let id = client_request_id();
         match self {
-            ErrorDialect::OpenAi => err.to_openai_json(),
+            ErrorDialect::OpenAi => err.to_openai_json(id.as_deref()),
             ErrorDialect::Anthropic => serde_json::to_value(anthropic::StreamEvent::error(err))
-                .unwrap_or_else(|_| err.to_openai_json()),
+                .unwrap_or_else(|_| err.to_openai_json(id.as_deref())),
         }
     }
 }

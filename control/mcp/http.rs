@@ -555,7 +555,16 @@ fn describe_send_error(error: &reqwest::Error, url: &Url) -> HttpFailure {
         }
         source = current.source();
     }
-    let text = format!("{}: {}", redacted(url), error_chain(error));
+    // The chain (OS errors, what a name resolved to) is for the log.
+    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an MCP request failed");
+    let what = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "could not connect"
+    } else {
+        "the request failed"
+    };
+    let text = format!("{}: {what}", redacted(url));
     if error.is_timeout() {
         HttpFailure::Timeout(text)
     } else {
@@ -564,11 +573,8 @@ fn describe_send_error(error: &reqwest::Error, url: &Url) -> HttpFailure {
 }
 
 fn read_failure(error: &reqwest::Error, url: &Url) -> HttpFailure {
-    let text = format!(
-        "{}: reading the answer failed: {}",
-        redacted(url),
-        error_chain(error)
-    );
+    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an MCP answer broke off");
+    let text = format!("{}: reading the answer failed", redacted(url));
     if error.is_timeout() {
         HttpFailure::Timeout(text)
     } else {

@@ -367,10 +367,10 @@ fn from_transport(
 ) -> Error {
     match find_failure(error).or_else(|| failures.take()) {
         Some(failure) => from_failure(label, failure),
-        None => Error::new(
-            ErrorCode::McpServerUnavailable,
-            format!("MCP server {label}: {what}: {}", error_chain(error)),
-        ),
+        None => Error::new(ErrorCode::McpServerUnavailable, {
+            tracing::warn!(server = %label, error = %error_chain(error), "{what}");
+            format!("MCP server {label}: {what}")
+        }),
     }
 }
 

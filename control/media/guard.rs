@@ -22,6 +22,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
+use crate::error::excerpt;
+
 /// What kind of address an IP is, as far as the guard cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddressClass {
@@ -250,6 +252,10 @@ pub struct ForbiddenDestination {
     pub class: AddressClass,
 }
 
+/// What a client reads: the host as it wrote it, and for an address it
+/// wrote, that address's class. What a name resolved to is the operator's
+/// DNS, not the client's business (an SSRF probe would map the internal
+/// network with it): [`ForbiddenDestination::detail`] is for the log.
 impl fmt::Display for ForbiddenDestination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.host == self.address.to_string() {
@@ -257,10 +263,8 @@ impl fmt::Display for ForbiddenDestination {
         } else {
             write!(
                 f,
-                "{} resolves to {}, which is {}",
-                self.host,
-                self.address,
-                self.class.describe()
+                "{} resolves to a non-public address",
+                excerpt(&self.host)
             )?;
         }
         f.write_str(
@@ -270,6 +274,18 @@ impl fmt::Display for ForbiddenDestination {
 }
 
 impl std::error::Error for ForbiddenDestination {}
+
+impl ForbiddenDestination {
+    /// The refusal with the address the host resolved to, for the log.
+    pub fn detail(&self) -> String {
+        format!(
+            "{} resolved to {}, which is {}",
+            self.host,
+            self.address,
+            self.class.describe()
+        )
+    }
+}
 
 /// The guard's rule: public addresses pass, everything else only when an
 /// allowance covers the host name or the address.
@@ -357,7 +373,10 @@ impl Resolve for VettingResolver {
                 }
             }
             match (vetted.is_empty(), first_refusal) {
-                (true, Some(refusal)) => Err(refusal.into()),
+                (true, Some(refusal)) => {
+                    tracing::warn!(refusal = %refusal.detail(), "the SSRF guard refused a host");
+                    Err(refusal.into())
+                }
                 (true, None) => Err(format!("{host} resolved to no address").into()),
                 (false, _) => Ok(Box::new(vetted.into_iter()) as Addrs),
             }
@@ -536,17 +555,30 @@ mod tests {
     }
 
     #[test]
-    fn refusal_names_address_and_reason() {
+    fn refusal_names_the_host_to_the_client_and_the_address_to_the_log() {
         let refusal = DestinationPolicy::default()
             .check("metadata.internal", ip("169.254.169.254"))
             .expect_err("link-local is refused");
         assert_eq!(refusal.class, AddressClass::LinkLocal);
         let text = refusal.to_string();
         assert!(
-            text.contains("metadata.internal resolves to 169.254.169.254"),
+            text.contains("metadata.internal resolves to a non-public address"),
             "{text}"
         );
-        assert!(text.contains("link-local"), "{text}");
+        assert!(!text.contains("169.254"), "{text}");
+        assert!(!text.contains("link-local"), "{text}");
+        let detail = refusal.detail();
+        assert!(
+            detail.contains("metadata.internal resolved to 169.254.169.254")
+                && detail.contains("link-local"),
+            "{detail}"
+        );
+        // An address the client wrote is its own: named, with its class.
+        let literal = DestinationPolicy::default()
+            .check("10.0.0.5", ip("10.0.0.5"))
+            .expect_err("private is refused")
+            .to_string();
+        assert!(literal.starts_with("10.0.0.5 is "), "{literal}");
     }
 
     #[tokio::test]

@@ -190,6 +190,9 @@ impl MediaFetcher {
                 // off the async threads); the read itself runs on a
                 // data-plane core through io_uring.
                 let roots = Arc::clone(&self.file_roots);
+                // Messages name the path as the client wrote it, never the
+                // resolved one (see `local`).
+                let written = url.to_file_path().unwrap_or_default();
                 let path = tokio::task::spawn_blocking(move || roots.resolve(&url))
                     .await
                     .map_err(|join| Error::internal(format!("resolving a file image: {join}")))?
@@ -199,7 +202,9 @@ impl MediaFetcher {
                     .read_file(path.clone(), max_bytes)
                     .await
                     .map_err(|error| match error {
-                        JobError::File(error) => file_error(file_problem(&path, error), max_bytes),
+                        JobError::File(error) => {
+                            file_error(file_problem(&path, &written, error), max_bytes)
+                        }
                         other => Error::from_dataplane(&other),
                     })?;
                 Ok(HashedBytes {
@@ -330,14 +335,24 @@ fn remote_error(problem: RemoteProblem, max_bytes: usize, url: &str) -> Error {
     }
 }
 
-/// A data-plane read failure in the allow-list's terms.
-fn file_problem(path: &std::path::Path, error: FileReadError) -> FileProblem {
+/// A data-plane read failure of the resolved `path` in the allow-list's
+/// terms, naming the path the client `written`.
+fn file_problem(
+    path: &std::path::Path,
+    written: &std::path::Path,
+    error: FileReadError,
+) -> FileProblem {
+    let shown = super::local::shown(written);
     match error {
         FileReadError::NotRegular => {
-            FileProblem::Forbidden(format!("{} is not a regular file", path.display()))
+            FileProblem::Forbidden(format!("{shown} is not a regular file"))
         }
         FileReadError::TooLarge { len, .. } => FileProblem::TooLarge { len },
-        other => FileProblem::Unreadable(format!("{}: {other}", path.display())),
+        FileReadError::Io(detail) => {
+            tracing::warn!(path = %path.display(), %detail, "a file image cannot be read");
+            FileProblem::Unreadable(format!("{shown}: cannot be read"))
+        }
+        other => FileProblem::Unreadable(format!("{shown}: {other}")),
     }
 }
 
@@ -920,7 +935,7 @@ mod tests {
         expect_error(
             fetch(&confined, &[url(&link)]).await,
             ErrorCode::MediaUrlForbidden,
-            "resolves to",
+            "leads outside",
         );
         expect_error(
             fetch(&confined, &[url(&allowed.path().join("none.png"))]).await,

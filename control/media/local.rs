@@ -15,6 +15,11 @@
 //! only, the byte cap, hashing) is per-byte work and runs on the data plane
 //! (`smg_dataplane::runtime::DataPlane::read_file`, through io_uring).
 //!
+//! Refusals quote the path as the client wrote it (bounded, see
+//! `crate::error::excerpt`) and nothing else: not where a symlink leads, not
+//! the canonical path, not the allowed directories, not the OS's error text.
+//! Those would tell a client about files it may not read; they go to the log.
+//!
 //! What remains trusted: whoever can rename directories inside an allowed
 //! tree between the check and the open could swap one for a symlink. Those
 //! directories belong to the operator.
@@ -23,6 +28,8 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use reqwest::Url;
+
+use crate::error::excerpt;
 
 /// Why a `file://` image was refused or could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +96,7 @@ impl FileRoots {
         if !written_inside {
             return Err(FileProblem::Forbidden(format!(
                 "{} is outside the allowed file directories",
-                path.display()
+                shown(&path)
             )));
         }
         let resolved = path
@@ -100,10 +107,14 @@ impl FileRoots {
             .iter()
             .any(|dir| resolved.starts_with(&dir.canonical))
         {
+            tracing::warn!(
+                path = %path.display(),
+                resolved = %resolved.display(),
+                "a file URL leads outside the allowed file directories"
+            );
             return Err(FileProblem::Forbidden(format!(
-                "{} resolves to {}, outside the allowed file directories",
-                path.display(),
-                resolved.display()
+                "{} leads outside the allowed file directories (through a symlink)",
+                shown(&path)
             )));
         }
         Ok(resolved)
@@ -122,7 +133,7 @@ fn local_path(url: &Url) -> Result<PathBuf, FileProblem> {
     if path.components().any(|part| part == Component::ParentDir) {
         return Err(FileProblem::Forbidden(format!(
             "{} climbs out with '..'",
-            path.display()
+            shown(&path)
         )));
     }
     Ok(path)
@@ -130,12 +141,20 @@ fn local_path(url: &Url) -> Result<PathBuf, FileProblem> {
 
 fn unreadable(path: &Path, error: &io::Error) -> FileProblem {
     let reason = match error.kind() {
-        io::ErrorKind::NotFound => "no such file".to_owned(),
-        io::ErrorKind::PermissionDenied => "permission denied".to_owned(),
-        _ if error.raw_os_error() == Some(libc::ELOOP) => "is a symlink".to_owned(),
-        _ => error.to_string(),
+        io::ErrorKind::NotFound => "no such file",
+        io::ErrorKind::PermissionDenied => "permission denied",
+        _ if error.raw_os_error() == Some(libc::ELOOP) => "is a symlink",
+        _ => {
+            tracing::warn!(path = %path.display(), %error, "a file URL cannot be resolved");
+            "cannot be read"
+        }
     };
-    FileProblem::Unreadable(format!("{}: {reason}", path.display()))
+    FileProblem::Unreadable(format!("{}: {reason}", shown(path)))
+}
+
+/// A path the client wrote, as a message quotes it.
+pub(crate) fn shown(path: &Path) -> String {
+    excerpt(&path.to_string_lossy()).to_string()
 }
 
 #[cfg(test)]
@@ -212,7 +231,11 @@ mod tests {
         for url in [file_url(&link), file_url(&dir_link.join("secret.png"))] {
             match roots.resolve(&url) {
                 Err(FileProblem::Forbidden(text)) => {
-                    assert!(text.contains("resolves to"), "{text}")
+                    assert!(text.contains("leads outside"), "{text}");
+                    assert!(
+                        !text.contains(&outside.path().display().to_string()),
+                        "the target stays in the log: {text}"
+                    );
                 }
                 other => panic!("{url}: {other:?}"),
             }

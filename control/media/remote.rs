@@ -11,6 +11,11 @@
 //! streams, so a server that lies about or omits its length is cut off at
 //! the cap and the connection dropped. The blake3 hash is updated chunk by
 //! chunk in the same pass.
+//!
+//! Failure messages name the URL as the client (or a redirect) wrote it,
+//! bounded and without credentials ([`redacted`]), and say what went wrong
+//! in a few fixed words (could not connect, timed out, broke off). The
+//! HTTP client's error chain, with its OS errors, goes to the log.
 
 use std::sync::Arc;
 
@@ -20,6 +25,7 @@ use reqwest::{Client, StatusCode, Url};
 
 use super::HashedBytes;
 use super::guard::{DestinationPolicy, ForbiddenDestination, VettingResolver, literal_address};
+use crate::error::excerpt;
 
 /// Never reserve more than this up front on a server's word
 /// (`Content-Length`); beyond it the buffer grows as bytes really arrive.
@@ -145,8 +151,9 @@ fn redirect_target(from: &Url, response: &reqwest::Response) -> Result<Url, Remo
         })?;
     from.join(location).map_err(|error| {
         RemoteProblem::Failed(format!(
-            "{} redirected to an invalid location {location:?}: {error}",
-            redacted(from)
+            "{} redirected to an invalid location {:?}: {error}",
+            redacted(from),
+            excerpt(location)
         ))
     })
 }
@@ -168,11 +175,8 @@ async fn read_capped_body(
     let mut body = BytesMut::with_capacity(reserve);
     let mut hasher = blake3::Hasher::new();
     while let Some(chunk) = response.chunk().await.map_err(|error| {
-        RemoteProblem::Failed(format!(
-            "{}: reading the body failed: {}",
-            redacted(url),
-            error_chain(&error)
-        ))
+        tracing::warn!(url = %redacted(url), error = %error_chain(&error), "an image body broke off");
+        RemoteProblem::Failed(format!("{}: the body broke off", redacted(url)))
     })? {
         if body.len() + chunk.len() > max_bytes {
             // Dropping the response closes the connection mid-body.
@@ -203,11 +207,15 @@ fn describe_send_error(error: &reqwest::Error, url: &Url) -> RemoteProblem {
         }
         source = current.source();
     }
-    RemoteProblem::Failed(format!(
-        "{}: request failed: {}",
-        redacted(url),
-        error_chain(error)
-    ))
+    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an image fetch failed");
+    let what = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "could not connect"
+    } else {
+        "the request failed"
+    };
+    RemoteProblem::Failed(format!("{}: {what}", redacted(url)))
 }
 
 fn forbidden(url: &Url, refusal: &ForbiddenDestination) -> RemoteProblem {
@@ -230,20 +238,16 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// A URL for messages and logs: without credentials, and not unbounded.
+/// A URL for messages and logs: without credentials, and bounded
+/// ([`excerpt`]).
 pub(crate) fn redacted(url: &Url) -> String {
-    const MAX_CHARS: usize = 200;
     let mut shown = url.clone();
     if !shown.username().is_empty() || shown.password().is_some() {
         // Only fails for URLs that cannot have credentials, which then have none.
         let _ = shown.set_username("");
         let _ = shown.set_password(None);
     }
-    let text = shown.to_string();
-    match text.char_indices().nth(MAX_CHARS) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text,
-    }
+    excerpt(shown.as_str()).to_string()
 }
 
 #[cfg(test)]
@@ -257,9 +261,10 @@ mod tests {
         let long = Url::parse(&format!("https://example.com/{}", "x".repeat(500))).expect("parses");
         let shown = redacted(&long);
         assert!(
-            shown.ends_with("...") && shown.chars().count() == 203,
+            shown.starts_with("https://example.com/xxx") && shown.ends_with("… (520 bytes)"),
             "{shown}"
         );
+        assert!(shown.chars().count() < 120, "{shown}");
     }
 
     #[test]

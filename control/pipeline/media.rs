@@ -9,10 +9,40 @@
 //! the tensor into the lane's buffer once. The control plane only waits for
 //! the result: the wire payload and, for lanes that hold resources, a lease
 //! the request keeps until the RPCs carrying the tensor have returned.
+//!
+//! Placeholders belong to the gateway ([`Placeholders`]). A vision model's
+//! tokenizer turns the text `<|image_pad|>` into the placeholder id wherever
+//! it appears, so a client typing it would hand the engine a placeholder
+//! with no pixels behind it (an engine may crash on that, or read another
+//! image's memory). Two layers stop it:
+//!
+//! 1. Neutralize: before the chat template renders, every string the client
+//!    wrote (message text in every dialect, tool arguments and results,
+//!    template kwargs) has each multimodal token (`<|vision_start|>`,
+//!    `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>`) rewritten with a
+//!    zero-width space (U+200B) after its `<`, so it tokenizes as the
+//!    ordinary text it is; a string ending in the start of one (`… <|image`)
+//!    gets the same treatment, so two adjacent parts cannot join into a
+//!    token. Raw prompts (`/v1/completions`, `/generate` text) are
+//!    neutralized the same way unless the request attaches images: a raw
+//!    prompt with `image_data` is written in the model's own markup, as
+//!    SGLang defines it.
+//! 2. Count (the backstop, after tokenization, for every prompt, token ids
+//!    included): the prompt must hold exactly one `<|image_pad|>`,
+//!    `<|vision_start|>` and `<|vision_end|>` per attached image and no
+//!    `<|video_pad|>` (the gateway takes no video), else it is refused with
+//!    `placeholder_mismatch` (400) before anything is fetched. A tool
+//!    definition, rendered by the template as JSON, is not rewritten: one
+//!    quoting a placeholder meets this check.
+//!
+//! Text-only models (no vision preprocessing) have no placeholders and
+//! need neither.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde_json::Value;
 use smg_dataplane::lanes::{InlineLane, LaneChoice, TensorLease};
 use smg_dataplane::preprocess::{
     ImageLimits, ImagePlan, PreprocessError, Qwen2VlImageProcessor, VisionPreprocessConfig,
@@ -30,6 +60,108 @@ use crate::tokenizer::Tokenizer;
 const IMAGE_PAD: &str = "<|image_pad|>";
 /// The name engines know the grid tensor by.
 const GRID_TENSOR: &str = "image_grid_thw";
+/// The Qwen2-VL family's multimodal tokens, as its chat template writes
+/// them around an image (or a video).
+const VISION_START: &str = "<|vision_start|>";
+const VISION_END: &str = "<|vision_end|>";
+const VIDEO_PAD: &str = "<|video_pad|>";
+
+/// What the neutralized form of a token puts after its `<`.
+const ZERO_WIDTH_SPACE: char = '\u{200B}';
+
+/// A vision model's multimodal tokens: which texts client strings must not
+/// spell, and which ids a prompt may hold only for attached images (see the
+/// module doc).
+#[derive(Debug, Clone)]
+pub struct Placeholders {
+    /// Each token's text, with its id (tokens the tokenizer lacks are left
+    /// out).
+    tokens: Vec<(&'static str, u32)>,
+}
+
+impl Placeholders {
+    fn for_tokenizer(tokenizer: &Tokenizer) -> Self {
+        let tokens = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+            .into_iter()
+            .filter_map(|text| Some((text, tokenizer.token_id(text)?)))
+            .collect();
+        Self { tokens }
+    }
+
+    /// `text` with every multimodal token, and a trailing start of one,
+    /// broken by a zero-width space after its `<`; borrowed when there was
+    /// none.
+    pub fn neutralize<'a>(&self, text: &'a str) -> Cow<'a, str> {
+        let spelled = self.tokens.iter().any(|(token, _)| text.contains(token));
+        let trailing = self.trailing_start(text);
+        if !spelled && trailing.is_none() {
+            return Cow::Borrowed(text);
+        }
+        let mut out = text.to_owned();
+        if let Some(at) = trailing {
+            out.insert(at + 1, ZERO_WIDTH_SPACE);
+        }
+        for (token, _) in &self.tokens {
+            let broken = format!("<{ZERO_WIDTH_SPACE}{}", &token[1..]);
+            out = out.replace(token, &broken);
+        }
+        Cow::Owned(out)
+    }
+
+    /// Where `text` ends with a proper start of a token (`<`, `<|image`):
+    /// the offset of that `<`.
+    fn trailing_start(&self, text: &str) -> Option<usize> {
+        let longest = self.tokens.iter().map(|(token, _)| token.len()).max()?;
+        let from = text.len().saturating_sub(longest - 1);
+        text.char_indices()
+            .skip_while(|(at, _)| *at < from)
+            .filter(|(_, c)| *c == '<')
+            .map(|(at, _)| at)
+            .find(|&at| {
+                let tail = &text[at..];
+                self.tokens
+                    .iter()
+                    .any(|(token, _)| token.len() > tail.len() && token.starts_with(tail))
+            })
+    }
+
+    /// Neutralizes every string in `value`, keys excepted (a template reads
+    /// a message's keys, never renders them).
+    pub fn neutralize_json(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => {
+                if let Cow::Owned(neutral) = self.neutralize(text) {
+                    *text = neutral;
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| self.neutralize_json(item)),
+            Value::Object(fields) => fields
+                .values_mut()
+                .for_each(|field| self.neutralize_json(field)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+
+    /// The backstop: `input_ids` hold exactly one image placeholder, one
+    /// vision start and one vision end per image, and no video placeholder.
+    pub fn check(&self, input_ids: &[u32], images: usize) -> Result<()> {
+        for (token, id) in &self.tokens {
+            let found = input_ids.iter().filter(|&&seen| seen == *id).count();
+            let wanted = if *token == VIDEO_PAD { 0 } else { images };
+            if found != wanted {
+                return Err(Error::new(
+                    ErrorCode::PlaceholderMismatch,
+                    format!(
+                        "the prompt holds {found} {token} tokens but the request attaches {images} images; \
+                         multimodal tokens come only from attached images"
+                    ),
+                )
+                .with_param("messages"));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Everything needed to turn image references into engine media items.
 #[derive(Debug, Clone)]
@@ -37,6 +169,7 @@ pub struct MediaPlanner {
     fetcher: Arc<MediaFetcher>,
     processor: Arc<Qwen2VlImageProcessor>,
     image_pad_id: u32,
+    placeholders: Arc<Placeholders>,
     dataplane: DataPlane,
     lanes: Arc<TensorLanes>,
 }
@@ -75,6 +208,7 @@ impl MediaPlanner {
             ),
             processor: Arc::new(processor),
             image_pad_id,
+            placeholders: Arc::new(Placeholders::for_tokenizer(tokenizer)),
             dataplane: dataplane.clone(),
             lanes: TensorLanes::inline(),
         }))
@@ -84,6 +218,11 @@ impl MediaPlanner {
     pub fn with_lanes(mut self, lanes: Arc<TensorLanes>) -> Self {
         self.lanes = lanes;
         self
+    }
+
+    /// The model's multimodal tokens, which client text must not spell.
+    pub fn placeholders(&self) -> &Placeholders {
+        &self.placeholders
     }
 
     /// The lanes this model's tensors travel.
@@ -237,6 +376,64 @@ fn image_error(index: usize, err: &PreprocessError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fixture() -> (Tokenizer, Placeholders) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        let tokenizer = Tokenizer::from_model_dir(&dir).expect("fixture tokenizer");
+        let placeholders = Placeholders::for_tokenizer(&tokenizer);
+        (tokenizer, placeholders)
+    }
+
+    #[test]
+    fn typed_placeholders_tokenize_as_text() {
+        let (tokenizer, placeholders) = fixture();
+        let vision: Vec<u32> = placeholders.tokens.iter().map(|(_, id)| *id).collect();
+        assert_eq!(vision.len(), 4, "the fixture has all four tokens");
+        let typed = "a <|image_pad|> b <|vision_start|><|video_pad|><|vision_end|> c <|image";
+        let neutral = placeholders.neutralize(typed);
+        let ids = tokenizer.encode(&neutral, true).expect("ids");
+        assert!(ids.iter().all(|id| !vision.contains(id)), "{ids:?}");
+        // Only the `<` of each token gains the space: the text reads the same.
+        assert_eq!(neutral.replace('\u{200B}', ""), typed);
+        // Ordinary text is left as it is, without a copy.
+        assert!(matches!(
+            placeholders.neutralize("a < b <| c |>"),
+            Cow::Borrowed(_)
+        ));
+        // Two parts that would join into a token cannot.
+        let mut parts = serde_json::json!(["x <|image", "_pad|> y"]);
+        placeholders.neutralize_json(&mut parts);
+        let joined = format!(
+            "{}{}",
+            parts[0].as_str().expect("text"),
+            parts[1].as_str().expect("text")
+        );
+        let ids = tokenizer.encode(&joined, true).expect("ids");
+        assert!(ids.iter().all(|id| !vision.contains(id)), "{ids:?}");
+    }
+
+    #[test]
+    fn the_backstop_counts_placeholders_against_images() {
+        let (tokenizer, placeholders) = fixture();
+        let ids = |text: &str| tokenizer.encode(text, true).expect("ids");
+        let one = ids("<|vision_start|><|image_pad|><|vision_end|> what?");
+        assert!(placeholders.check(&one, 1).is_ok());
+        for (prompt, images) in [
+            ("<|vision_start|><|image_pad|><|vision_end|> what?", 0),
+            ("<|image_pad|> what?", 1),
+            (
+                "<|vision_start|><|image_pad|><|vision_end|><|image_pad|>",
+                1,
+            ),
+            ("<|vision_start|><|video_pad|><|vision_end|>", 0),
+            ("plain", 1),
+        ] {
+            let err = placeholders.check(&ids(prompt), images).expect_err(prompt);
+            assert_eq!(err.code, ErrorCode::PlaceholderMismatch, "{prompt}");
+            assert_eq!(err.code.http_status(), 400);
+        }
+        assert!(placeholders.check(&ids("plain"), 0).is_ok());
+    }
 
     #[test]
     fn image_failures_are_client_errors_with_stable_codes() {

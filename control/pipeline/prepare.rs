@@ -2,7 +2,10 @@
 //! and engine sampling every later stage uses. It resolves the model, renders
 //! the chat template, tokenizes, checks the context length and turns stop
 //! strings that are single tokens into `stop_token_ids` (engines reject string
-//! stops; the gateway still trims the text itself).
+//! stops; the gateway still trims the text itself). For a vision model, the
+//! client's text is neutralized before it is rendered and tokenized, and the
+//! prompt's multimodal tokens are counted against the attached images after
+//! (see `super::media`, "Placeholders belong to the gateway").
 
 use super::spec::{GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
@@ -109,8 +112,18 @@ pub async fn prepare(
             .with_param("messages"));
         }
     };
+    // A vision model's multimodal tokens, whatever the request attaches.
+    let placeholders = media.map(MediaPlanner::placeholders);
     let (prompt_text, input_ids) = match &spec.prompt {
-        Prompt::Text(text) => (text.clone(), tokenizer.encode(text, true)?),
+        Prompt::Text(text) => {
+            // A raw prompt with images is written in the model's markup;
+            // without, its placeholders are only text.
+            let tokenized = match placeholders {
+                Some(placeholders) if spec.images.is_empty() => placeholders.neutralize(text),
+                _ => std::borrow::Cow::Borrowed(text.as_str()),
+            };
+            (text.clone(), tokenizer.encode(&tokenized, true)?)
+        }
         Prompt::TokenIds(ids) => {
             if let Some(bad) = ids.iter().find(|&&id| id >= model.vocab_size) {
                 return Err(Error::invalid_parameter(
@@ -132,11 +145,28 @@ pub async fn prepare(
                     .then(|| chat.tools.template()),
                 extra: chat.template_kwargs.clone(),
             };
-            let text = tokenizer.apply_chat_template(&chat.messages, &options)?;
+            let text = match placeholders {
+                Some(placeholders) => {
+                    let mut messages = chat.messages.clone();
+                    messages
+                        .iter_mut()
+                        .for_each(|message| placeholders.neutralize_json(message));
+                    let mut options = options;
+                    options
+                        .extra
+                        .values_mut()
+                        .for_each(|value| placeholders.neutralize_json(value));
+                    tokenizer.apply_chat_template(&messages, &options)?
+                }
+                None => tokenizer.apply_chat_template(&chat.messages, &options)?,
+            };
             let ids = tokenizer.encode(&text, false)?;
             (text, ids)
         }
     };
+    if let Some(placeholders) = placeholders {
+        placeholders.check(&input_ids, spec.images.len())?;
+    }
     let (input_ids, media_items, leases) = match planner {
         Some(planner) => {
             let planned = planner.plan(&spec.images, input_ids, &lane()).await?;

@@ -29,6 +29,22 @@ pub fn client_request_id() -> Option<Arc<str>> {
     CLIENT_REQUEST_ID.try_with(Arc::clone).ok()
 }
 
+/// `work` carrying the current request's id and tracing span: for a task
+/// spawned to outlive the handler (a stream, a background response), so
+/// its engine calls, its log lines and the errors it answers still name
+/// the request.
+pub fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    use tracing::Instrument;
+    let id = client_request_id();
+    async move {
+        match id {
+            Some(id) => with_client_request_id(id, work).await,
+            None => work.await,
+        }
+    }
+    .instrument(tracing::Span::current())
+}
+
 /// The id an engine call carries: `<client id>-<request id>-<suffix>`, or
 /// `<request id>-<suffix>` without a client id. The request id keeps engine
 /// ids unique even when a client reuses its own id.

@@ -116,6 +116,10 @@ pub struct EngineConfig {
     /// Each Generate call's request id is appended here, one per line
     /// (tests check the ids the gateway sends).
     pub request_log: Option<std::path::PathBuf>,
+    /// Each Generate call's prompt is appended here, one line per call:
+    /// `<request id> <id>,<id>,...` (tests check which token ids reached
+    /// the engine, e.g. that typed text made no placeholder ids).
+    pub prompt_log: Option<std::path::PathBuf>,
     /// Each Abort call is appended here before it is answered, one line
     /// per call: `<request id> running|unknown` (tests check that the
     /// gateway aborted a leg, as opposed to merely closing its stream).
@@ -438,6 +442,10 @@ impl Engine {
     pub fn generate(self: &Arc<Self>, job: GenerateJob) -> Result<EventStream, Status> {
         if let Some(path) = &self.config.request_log {
             log_request_id(path, &job.request_id);
+        }
+        if let Some(path) = &self.config.prompt_log {
+            let ids: Vec<String> = job.input_ids.iter().map(u32::to_string).collect();
+            log_line(path, &format!("{} {}", job.request_id, ids.join(",")));
         }
         match (self.config.role, &job.kv) {
             (Role::Encode, _) => {

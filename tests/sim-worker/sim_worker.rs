@@ -233,6 +233,10 @@ struct Args {
     /// Append each Generate call's request id to this file, one per line.
     #[arg(long, value_name = "FILE")]
     request_log: Option<PathBuf>,
+    /// Append each Generate call's request id and prompt token ids
+    /// (`ID 1,2,3`) to this file, one line per call.
+    #[arg(long, value_name = "FILE")]
+    prompt_log: Option<PathBuf>,
     /// Append each Abort call's request id and whether it was running
     /// (`ID running|unknown`) to this file, before answering it.
     #[arg(long, value_name = "FILE")]
@@ -309,6 +313,7 @@ impl Args {
             max_running_requests: self.max_running_requests,
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
+            prompt_log: self.prompt_log.clone(),
             abort_log: self.abort_log.clone(),
             script: None,
             usage_log: self.usage_log.clone(),

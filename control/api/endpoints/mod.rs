@@ -61,6 +61,7 @@ use crate::error::{Error, Result};
 use crate::metrics;
 use crate::pipeline::Endpoint;
 use crate::pipeline::parsing::ParsedText;
+use crate::pipeline::request_context::carried;
 use crate::pipeline::respond::{
     CollectedOutput, FinishReason, OutputEvent, OutputStream, Usage, collect,
 };
@@ -337,12 +338,14 @@ where
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
     let watch = sender.clone();
     let produce = producer(sender);
-    tasks.spawn(async move {
+    // The task outlives the handler: it keeps the request's span and id,
+    // so a failure mid-stream is logged, and answered, under that id.
+    tasks.spawn(carried(async move {
         tokio::select! {
             () = produce => {}
             () = watch.closed() => {}
         }
-    });
+    }));
     tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 

@@ -621,7 +621,8 @@ impl ErrorDetail {
     pub fn from_error(err: &Error) -> Self {
         Self {
             kind: anthropic_error_type(err.code).to_owned(),
-            message: err.message.clone(),
+            message: err
+                .client_message(crate::pipeline::request_context::client_request_id().as_deref()),
         }
     }
 }

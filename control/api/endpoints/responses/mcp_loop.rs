@@ -330,7 +330,11 @@ impl McpTools {
         Some(match result {
             Ok(output) if output.is_error => Err(output.output),
             Ok(output) => Ok(output.output),
-            Err(err) => Err(format!("{}: {}", err.code.as_str(), err.message)),
+            Err(err) => Err(format!(
+                "{}: {}",
+                err.code.as_str(),
+                err.client_message(None)
+            )),
         })
     }
 }

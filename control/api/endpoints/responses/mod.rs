@@ -53,6 +53,7 @@ use crate::history::History;
 use crate::metrics;
 use crate::pipeline::Endpoint;
 use crate::pipeline::parsing::ParsedText;
+use crate::pipeline::request_context::{carried, client_request_id};
 use crate::pipeline::respond::{FinishReason, OutputEvent};
 use crate::router::Router;
 
@@ -446,7 +447,7 @@ impl Plan {
             background: self.background,
             error: error.map(|err| ResponseError {
                 code: err.code.as_str().to_owned(),
-                message: err.message.clone(),
+                message: err.client_message(client_request_id().as_deref()),
             }),
             incomplete_details: incomplete.map(|reason| IncompleteDetails { reason }),
             instructions: request.instructions.clone(),
@@ -768,14 +769,14 @@ async fn execute(
             let _ = sink
                 .emit(vec![StreamEvent::Error {
                     code: err.code.as_str().to_owned(),
-                    message: err.message.clone(),
+                    message: err.client_message(client_request_id().as_deref()),
                     param: None,
                 }])
                 .await;
             object.status = ResponseStatus::Failed;
             object.error = Some(ResponseError {
                 code: err.code.as_str().to_owned(),
-                message: err.message.clone(),
+                message: err.client_message(client_request_id().as_deref()),
             });
             failure = Some(err);
         }
@@ -848,7 +849,7 @@ pub(crate) async fn create_response(
         if plan.stream {
             let (sender, receiver) = mpsc::channel(64);
             let task_state = Arc::clone(&state);
-            state.tasks.spawn(async move {
+            state.tasks.spawn(carried(async move {
                 let _permit = permit;
                 let mut sink = Sink {
                     frames: Some(sender),
@@ -857,16 +858,16 @@ pub(crate) async fn create_response(
                 };
                 let (_, failure) = run_registered(&task_state, plan, cancel, &mut sink).await;
                 record(failure.as_ref());
-            });
+            }));
             return sse_response(tokio_stream::wrappers::ReceiverStream::new(receiver));
         }
         let task_state = Arc::clone(&state);
-        state.tasks.spawn(async move {
+        state.tasks.spawn(carried(async move {
             let _permit = permit;
             let mut sink = Sink::collecting(true);
             let (_, failure) = run_registered(&task_state, plan, cancel, &mut sink).await;
             record(failure.as_ref());
-        });
+        }));
         return json_response(StatusCode::OK, &queued);
     }
     let cancel = CancellationToken::new();
@@ -874,7 +875,7 @@ pub(crate) async fn create_response(
         let (sender, receiver) = mpsc::channel(64);
         let watch = sender.clone();
         let task_state = Arc::clone(&state);
-        state.tasks.spawn(async move {
+        state.tasks.spawn(carried(async move {
             let mut sink = Sink {
                 frames: Some(sender),
                 sequence: 0,
@@ -893,7 +894,7 @@ pub(crate) async fn create_response(
                 }
             };
             record(failure.as_ref());
-        });
+        }));
         return sse_response(tokio_stream::wrappers::ReceiverStream::new(receiver));
     }
     let mut sink = Sink::collecting(false);
