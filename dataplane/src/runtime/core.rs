@@ -232,7 +232,7 @@ pub(crate) fn execute(work: Work, core: usize, scratch: &mut ScratchSpace) -> Jo
             hold.run();
             Ok(Output::Pong)
         }
-        Work::ReadFile(request) => files::read_blocking(&request)
+        Work::ReadFile(request) => files::read_blocking(request)
             .map(Output::File)
             .map_err(JobError::File),
         Work::DecodeBase64(request) => inline::decode_and_hash(&request.encoded, request.max_bytes)
