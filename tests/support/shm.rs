@@ -74,21 +74,21 @@ impl ShmDir {
             .filter_map(|entry| entry.file_name().into_string().ok())
             .collect();
         let mut stems = self.stems.lock().expect("stems");
-        if !stems.contains_key(&pid) {
-            let says = format!("pid {pid} ");
-            let owner = all.iter().find(|name| {
-                name.ends_with(".owner")
-                    && std::fs::read_to_string(self.path.join(name))
-                        .is_ok_and(|text| text.starts_with(&says))
-            });
-            match owner {
-                Some(owner) => {
-                    stems.insert(pid, owner.trim_end_matches(".owner").to_owned());
+        let stem = match stems.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(unknown) => {
+                let says = format!("pid {pid} ");
+                let owner = all.iter().find(|name| {
+                    name.ends_with(".owner")
+                        && std::fs::read_to_string(self.path.join(name))
+                            .is_ok_and(|text| text.starts_with(&says))
+                });
+                match owner {
+                    Some(owner) => unknown.insert(owner.trim_end_matches(".owner").to_owned()),
+                    None => return Vec::new(),
                 }
-                None => return Vec::new(),
             }
-        }
-        let stem = &stems[&pid];
+        };
         let (data, owner) = (format!("{stem}-"), format!("{stem}.owner"));
         let mut names: Vec<String> = all
             .into_iter()
