@@ -302,7 +302,11 @@ async fn rdma_loopback_carries_the_exact_bytes_and_frees_its_slots() {
         ],
     );
     let arena = shm.names_of(gateway.pid());
-    assert_eq!(arena.len(), 1, "one arena file: {arena:?}");
+    assert_eq!(
+        arena.len(),
+        2,
+        "one arena file and the owner file: {arena:?}"
+    );
     // Three requests through a two-slot arena: slots must come back.
     for _ in 0..3 {
         chat_exactly(&gateway, &[MEDIUM, SMALL]).await;
@@ -449,8 +453,9 @@ async fn a_killed_gateways_names_are_swept_by_the_next_one() {
     let first_pid = first.pid();
     chat_exactly(&first, &[MEDIUM]).await;
     let left = shm.names_of(first_pid);
-    // Two private slot names and the public name the worker kept.
-    assert_eq!(left.len(), 3, "{left:?}");
+    // Two private slot names, the public name the worker kept, and the
+    // owner file (whose lock died with the process).
+    assert_eq!(left.len(), 4, "{left:?}");
     drop(first); // SIGKILL: no chance to clean up.
     assert_eq!(
         shm.names_of(first_pid),
@@ -463,6 +468,88 @@ async fn a_killed_gateways_names_are_swept_by_the_next_one() {
         "the next gateway's start-up sweep removed them"
     );
     chat_exactly(&second, &[MEDIUM]).await;
+}
+
+/// Gateway B starting on the shm directory gateway A uses (as a gateway in
+/// another PID namespace sharing /dev/shm would) must not sweep A's live
+/// names: A's owner-file lock proves it alive. A keeps serving over shm.
+#[tokio::test]
+async fn a_second_gateway_on_the_same_directory_keeps_the_first_ones_live_names() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &[], &[]);
+    let first = gateway(&fleet, "shm", &[]);
+    let held = shm.names_of(first.pid());
+    assert_eq!(held.len(), 3, "two slots and the owner file: {held:?}");
+    // Ready means its start-up sweep has run.
+    let second = gateway(&fleet, "shm", &[]);
+    assert_eq!(
+        shm.names_of(first.pid()),
+        held,
+        "the second gateway's sweep kept the first one's names"
+    );
+    assert_eq!(shm.names_of(second.pid()).len(), 3);
+    chat_exactly(&first, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![(tensor_bytes(MEDIUM), "shm".to_owned())]
+    );
+    assert_settles(&first, &shm, &held).await;
+}
+
+/// Someone removes the lane's slot files under a running gateway: the next
+/// image still arrives (inline, counted as a `shm_slot_lost` fallback), the
+/// pool is rebuilt, and later images go through shm again.
+#[tokio::test]
+async fn a_lane_whose_slot_files_are_removed_goes_inline_then_rebuilds() {
+    let shm = ShmDir::in_dev_shm();
+    let fleet = fleet(&shm, &[], &[]);
+    let gateway = gateway(&fleet, "shm", &[]);
+    let held = shm.names_of(gateway.pid());
+    let slots: Vec<&String> = held.iter().filter(|n| !n.ends_with(".owner")).collect();
+    assert_eq!(slots.len(), 2, "{held:?}");
+    for name in &slots {
+        std::fs::remove_file(shm.path.join(name)).unwrap();
+    }
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![(tensor_bytes(MEDIUM), "inline".to_owned())]
+    );
+    let text = metrics_text(&gateway).await;
+    assert_eq!(
+        metric(
+            &text,
+            "smg_tensor_lane_fallbacks_total",
+            &["requested=\"shm\"", "reason=\"shm_slot_lost\""]
+        ),
+        1.0,
+        "{text}"
+    );
+    // The reclaimer replaces the pool: two fresh slot files.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let rebuilt = loop {
+        let names = shm.names_of(gateway.pid());
+        let fresh: Vec<String> = names
+            .iter()
+            .filter(|n| !n.ends_with(".owner") && !slots.contains(n))
+            .cloned()
+            .collect();
+        if fresh.len() == 2 {
+            break names;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool was not rebuilt: {names:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    clear_records(&fleet.record);
+    chat_exactly(&gateway, &[MEDIUM]).await;
+    assert_eq!(
+        recorded_lanes(&fleet),
+        vec![(tensor_bytes(MEDIUM), "shm".to_owned())]
+    );
+    assert_settles(&gateway, &shm, &rebuilt).await;
 }
 
 #[tokio::test]
@@ -816,7 +903,11 @@ async fn a_registration_asking_for_rdma_opens_the_lane() {
     )
     .await;
     assert_eq!(transport_of(&status), ("rdma", 65536, "registration"));
-    assert_eq!(shm.names_of(gateway.pid()).len(), 1, "one arena file");
+    assert_eq!(
+        shm.names_of(gateway.pid()).len(),
+        2,
+        "one arena file and the owner file"
+    );
     let (_, listed) = gateway.admin(reqwest::Method::GET, "/workers", None).await;
     let first_id = listed["workers"]
         .as_array()

@@ -72,14 +72,18 @@ impl TensorLanes {
     /// `rdma` is the RDMA lane when one opened ([`open_rdma`], which logs
     /// why not); without it `rdma` modes fall back to inline.
     pub fn start(settings: &LaneSettings, cores: usize, rdma: Option<Arc<RdmaLane>>) -> Arc<Self> {
-        // Whatever this gateway's mode, names left by gateways that died
-        // (pid and start time are in each name) are removed now.
+        // Whatever this gateway's mode, names left by gateways that are
+        // provably gone (their owner file's lock is free, or another boot)
+        // are removed now; a live gateway's are kept, whatever its PID
+        // namespace.
         match shm::sweep_orphans(&settings.shm_dir) {
-            Ok(0) => {}
-            Ok(removed) => tracing::info!(
-                removed,
+            Ok(summary) if summary.removed == 0 && summary.errors == 0 => {}
+            Ok(summary) => tracing::info!(
+                removed = summary.removed,
+                kept = summary.kept,
+                errors = summary.errors,
                 dir = %settings.shm_dir.display(),
-                "removed shm names left by gateways that died"
+                "removed shm names left by gateways that are gone"
             ),
             Err(err) => {
                 tracing::warn!(%err, dir = %settings.shm_dir.display(), "shm orphan sweep failed")
@@ -467,7 +471,7 @@ fn create_shm(settings: &LaneSettings, cores: usize) -> Result<Arc<ShmLane>, &'s
             tracing::warn!(%err, dir = %settings.shm_dir.display(), "the shm tensor lane is unavailable; its tensors go inline");
             Err(match err {
                 shm::ShmError::NoSpace { .. } => "shm_no_space",
-                shm::ShmError::Io { .. } => "shm_unavailable",
+                shm::ShmError::Io { .. } | shm::ShmError::SlotLost { .. } => "shm_unavailable",
             })
         }
     }
@@ -516,20 +520,45 @@ pub fn engine_payload(payload: smg_dataplane::lanes::WirePayload) -> TensorPaylo
     }
 }
 
-/// Who owns the shm names this process publishes (`ShmHandle.owner_id`).
+/// Who owns the shm names this process publishes (`ShmHandle.owner_id`):
+/// the stem of every name, `smg-<boot id>-<instance>`.
 fn owner_id() -> String {
-    format!("smg-{}", std::process::id())
+    shm::instance_stem()
 }
 
-/// Frees shm slots whose names are gone or overdue and publishes both
-/// pools' occupancy, until the lanes are dropped.
+/// Frees shm slots whose names are gone or overdue, rebuilds shm pools
+/// that lost a slot's file, and publishes both pools' occupancy, until the
+/// lanes are dropped.
 async fn reclaim(lanes: Weak<TensorLanes>) {
     let mut tick = tokio::time::interval(RECLAIM_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(lanes) = lanes.upgrade() else { return };
+        if let Some(shm) = lanes.shm_lane().cloned() {
+            rebuild_lost_pools(shm).await;
+        }
         lanes.publish_occupancy();
+    }
+}
+
+/// Replaces the shm pools whose slot files someone else removed (their
+/// tensors went inline meanwhile, counted as `shm_slot_lost` fallbacks).
+async fn rebuild_lost_pools(shm: Arc<ShmLane>) {
+    let dir = shm.dir().display().to_string();
+    match tokio::task::spawn_blocking(move || shm.rebuild_lost()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(rebuilt)) => tracing::warn!(
+            rebuilt,
+            dir,
+            "shm slot files were removed by someone else; rebuilt those pools (tensors went inline meanwhile)"
+        ),
+        Ok(Err(err)) => tracing::warn!(
+            %err,
+            dir,
+            "a shm pool lost its files and cannot be rebuilt yet; its tensors go inline"
+        ),
+        Err(err) => tracing::warn!(%err, "rebuilding shm pools failed"),
     }
 }
 

@@ -186,20 +186,21 @@ impl MediaFetcher {
                     .map_err(|problem| remote_error(problem, max_bytes, &shown))
             }
             ImageReference::File(url) => {
-                // The allow-list check resolves links (a few metadata calls,
-                // off the async threads); the read itself runs on a
-                // data-plane core through io_uring.
+                // The allow-list opens the file beneath its directory (one
+                // openat2 and an fstat, off the async threads); the read of
+                // that descriptor runs on a data-plane core through io_uring.
                 let roots = Arc::clone(&self.file_roots);
                 // Messages name the path as the client wrote it, never the
                 // resolved one (see `local`).
                 let written = url.to_file_path().unwrap_or_default();
-                let path = tokio::task::spawn_blocking(move || roots.resolve(&url))
+                let opened = tokio::task::spawn_blocking(move || roots.open(&url))
                     .await
-                    .map_err(|join| Error::internal(format!("resolving a file image: {join}")))?
+                    .map_err(|join| Error::internal(format!("opening a file image: {join}")))?
                     .map_err(|problem| file_error(problem, max_bytes))?;
+                let path = opened.path;
                 let contents = self
                     .dataplane
-                    .read_file(path.clone(), max_bytes)
+                    .read_opened(opened.file, max_bytes)
                     .await
                     .map_err(|error| match error {
                         JobError::File(error) => {
@@ -935,7 +936,7 @@ mod tests {
         expect_error(
             fetch(&confined, &[url(&link)]).await,
             ErrorCode::MediaUrlForbidden,
-            "leads outside",
+            "symlink",
         );
         expect_error(
             fetch(&confined, &[url(&allowed.path().join("none.png"))]).await,
@@ -947,6 +948,68 @@ mod tests {
             ErrorCode::MediaUrlForbidden,
             "file:// URLs are disabled",
         );
+    }
+
+    /// A directory inside the allowed tree swapped for a symlink to an
+    /// outside directory while reads run: no read may return the outside
+    /// file (the check and the open are one `openat2` beneath the allowed
+    /// directory's fd, so there is no window between them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn swapping_a_directory_for_a_symlink_during_reads_never_leaks_outside_bytes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const READS: usize = 2_000;
+        let allowed = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let real = allowed.path().join("d");
+        std::fs::create_dir(&real).expect("mkdir");
+        std::fs::write(real.join("img.png"), b"INSIDE").expect("write inside");
+        std::fs::write(outside.path().join("img.png"), b"OUTSIDE").expect("write outside");
+        let parked = allowed.path().join("d-real");
+        let link = allowed.path().join("d-link");
+        std::os::unix::fs::symlink(outside.path(), &link).expect("symlink");
+        let confined = fetcher(|config| config.allowed_file_dirs = vec![allowed.path().into()]);
+        let url = Url::from_file_path(real.join("img.png"))
+            .expect("absolute path")
+            .to_string();
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(std::sync::Barrier::new(2));
+        let swapper = {
+            let (stop, started) = (Arc::clone(&stop), Arc::clone(&started));
+            let (real, parked, link) = (real.clone(), parked.clone(), link.clone());
+            std::thread::spawn(move || {
+                started.wait();
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // d: directory -> symlink to outside -> directory again.
+                    std::fs::rename(&real, &parked).expect("park the directory");
+                    std::fs::rename(&link, &real).expect("put the symlink in its place");
+                    std::fs::rename(&real, &link).expect("take the symlink away");
+                    std::fs::rename(&parked, &real).expect("restore the directory");
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        started.wait();
+        let (mut inside, mut refused) = (0usize, 0usize);
+        for _ in 0..READS {
+            match fetch(&confined, std::slice::from_ref(&url)).await {
+                Ok(media) => {
+                    assert_eq!(
+                        media[0].bytes.as_ref(),
+                        b"INSIDE",
+                        "a read returned a file from outside the allowed directory"
+                    );
+                    inside += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().expect("the swapper finished");
+        assert_eq!(inside + refused, READS);
+        assert!(swaps > 0, "the swapper ran");
     }
 
     #[tokio::test]

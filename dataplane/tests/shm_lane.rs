@@ -1,7 +1,8 @@
 //! The shm lane against real tmpfs files: slots get fresh names, are reused
 //! only once the reader unlinked the name and the RPC returned, lingering
 //! names are reclaimed after the deadline, oversize tensors get one-off
-//! files, and orphans of dead gateway processes are swept. Each test works
+//! files, orphans of dead gateway processes are swept and a live process's
+//! names are not (its owner-file lock proves it alive). Each test works
 //! in its own directory under /dev/shm (or the temp dir where /dev/shm is
 //! missing) and counts the names in it.
 
@@ -12,7 +13,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use smg_dataplane::lanes::shm::{Occupancy, ShmError, ShmPool, ShmPoolConfig, sweep_orphans};
+use smg_dataplane::lanes::shm::{
+    OWNER_SUFFIX, Occupancy, ShmError, ShmPool, ShmPoolConfig, SweepSummary, boot_tag,
+    instance_stem, instance_stem_of, sweep_orphans,
+};
 
 fn scratch_dir() -> tempfile::TempDir {
     let base = Path::new("/dev/shm");
@@ -75,14 +79,15 @@ fn a_published_tensor_is_a_private_name_holding_exactly_its_bytes() {
     let dir = scratch_dir();
     let pool = pool(dir.path(), 2, 4096, Duration::from_secs(60));
     let slots = names(dir.path());
-    assert_eq!(slots.len(), 2, "one private file per slot");
+    assert_eq!(
+        slots.len(),
+        3,
+        "one private file per slot, and the owner file"
+    );
+    assert!(slots.contains(&format!("{}{OWNER_SUFFIX}", instance_stem())));
     let tensor = write_tensor(&pool, b"pixels!");
     assert_eq!(extra(dir.path(), &slots), [tensor.name().to_owned()]);
-    assert!(
-        tensor
-            .name()
-            .starts_with(&format!("smg-{}-", std::process::id()))
-    );
+    assert!(tensor.name().starts_with(&format!("{}-", instance_stem())));
     assert_eq!(tensor.nbytes(), 7);
     let meta = std::fs::metadata(dir.path().join(tensor.name())).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -265,19 +270,26 @@ fn the_sweep_removes_names_of_dead_gateways_only() {
     let pool = pool(dir.path(), 1, 64, Duration::from_secs(60));
     let slots = names(dir.path());
     let live = write_tensor(&pool, &[1; 4]);
-    // A child process that exits: its pid is then dead (or reused with
-    // another start time).
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let dead_pid = child.id();
-    child.wait().unwrap();
-    let orphan = format!("smg-{dead_pid}-12345-{}", "ab".repeat(16));
+    // A gone instance of this boot: an owner file nobody holds locked.
+    let dead = instance_stem_of(boot_tag(), b"gone-gateway");
+    let orphan = format!("{dead}-{}", "ab".repeat(16));
+    let dead_owner = format!("{dead}{OWNER_SUFFIX}");
     let unrelated = "someone-elses-segment".to_owned();
-    let not_ours = format!("smg-{dead_pid}-12345-short");
-    for name in [&orphan, &unrelated, &not_ours] {
+    // An older gateway's pid-based name: nothing proves its owner gone.
+    let old_format = format!("smg-4242-12345-{}", "ab".repeat(16));
+    for name in [&orphan, &dead_owner, &unrelated, &old_format] {
         std::fs::write(dir.path().join(name), b"x").unwrap();
     }
-    assert_eq!(sweep_orphans(dir.path()).unwrap(), 1);
-    let mut expected = vec![live.name().to_owned(), not_ours, unrelated];
+    assert_eq!(
+        sweep_orphans(dir.path()).unwrap(),
+        SweepSummary {
+            removed: 2,
+            // Our slot, its public name and owner file, and the old name.
+            kept: 4,
+            errors: 0
+        }
+    );
+    let mut expected = vec![live.name().to_owned(), old_format, unrelated];
     expected.sort();
     assert_eq!(extra(dir.path(), &slots), expected);
 }
@@ -315,13 +327,13 @@ fn concurrent_writers_never_share_a_slot() {
 /// The directory [`child_holding_a_pool_until_killed`] makes its pool in.
 const CHILD_DIR: &str = "SMG_SHM_LANE_CHILD_DIR";
 
-/// Run as a child process by `a_killed_gateways_files_are_swept` (with
-/// `--ignored --exact`): makes a pool, publishes a tensor, says so, and
-/// waits to be killed. Run on its own it fails.
+/// Run as a child process by `a_live_processs_names_survive_the_sweep_and_a_killed_ones_do_not`
+/// (with `--ignored --exact`): makes a pool, publishes a tensor, says so,
+/// and waits to be killed. Run on its own it fails.
 #[test]
-#[ignore = "helper run as a child process by a_killed_gateways_files_are_swept"]
+#[ignore = "helper run as a child process by a_live_processs_names_survive_the_sweep_and_a_killed_ones_do_not"]
 fn child_holding_a_pool_until_killed() {
-    let dir = std::env::var(CHILD_DIR).expect("run by a_killed_gateways_files_are_swept");
+    let dir = std::env::var(CHILD_DIR).expect("run by the sweep test");
     let pool = pool(Path::new(&dir), 2, 4096, Duration::from_secs(60));
     let tensor = write_tensor(&pool, &[9; 64]);
     println!("published {}", tensor.name());
@@ -332,8 +344,11 @@ fn child_holding_a_pool_until_killed() {
     panic!("the parent went away without killing this child");
 }
 
+/// Another process (another instance, as a gateway in another PID
+/// namespace would be) holds a pool: its owner lock keeps every name of it
+/// through a sweep; once it is killed, the next sweep removes them all.
 #[test]
-fn a_killed_gateways_files_are_swept() {
+fn a_live_processs_names_survive_the_sweep_and_a_killed_ones_do_not() {
     use std::io::BufRead;
     let dir = scratch_dir();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -356,15 +371,19 @@ fn a_killed_gateways_files_are_swept() {
         .map_while(Result::ok)
         .find(|line| line.contains("published smg-"));
     assert!(published.is_some(), "the child published a tensor");
-    // Two private slot files and one public name.
-    assert_eq!(names(dir.path()).len(), 3);
+    // Two private slot files, one public name and the owner file.
+    let held = names(dir.path());
+    assert_eq!(held.len(), 4, "{held:?}");
+    assert!(
+        held.iter().all(|name| !name.starts_with(&instance_stem())),
+        "the child is another instance: {held:?}"
+    );
+    let summary = sweep_orphans(dir.path()).unwrap();
+    assert_eq!((summary.removed, summary.kept), (0, 4), "{summary:?}");
+    assert_eq!(names(dir.path()), held, "a live owner's names stay");
     child.kill().unwrap(); // SIGKILL: no destructor runs
     child.wait().unwrap();
-    assert_eq!(
-        names(dir.path()).len(),
-        3,
-        "a killed process leaves its files"
-    );
-    assert_eq!(sweep_orphans(dir.path()).unwrap(), 3);
+    assert_eq!(names(dir.path()), held, "a killed process leaves its files");
+    assert_eq!(sweep_orphans(dir.path()).unwrap().removed, 4);
     assert!(names(dir.path()).is_empty());
 }

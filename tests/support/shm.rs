@@ -4,12 +4,17 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 /// A shm directory of the test's own, removed (or unmounted) on drop.
 pub struct ShmDir {
     pub path: PathBuf,
     mounted: bool,
+    /// The name stem (`smg-<boot>-<instance>`) of each gateway pid seen,
+    /// remembered so its names can be listed after its owner file is gone.
+    stems: Mutex<HashMap<u32, String>>,
 }
 
 impl ShmDir {
@@ -24,6 +29,7 @@ impl ShmDir {
         Self {
             path,
             mounted: false,
+            stems: Mutex::default(),
         }
     }
 
@@ -48,6 +54,7 @@ impl ShmDir {
         Some(Self {
             path,
             mounted: true,
+            stems: Mutex::default(),
         })
     }
 
@@ -55,14 +62,48 @@ impl ShmDir {
         self.path.display().to_string()
     }
 
-    /// Names in the directory created by the gateway with process id `pid`.
+    /// Names in the directory created by the gateway with process id `pid`,
+    /// its owner file included. Names carry no pid: the gateway's owner file
+    /// (`smg-<boot>-<instance>.owner`) says `pid <pid>`, which gives its
+    /// stem; once seen, the stem is remembered, so names left after the
+    /// owner file went are still listed.
     pub fn names_of(&self, pid: u32) -> Vec<String> {
-        let prefix = format!("smg-{pid}-");
+        let all: Vec<String> = std::fs::read_dir(&self.path)
+            .expect("shm directory")
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
+        let mut stems = self.stems.lock().expect("stems");
+        let stem = match stems.entry(pid) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(unknown) => {
+                let says = format!("pid {pid} ");
+                let owner = all.iter().find(|name| {
+                    name.ends_with(".owner")
+                        && std::fs::read_to_string(self.path.join(name))
+                            .is_ok_and(|text| text.starts_with(&says))
+                });
+                match owner {
+                    Some(owner) => unknown.insert(owner.trim_end_matches(".owner").to_owned()),
+                    None => return Vec::new(),
+                }
+            }
+        };
+        let (data, owner) = (format!("{stem}-"), format!("{stem}.owner"));
+        let mut names: Vec<String> = all
+            .into_iter()
+            .filter(|name| name.starts_with(&data) || *name == owner)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Every file in the directory.
+    pub fn all_names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.path)
             .expect("shm directory")
             .filter_map(Result::ok)
             .filter_map(|entry| entry.file_name().into_string().ok())
-            .filter(|name| name.starts_with(&prefix))
             .collect();
         names.sort();
         names

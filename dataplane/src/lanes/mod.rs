@@ -15,14 +15,18 @@
 //!
 //! A lane that cannot take a tensor (no slot, no room in `/dev/shm`) never
 //! fails the request: the core writes it inline and the sealed tensor says
-//! why ([`SealedTensor::fallback`]), so the control plane can count it.
+//! why ([`SealedTensor::fallback`]), so the control plane can count it. The
+//! same holds when sealing fails after the write (a shm slot whose file
+//! someone removed): the written bytes are copied inline ([`Unsealed`]),
+//! and the shm lane rebuilds the pool that lost it
+//! ([`ShmLane::rebuild_lost`]).
 
 pub mod rdma;
 pub mod shm;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -99,8 +103,22 @@ pub trait LaneBuffer: Send {
     fn bytes_mut(&mut self) -> &mut [u8];
 
     /// Publishes the written tensor. Dropping an unsealed buffer returns its
-    /// resources.
-    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError>;
+    /// resources. On failure the buffer comes back with its bytes intact.
+    fn seal(self: Box<Self>) -> Result<SealedTensor, Unsealed>;
+}
+
+/// A buffer the lane could not publish, with its bytes still readable.
+pub struct Unsealed {
+    pub error: LaneError,
+    pub buffer: Box<dyn LaneBuffer>,
+}
+
+impl fmt::Debug for Unsealed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Unsealed")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Held by a request for as long as an RPC may read a tensor. Lanes whose
@@ -177,7 +195,7 @@ impl LaneBuffer for InlineBuffer {
         &mut self.0
     }
 
-    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError> {
+    fn seal(self: Box<Self>) -> Result<SealedTensor, Unsealed> {
         Ok(SealedTensor {
             lane: LaneKind::Inline,
             payload: WirePayload::Inline(Bytes::from(self.0)),
@@ -192,14 +210,11 @@ impl LaneBuffer for InlineBuffer {
 pub enum WriteError<E> {
     /// The kernel failed.
     Write(E),
-    /// The lane could not publish what was written (e.g. `link(2)` failed
-    /// for a reason other than a name clash).
-    Seal(LaneError),
 }
 
 /// Writes a tensor of `nbytes` through `choice` on core `core`: small
-/// tensors and tensors the lane cannot take go inline (the latter marked as
-/// a fallback). `write` fills the buffer once.
+/// tensors and tensors the lane cannot take or publish go inline (the
+/// latter marked as a fallback). `write` fills the buffer once.
 pub fn write_through<E>(
     choice: Option<&LaneChoice>,
     core: usize,
@@ -221,7 +236,23 @@ pub fn write_through<E>(
     match reserved {
         Ok(mut buffer) => {
             write(buffer.bytes_mut()).map_err(WriteError::Write)?;
-            buffer.seal().map_err(WriteError::Seal)
+            match buffer.seal() {
+                Ok(sealed) => Ok(sealed),
+                Err(Unsealed { error, mut buffer }) => {
+                    // Written but not published: the bytes go inline.
+                    let data = Bytes::copy_from_slice(buffer.bytes_mut());
+                    drop(buffer);
+                    Ok(SealedTensor {
+                        lane: LaneKind::Inline,
+                        payload: WirePayload::Inline(data),
+                        lease: None,
+                        fallback: choice.map(|choice| Fallback {
+                            requested: choice.lane.kind(),
+                            reason: error.code(),
+                        }),
+                    })
+                }
+            }
         }
         Err(fallback) => {
             let mut data = vec![0u8; nbytes];
@@ -247,10 +278,12 @@ pub struct ShmLaneConfig {
 }
 
 /// The `/dev/shm` lane: one pool of pre-faulted slots per data-plane core.
+/// A pool that lost a slot's file is replaced by [`ShmLane::rebuild_lost`]
+/// (the old one lives on until its last tensor's RPC returned).
 #[derive(Debug)]
 pub struct ShmLane {
-    pools: Vec<ShmPool>,
-    dir: PathBuf,
+    pools: Vec<RwLock<ShmPool>>,
+    config: ShmLaneConfig,
 }
 
 /// Slot occupancy summed over the cores' pools.
@@ -265,37 +298,61 @@ impl ShmLane {
     /// Creates one pool per core (memory reserved and touched now).
     pub fn create(config: &ShmLaneConfig, cores: usize) -> Result<Self, ShmError> {
         let pools = (0..cores.max(1))
-            .map(|_| {
-                ShmPool::create(ShmPoolConfig {
-                    dir: config.dir.clone(),
-                    slot_bytes: config.slot_bytes,
-                    slots: config.slots_per_core,
-                    reclaim_after: config.reclaim_after,
-                    keep_free_bytes: config.keep_free_bytes,
-                })
-            })
+            .map(|_| ShmPool::create(pool_config(config)).map(RwLock::new))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             pools,
-            dir: config.dir.clone(),
+            config: config.clone(),
         })
     }
 
     pub fn dir(&self) -> &std::path::Path {
-        &self.dir
+        &self.config.dir
+    }
+
+    /// Core `core`'s pool as it is now.
+    fn pool(&self, core: usize) -> ShmPool {
+        self.pools[core % self.pools.len()]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces every pool that found it lost a slot's file (a publish that
+    /// failed with [`ShmError::SlotLost`]; see [`ShmPool::marked_lost`])
+    /// with a fresh one; returns how many were replaced. Only an atomic load
+    /// per pool when nothing was lost, so it can run on every reclaim tick. Creates and touches memory: call it off the async threads.
+    /// Fails when a fresh pool cannot be made (the lost one stays, and its
+    /// tensors keep going inline until a later call succeeds).
+    pub fn rebuild_lost(&self) -> Result<usize, ShmError> {
+        let mut rebuilt = 0;
+        for pool in &self.pools {
+            let lost = pool
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .marked_lost();
+            if !lost {
+                continue;
+            }
+            let fresh = ShmPool::create(pool_config(&self.config))?;
+            *pool.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+            rebuilt += 1;
+        }
+        Ok(rebuilt)
     }
 
     /// Busy and total slots over every core (reclaiming what can be).
     pub fn occupancy(&self) -> ShmOccupancy {
-        self.pools
-            .iter()
-            .fold(ShmOccupancy::default(), |mut sum, pool| {
+        (0..self.pools.len()).map(|core| self.pool(core)).fold(
+            ShmOccupancy::default(),
+            |mut sum, pool| {
                 let occupancy = pool.occupancy();
                 sum.slots_total += pool.slots();
                 sum.slots_in_use += occupancy.busy;
                 sum.one_off_files += occupancy.one_off_files;
                 sum
-            })
+            },
+        )
     }
 }
 
@@ -305,8 +362,17 @@ impl TensorLane for ShmLane {
     }
 
     fn reserve(&self, core: usize, nbytes: usize) -> Result<Box<dyn LaneBuffer>, LaneError> {
-        let pool = &self.pools[core % self.pools.len()];
-        Ok(Box::new(ShmBuffer(pool.acquire(nbytes)?)))
+        Ok(Box::new(ShmBuffer(self.pool(core).acquire(nbytes)?)))
+    }
+}
+
+fn pool_config(config: &ShmLaneConfig) -> ShmPoolConfig {
+    ShmPoolConfig {
+        dir: config.dir.clone(),
+        slot_bytes: config.slot_bytes,
+        slots: config.slots_per_core,
+        reclaim_after: config.reclaim_after,
+        keep_free_bytes: config.keep_free_bytes,
     }
 }
 
@@ -317,8 +383,16 @@ impl LaneBuffer for ShmBuffer {
         self.0.buffer()
     }
 
-    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError> {
-        let tensor = self.0.publish()?;
+    fn seal(mut self: Box<Self>) -> Result<SealedTensor, Unsealed> {
+        let tensor = match self.0.publish() {
+            Ok(tensor) => tensor,
+            Err(err) => {
+                return Err(Unsealed {
+                    error: err.into(),
+                    buffer: self,
+                });
+            }
+        };
         let payload = WirePayload::Shm {
             name: tensor.name().to_owned(),
             nbytes: tensor.nbytes(),

@@ -232,7 +232,7 @@ pub(crate) fn execute(work: Work, core: usize, scratch: &mut ScratchSpace) -> Jo
             hold.run();
             Ok(Output::Pong)
         }
-        Work::ReadFile(request) => files::read_blocking(&request)
+        Work::ReadFile(request) => files::read_blocking(request)
             .map(Output::File)
             .map_err(JobError::File),
         Work::DecodeBase64(request) => inline::decode_and_hash(&request.encoded, request.max_bytes)
@@ -274,10 +274,7 @@ fn run_image(job: ImageJob, core: usize, scratch: &mut ScratchSpace) -> JobResul
             let tensor = lanes::write_through(Some(&choice), core, plan.out_bytes, |dst| {
                 processor.write_into_with(&plan, &bytes, dst, scratch)
             })
-            .map_err(|err| match err {
-                WriteError::Write(err) => JobError::Image(err),
-                WriteError::Seal(err) => JobError::Lane(err),
-            })?;
+            .map_err(|WriteError::Write(err)| JobError::Image(err))?;
             Ok(Output::LaneImage(LaneImage { plan, tensor }))
         }
     }

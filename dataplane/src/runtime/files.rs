@@ -2,21 +2,23 @@
 //! blocking implementation the plain backend uses.
 //!
 //! Why it exists: the control plane decides *whether* a `file://` URL may be
-//! read (its allow-list); the data plane does the read, which is per-byte
-//! work. The rules: the final path component is opened without following a
+//! read (its allow-list, which also opens the file: `control/media/local.rs`
+//! hands over an open descriptor, so nothing is resolved twice); the data
+//! plane does the read, which is per-byte work. The rules: a path (tests and
+//! other callers) has its final component opened without following a
 //! symlink and without blocking (a FIFO must not stall the core), only a
 //! regular file is read, never more than the cap (a file that grows while
 //! being read is caught), an empty file is an error, and the bytes are hashed
 //! with blake3 in the same place. The io_uring backend (`uring.rs`) follows
 //! the same steps with queued operations and ends in [`finish_read`].
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 
 use bytes::Bytes;
 
-use super::job::{FileContents, FileRead, FileReadError};
+use super::job::{FileContents, FileRead, FileReadError, FileSource};
 
 /// Flags for opening a vetted path (O_NONBLOCK is cleared once the file is
 /// known to be regular).
@@ -67,12 +69,15 @@ fn io_error(error: &std::io::Error) -> FileReadError {
 }
 
 /// The plain backend's read: blocking calls on the core's own thread.
-pub(crate) fn read_blocking(request: &FileRead) -> Result<FileContents, FileReadError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&request.path)
-        .map_err(|error| io_error(&error))?;
+pub(crate) fn read_blocking(request: FileRead) -> Result<FileContents, FileReadError> {
+    let file = match request.source {
+        FileSource::Path(path) => OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(|error| io_error(&error))?,
+        FileSource::Opened(fd) => File::from(fd),
+    };
     let metadata = file.metadata().map_err(|error| io_error(&error))?;
     check_metadata(metadata.is_file(), metadata.len(), request.max_bytes)?;
     let mut contents = Vec::with_capacity((metadata.len() as usize).saturating_add(1));

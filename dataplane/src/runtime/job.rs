@@ -6,6 +6,7 @@
 //! job can cross threads by value and its result can be handed to whichever
 //! future is waiting for it.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -51,12 +52,23 @@ impl Work {
     }
 }
 
-/// Read `path` (the final component is not followed if it is a symlink), at
-/// most `max_bytes`.
-#[derive(Debug, Clone)]
+/// Read a whole file, at most `max_bytes`.
+#[derive(Debug)]
 pub struct FileRead {
-    pub path: PathBuf,
+    pub source: FileSource,
     pub max_bytes: usize,
+}
+
+/// Which file a [`FileRead`] reads.
+#[derive(Debug)]
+pub enum FileSource {
+    /// A path opened on the core (the final component is not followed if it
+    /// is a symlink; earlier ones are).
+    Path(PathBuf),
+    /// A file the caller already opened (the control plane's confined
+    /// `openat2` beneath an allowed directory): nothing is resolved again,
+    /// so no path can be swapped between the caller's check and the read.
+    Opened(OwnedFd),
 }
 
 /// Preprocess `bytes` with `processor` into `destination` as `dtype`.

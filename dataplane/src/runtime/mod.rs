@@ -67,8 +67,8 @@ use self::core::{CoreSettings, CoreShared, CoreWorker};
 pub use self::cores::{CorePlan, confine_current_thread, default_dataplane_cores};
 pub use self::inline::padded_decoded_len;
 pub use self::job::{
-    Base64Decode, Base64Error, Destination, FileContents, FileRead, FileReadError, ImageJob,
-    JobError, JobResult, LaneImage, Output, Work,
+    Base64Decode, Base64Error, Destination, FileContents, FileRead, FileReadError, FileSource,
+    ImageJob, JobError, JobResult, LaneImage, Output, Work,
 };
 use self::job::{Completion, Job};
 use self::reactor::SpaceSignal;
@@ -385,8 +385,22 @@ impl DataPlane {
         path: PathBuf,
         max_bytes: usize,
     ) -> Result<FileContents, JobError> {
+        self.read(FileSource::Path(path), max_bytes).await
+    }
+
+    /// Reads a whole file the caller already opened (and vetted), on a core,
+    /// and hashes it; the core closes it.
+    pub async fn read_opened(
+        &self,
+        file: std::os::fd::OwnedFd,
+        max_bytes: usize,
+    ) -> Result<FileContents, JobError> {
+        self.read(FileSource::Opened(file), max_bytes).await
+    }
+
+    async fn read(&self, source: FileSource, max_bytes: usize) -> Result<FileContents, JobError> {
         match self
-            .submit(Work::ReadFile(FileRead { path, max_bytes }))
+            .submit(Work::ReadFile(FileRead { source, max_bytes }))
             .await?
         {
             Output::File(contents) => Ok(contents),

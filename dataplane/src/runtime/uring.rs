@@ -8,7 +8,8 @@
 //! is either that read (a submitter rang) or a file operation finishing.
 //!
 //! A file read is a small state machine, one queued operation at a time:
-//! `openat(O_NOFOLLOW|O_NONBLOCK)` → `statx` (regular file? size within the
+//! `openat(O_NOFOLLOW|O_NONBLOCK)` (skipped for a descriptor the caller
+//! opened, as the `file://` confinement does) → `statx` (regular file? size within the
 //! cap?) → `read`s until end of file (one byte of slack detects growth) →
 //! `close` (not awaited). Every buffer an operation points into (path, statx
 //! buffer, data, doorbell counter) is owned by the core and outlives the
@@ -16,7 +17,7 @@
 //! the ring and the buffers are dropped.
 
 use std::ffi::CString;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::time::Instant;
 
@@ -26,7 +27,7 @@ use tokio::sync::oneshot;
 
 use super::core::{CoreWorker, MAX_FILES_IN_FLIGHT, execute};
 use super::files::{OPEN_FLAGS, check_metadata, finish_read};
-use super::job::{FileRead, FileReadError, JobError, JobResult, Output, Work};
+use super::job::{FileRead, FileReadError, FileSource, JobError, JobResult, Output, Work};
 
 /// Submission queue entries per core.
 const RING_ENTRIES: u32 = 256;
@@ -120,9 +121,16 @@ impl FileOps {
         request: FileRead,
         reply: oneshot::Sender<JobResult>,
     ) -> Option<(oneshot::Sender<JobResult>, JobResult)> {
-        let Ok(path) = CString::new(request.path.as_os_str().as_bytes()) else {
-            let error = FileReadError::Io("the path contains a NUL byte".to_owned());
-            return Some((reply, Err(JobError::File(error))));
+        let (path, fd) = match request.source {
+            FileSource::Path(path) => match CString::new(path.as_os_str().as_bytes()) {
+                Ok(path) => (path, -1),
+                Err(_) => {
+                    let error = FileReadError::Io("the path contains a NUL byte".to_owned());
+                    return Some((reply, Err(JobError::File(error))));
+                }
+            },
+            // The op owns the descriptor from here and closes it when done.
+            FileSource::Opened(fd) => (CString::default(), fd.into_raw_fd()),
         };
         let index = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
@@ -135,11 +143,15 @@ impl FileOps {
             path,
             max_bytes: request.max_bytes,
             stage: Stage::Opening,
-            fd: -1,
+            fd,
             statx,
             data: Vec::new(),
         });
         self.live += 1;
+        if op.fd >= 0 {
+            Self::queue_statx(ring, index, op);
+            return None;
+        }
         let entry = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), op.path.as_ptr())
             .flags(OPEN_FLAGS)
             .build()
@@ -189,6 +201,11 @@ impl FileOps {
             return Err(Err(FileReadError::from_errno(-result)));
         }
         op.fd = result;
+        Self::queue_statx(ring, index, op);
+        Ok(())
+    }
+
+    fn queue_statx(ring: &mut IoUring, index: usize, op: &mut FileOp) {
         op.stage = Stage::Statting;
         let entry = opcode::Statx::new(
             types::Fd(op.fd),
@@ -202,7 +219,6 @@ impl FileOps {
         // SAFETY: the statx buffer is boxed in the slot until completion; the
         // empty path is a static.
         unsafe { push(ring, &entry) };
-        Ok(())
     }
 
     fn statted(
@@ -219,8 +235,9 @@ impl FileOps {
         check_metadata(regular, op.statx.stx_size, op.max_bytes).map_err(Err)?;
         // Regular files never block on open; reads should wait for the disk
         // (in io_uring's workers), not fail with EAGAIN.
-        // SAFETY: io_uring opened `op.fd` for this op, which closes it only
-        // after its last read; it stays open while `fd` is borrowed here.
+        // SAFETY: `op.fd` is owned by this op (opened by io_uring or handed
+        // over by the caller), which closes it only after its last read; it
+        // stays open while `fd` is borrowed here.
         let fd = unsafe { BorrowedFd::borrow_raw(op.fd) };
         if let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) {
             let flags = OFlag::from_bits_retain(flags) - OFlag::O_NONBLOCK;

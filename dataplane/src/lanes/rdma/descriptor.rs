@@ -9,7 +9,7 @@
 //! |---|---|
 //! | 0..4 | magic `b"SMGT"` |
 //! | 4 | layout version, `1` |
-//! | 5 | backend: `1` loopback, `2` verbs |
+//! | 5 | backend: `3` loopback, `2` verbs (`1` was a loopback layout naming the owner by pid, no longer written or read) |
 //! | 6..8 | reserved, zero |
 //! | 8..16 | generation (u64) the slot's stamp must hold before and after the read |
 //! | 16..24 | data: byte offset in the arena (loopback) or remote virtual address (verbs) |
@@ -17,10 +17,11 @@
 //! | 32..40 | stamp: byte offset (loopback) or remote virtual address (verbs) of the slot's 8-byte generation stamp |
 //! | 40..48 | key (u64): the arena's random key (loopback) or the memory region's rkey (verbs) |
 //!
-//! then, for loopback (76 bytes in all): 48..52 the owner's pid (u32),
-//! 52..60 its start time in clock ticks since boot (u64), 60..76 the
-//! arena's 16 random name bytes; the arena file is
-//! `smg-<pid>-<start>-<32 hex>` in the reader's `/dev/shm`. For verbs (68
+//! then, for loopback (76 bytes in all): 48..60 the owning gateway's
+//! 12-byte instance id, 60..76 the arena's 16 random name bytes; the arena
+//! file is `smg-<boot id>-<24 hex instance>-<32 hex name>` in the reader's
+//! `/dev/shm` (the reader is on the same host, so its own boot id is the
+//! gateway's; see `lanes::shm` for why names carry no pid). For verbs (68
 //! bytes): 48..64 the port's GID, 64..66 its LID (u16), 66 the port
 //! number, 67 reserved.
 
@@ -35,17 +36,16 @@ pub const LOOPBACK_LEN: usize = COMMON_LEN + 4 + 8 + 16;
 /// A verbs descriptor's length.
 pub const VERBS_LEN: usize = COMMON_LEN + 16 + 2 + 1 + 1;
 
-const BACKEND_LOOPBACK: u8 = 1;
+const BACKEND_LOOPBACK: u8 = 3;
 const BACKEND_VERBS: u8 = 2;
 
 /// Where the arena lives and how a reader reaches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
-    /// A `/dev/shm` file of the gateway process `owner_pid` (started at
-    /// `owner_start_time`), named by `arena_name`.
+    /// A `/dev/shm` file of the gateway instance `owner_instance` (see
+    /// `lanes::shm::instance_id`), named by `arena_name`.
     Loopback {
-        owner_pid: u32,
-        owner_start_time: u64,
+        owner_instance: [u8; 12],
         arena_name: [u8; 16],
     },
     /// A registered memory region on an RDMA port.
@@ -101,12 +101,10 @@ impl Descriptor {
         }
         match self.endpoint {
             Endpoint::Loopback {
-                owner_pid,
-                owner_start_time,
+                owner_instance,
                 arena_name,
             } => {
-                out.extend_from_slice(&owner_pid.to_le_bytes());
-                out.extend_from_slice(&owner_start_time.to_le_bytes());
+                out.extend_from_slice(&owner_instance);
                 out.extend_from_slice(&arena_name);
             }
             Endpoint::Verbs { gid, lid, port } => {
@@ -154,8 +152,7 @@ impl Descriptor {
         let key = cursor.u64();
         let endpoint = if bytes[5] == BACKEND_LOOPBACK {
             Endpoint::Loopback {
-                owner_pid: cursor.u32(),
-                owner_start_time: cursor.u64(),
+                owner_instance: cursor.array(),
                 arena_name: cursor.array(),
             }
         } else {
@@ -197,10 +194,6 @@ impl Cursor<'_> {
         u16::from_le_bytes(self.array())
     }
 
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.array())
-    }
-
     fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.array())
     }
@@ -218,8 +211,7 @@ mod tests {
             stamp: 0x48,
             key: 0xdead_beef_cafe_f00d,
             endpoint: Endpoint::Loopback {
-                owner_pid: 0x0a0b_0c0d,
-                owner_start_time: 0x1122_3344_5566_7788,
+                owner_instance: *b"instance-12b",
                 arena_name: *b"0123456789abcdef",
             },
         }
@@ -231,15 +223,14 @@ mod tests {
         assert_eq!(bytes.len(), 76);
         assert_eq!(&bytes[0..4], b"SMGT");
         assert_eq!(bytes[4], 1, "version");
-        assert_eq!(bytes[5], 1, "loopback backend");
+        assert_eq!(bytes[5], 3, "loopback backend");
         assert_eq!(&bytes[6..8], &[0, 0]);
         assert_eq!(&bytes[8..16], &[8, 7, 6, 5, 4, 3, 2, 1], "generation LE");
         assert_eq!(&bytes[16..24], &0x1000u64.to_le_bytes());
         assert_eq!(&bytes[24..32], &[1, 0, 0, 0, 2, 0, 0, 0], "len LE");
         assert_eq!(&bytes[32..40], &0x48u64.to_le_bytes());
         assert_eq!(&bytes[40..48], &0xdead_beef_cafe_f00du64.to_le_bytes());
-        assert_eq!(&bytes[48..52], &[0x0d, 0x0c, 0x0b, 0x0a], "pid LE");
-        assert_eq!(&bytes[52..60], &0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(&bytes[48..60], b"instance-12b", "owner instance");
         assert_eq!(&bytes[60..76], b"0123456789abcdef");
         assert_eq!(Descriptor::decode(&bytes), Ok(loopback()));
     }

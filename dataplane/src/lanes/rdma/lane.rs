@@ -13,7 +13,7 @@ use bytes::Bytes;
 use super::{RdmaArena, RdmaTensor, RdmaWriter, Reaper};
 use crate::lanes::{
     LaneBuffer, LaneError, LaneKind, LeaseResource, SealedTensor, TensorLane, TensorLease,
-    WirePayload,
+    Unsealed, WirePayload,
 };
 
 /// An open arena, its reaper, and how long a published slot may wait for
@@ -65,7 +65,7 @@ impl LaneBuffer for RdmaBuffer {
         self.writer.buffer()
     }
 
-    fn seal(self: Box<Self>) -> Result<SealedTensor, LaneError> {
+    fn seal(self: Box<Self>) -> Result<SealedTensor, Unsealed> {
         let tensor = self.writer.publish(self.deadline);
         Ok(SealedTensor {
             lane: LaneKind::Rdma,

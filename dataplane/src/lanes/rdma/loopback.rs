@@ -2,8 +2,9 @@
 //! workers on the same host.
 //!
 //! The arena is a 0600 tmpfs file named like every other file the gateway
-//! puts in `/dev/shm` (`smg-<pid>-<start time>-<32 hex>`, so the shm lane's
-//! start-up sweep removes the arena of a gateway killed with `-9`), mapped
+//! puts in `/dev/shm` (`smg-<boot id>-<instance>-<32 hex>`, under the
+//! instance's owner-file lock, so the shm lane's start-up sweep removes the
+//! arena of a gateway killed with `-9` and never a live one), mapped
 //! once and pre-faulted. Its header carries a random 64-bit key that plays
 //! the rkey's part: a descriptor must name it.
 //!
@@ -29,7 +30,8 @@ use super::arena::{ArenaLayout, HEADER_LEN};
 use super::descriptor::{Descriptor, DescriptorError, Endpoint};
 use super::{RdmaError, RemoteMemory};
 use crate::lanes::shm::{
-    Mapping, NAME_PREFIX, create_named, free_bytes, own_start_time, random_u128, unlink_at,
+    Mapping, OwnerFile, boot_tag, create_named, free_bytes, hex, instance_id, instance_stem_of,
+    owner_file, random_u128, unlink_at,
 };
 
 /// The `RemoteTensorHandle.transport` of loopback descriptors.
@@ -44,9 +46,10 @@ pub(crate) struct LoopbackMemory {
     dir_fd: File,
     name: String,
     key: u64,
-    owner_pid: u32,
-    owner_start_time: u64,
+    owner_instance: [u8; 12],
     arena_name: [u8; 16],
+    /// Held while the arena's name exists (dropped after it is removed).
+    _owner: std::sync::Arc<OwnerFile>,
 }
 
 impl LoopbackMemory {
@@ -60,9 +63,9 @@ impl LoopbackMemory {
                 available,
             });
         }
-        let owner_pid = std::process::id();
-        let owner_start_time = own_start_time();
-        let stem = format!("{NAME_PREFIX}{owner_pid}-{owner_start_time}-");
+        let owner = owner_file(&dir_fd)?;
+        let owner_instance = instance_id();
+        let stem = format!("{}-", instance_stem_of(boot_tag(), &owner_instance));
         let (file, name) = create_named(&dir_fd, &stem, len)?;
         let remove_on_error = |err: RdmaError| {
             let _ = unlink_at(&dir_fd, &name);
@@ -87,9 +90,9 @@ impl LoopbackMemory {
             dir_fd,
             name,
             key,
-            owner_pid,
-            owner_start_time,
+            owner_instance,
             arena_name,
+            _owner: owner,
         })
     }
 }
@@ -125,17 +128,19 @@ unsafe impl RemoteMemory for LoopbackMemory {
 
     fn endpoint(&self) -> Endpoint {
         Endpoint::Loopback {
-            owner_pid: self.owner_pid,
-            owner_start_time: self.owner_start_time,
+            owner_instance: self.owner_instance,
             arena_name: self.arena_name,
         }
     }
 }
 
-/// The arena file name a loopback endpoint designates.
-pub fn arena_file_name(owner_pid: u32, owner_start_time: u64, arena_name: &[u8; 16]) -> String {
-    let hex: String = arena_name.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{NAME_PREFIX}{owner_pid}-{owner_start_time}-{hex}")
+/// The arena file name a loopback endpoint designates on this host.
+pub fn arena_file_name(owner_instance: &[u8; 12], arena_name: &[u8; 16]) -> String {
+    format!(
+        "{}-{}",
+        instance_stem_of(boot_tag(), owner_instance),
+        hex(arena_name)
+    )
 }
 
 fn parse_hex16(hex: &str) -> Option<[u8; 16]> {
@@ -320,14 +325,13 @@ impl LoopbackReader {
         out: &mut [u8],
     ) -> Result<(), RemoteReadError> {
         let Endpoint::Loopback {
-            owner_pid,
-            owner_start_time,
+            owner_instance,
             arena_name,
         } = descriptor.endpoint
         else {
             return Err(RemoteReadError::WrongBackend("verbs"));
         };
-        let name = arena_file_name(owner_pid, owner_start_time, &arena_name);
+        let name = arena_file_name(&owner_instance, &arena_name);
         let arena = self.arena(&name)?;
         if arena.key != descriptor.key {
             return Err(RemoteReadError::BadKey { name });

@@ -155,6 +155,10 @@ impl From<ShmError> for RdmaError {
         match err {
             ShmError::NoSpace { needed, available } => Self::NoSpace { needed, available },
             ShmError::Io { action, source } => Self::Io { action, source },
+            ShmError::SlotLost { source } => Self::Io {
+                action: "using a shm file",
+                source,
+            },
         }
     }
 }
@@ -498,8 +502,7 @@ mod tests {
         let Ok(Descriptor {
             endpoint:
                 Endpoint::Loopback {
-                    owner_pid,
-                    owner_start_time,
+                    owner_instance,
                     arena_name,
                 },
             ..
@@ -507,11 +510,8 @@ mod tests {
         else {
             panic!("a loopback descriptor")
         };
-        Path::new(smg_shared::shm::SHM_DIR).join(loopback::arena_file_name(
-            owner_pid,
-            owner_start_time,
-            &arena_name,
-        ))
+        Path::new(smg_shared::shm::SHM_DIR)
+            .join(loopback::arena_file_name(&owner_instance, &arena_name))
     }
 
     #[test]
@@ -693,8 +693,7 @@ mod tests {
         );
         let mut other_arena = Descriptor::decode(&good).unwrap();
         other_arena.endpoint = Endpoint::Loopback {
-            owner_pid: std::process::id(),
-            owner_start_time: 1,
+            owner_instance: crate::lanes::shm::instance_id(),
             arena_name: [0; 16],
         };
         assert_eq!(
@@ -724,7 +723,7 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
         assert!(
-            name.starts_with(&format!("smg-{}-", std::process::id())),
+            name.starts_with(&format!("{}-", crate::lanes::shm::instance_stem())),
             "{name}"
         );
         // A reader that mapped the arena notices when its name is gone.
@@ -742,6 +741,7 @@ mod tests {
 
     #[test]
     fn the_orphan_sweep_removes_a_dead_gateways_arena_and_spares_a_live_one() {
+        use crate::lanes::shm::{OWNER_SUFFIX, boot_tag, instance_stem, instance_stem_of};
         let dir = tempfile::tempdir().unwrap();
         let arena = RdmaArena::loopback(&RdmaConfig {
             slot_bytes: 4096,
@@ -749,25 +749,28 @@ mod tests {
             loopback_dir: dir.path().to_path_buf(),
         })
         .unwrap();
-        let live = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .collect::<Vec<_>>();
-        assert_eq!(live.len(), 1);
-        // The same name from an earlier process that had our pid (another
-        // start time): what a gateway killed with -9 leaves behind.
-        let mut parts = live[0].splitn(4, '-');
-        let (prefix, pid, start, random) = (
-            parts.next().unwrap(),
-            parts.next().unwrap(),
-            parts.next().unwrap().parse::<u64>().unwrap(),
-            parts.next().unwrap(),
-        );
-        let dead = format!("{prefix}-{pid}-{}-{random}", start + 1);
-        std::fs::hard_link(dir.path().join(&live[0]), dir.path().join(&dead)).unwrap();
-        assert_eq!(crate::lanes::shm::sweep_orphans(dir.path()).unwrap(), 1);
-        assert!(dir.path().join(&live[0]).exists());
-        assert!(!dir.path().join(&dead).exists());
+        let names = |dir: &Path| {
+            let mut names = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                .collect::<Vec<_>>();
+            names.sort();
+            names
+        };
+        let live = names(dir.path());
+        let own = instance_stem();
+        assert_eq!(live.len(), 2, "the arena and the owner file: {live:?}");
+        assert!(live[0].starts_with(&format!("{own}-")), "{live:?}");
+        assert_eq!(live[1], format!("{own}{OWNER_SUFFIX}"));
+        // What a gateway killed with -9 leaves: an arena name and an owner
+        // file nobody holds locked.
+        let dead = instance_stem_of(boot_tag(), b"dead-gateway");
+        let dead_arena = format!("{dead}-{}", "ab".repeat(16));
+        std::fs::hard_link(dir.path().join(&live[0]), dir.path().join(&dead_arena)).unwrap();
+        std::fs::write(dir.path().join(format!("{dead}{OWNER_SUFFIX}")), b"").unwrap();
+        let summary = crate::lanes::shm::sweep_orphans(dir.path()).unwrap();
+        assert_eq!((summary.removed, summary.kept, summary.errors), (2, 2, 0));
+        assert_eq!(names(dir.path()), live);
         drop(arena);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
