@@ -432,7 +432,8 @@ mod tests {
             MESSAGE_START,
             (
                 "error",
-                r#"{"type":"error","error":{"type":"api_error","message":"boom"}}"#,
+                // A gateway fault's detail stays in the log.
+                r#"{"type":"error","error":{"type":"api_error","message":"the gateway failed to serve the request (internal_error); the gateway's log has the details under the request's x-request-id"}}"#,
             ),
             MESSAGE_STOP,
         ];
@@ -564,7 +565,7 @@ mod tests {
         assert_eq!(response.status(), 500);
         assert_eq!(
             body(response).await,
-            r#"{"type":"error","error":{"type":"api_error","message":"the generation produced no output"}}"#
+            r#"{"type":"error","error":{"type":"api_error","message":"the gateway failed to serve the request (internal_error); the gateway's log has the details under the request's x-request-id"}}"#
         );
     }
 }
