@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::digest;
+use crate::hostile::Hostility;
 use crate::model::ModelFacts;
 use crate::rendezvous::{self, FetchError, RoomStore};
 
@@ -559,8 +560,25 @@ impl Engine {
             sampling.min_new_tokens = 0;
         }
         let scripted = self.planned_completion(&job, &mut sampling);
+        let calm = Hostility::default();
+        let hostile = match &self.config.hostile.only_for {
+            Some(marker) => {
+                let prompt = self
+                    .model
+                    .tokenizer
+                    .decode(&job.input_ids, false)
+                    .unwrap_or_default();
+                if prompt.contains(marker.as_str()) {
+                    &self.config.hostile
+                } else {
+                    &calm
+                }
+            }
+            None => &self.config.hostile,
+        };
         let context = SequenceContext {
             scripted,
+            hostile,
             request_id: &job.request_id,
             prompt_digest,
             prompt_tokens,
@@ -658,7 +676,7 @@ impl Engine {
     async fn sequence(&self, context: &SequenceContext<'_>, index: u32) -> Result<(), Stop> {
         let sampling = context.sampling;
         let faults = &self.config.faults;
-        let hostile = &self.config.hostile;
+        let hostile = context.hostile;
         // Hostile: past max_new_tokens, EOS and stop ids alike.
         let overrun = hostile.overrun_tokens.is_some();
         let max_new_tokens = hostile.overrun_tokens.unwrap_or(
@@ -675,7 +693,7 @@ impl Engine {
         let mut output_ids: Vec<u32> = Vec::new();
         let mut generated = Gauge::add(&self.counters.used_tokens, 0);
         let logprobs = |tokens: &[u32], first_position: usize, top_k: u32| {
-            self.logprobs(tokens, first_position, top_k)
+            self.logprobs(hostile, tokens, first_position, top_k)
         };
         let complete = |output_ids: &[u32], finish_reason, matched_token_id| Complete {
             index: wire_index,
@@ -826,8 +844,13 @@ impl Engine {
     /// The logprobs reported for `tokens`: as [`SimLogprobs::for_tokens`]
     /// describes, unless hostile mode sends more alternatives than asked or
     /// fewer values than tokens.
-    fn logprobs(&self, tokens: &[u32], first_position: usize, top_k: u32) -> SimLogprobs {
-        let hostile = &self.config.hostile;
+    fn logprobs(
+        &self,
+        hostile: &Hostility,
+        tokens: &[u32],
+        first_position: usize,
+        top_k: u32,
+    ) -> SimLogprobs {
         let top_k = hostile.logprob_alternatives.unwrap_or(top_k);
         let mut logprobs =
             SimLogprobs::for_tokens(tokens, first_position, top_k, self.model.vocab_size);
@@ -924,6 +947,9 @@ impl Engine {
 struct SequenceContext<'a> {
     /// `--script`: the tokens this prompt's completion is made of.
     scripted: Option<Arc<[u32]>>,
+    /// How this request's generation misbehaves (`--hostile`; nothing for
+    /// a prompt `only-for` does not match).
+    hostile: &'a Hostility,
     request_id: &'a str,
     prompt_digest: [u8; 32],
     prompt_tokens: u32,

@@ -34,6 +34,10 @@ pub enum Misbehaviour {
     TokenizerPath(PathBuf),
     /// `embedding-dim=N`: Embed answers N dimensions.
     EmbeddingDim(u32),
+    /// `only-for=TEXT`: generation misbehaves only for prompts containing
+    /// TEXT, so one worker serves an attacker and well-behaved clients
+    /// side by side (`benches/attacks.rs`).
+    OnlyFor(String),
 }
 
 impl Misbehaviour {
@@ -63,11 +67,16 @@ impl Misbehaviour {
                 value.ok_or_else(|| format!("{name} needs =DIR"))?,
             )),
             "embedding-dim" => Misbehaviour::EmbeddingDim(narrow(number("N")?)?),
+            "only-for" => Misbehaviour::OnlyFor(
+                value
+                    .ok_or_else(|| format!("{name} needs =TEXT"))?
+                    .to_owned(),
+            ),
             _ => {
                 return Err(format!(
                     "unknown misbehaviour {name:?}: overrun-tokens=N, logprobs=N, \
                      short-logprobs, sequence-index=N, dp-ranks=N, archive-bytes=N, \
-                     tokenizer-path=DIR, embedding-dim=N"
+                     tokenizer-path=DIR, embedding-dim=N, only-for=TEXT"
                 ));
             }
         })
@@ -85,6 +94,7 @@ pub struct Hostility {
     pub archive_bytes: Option<u64>,
     pub tokenizer_path: Option<PathBuf>,
     pub embedding_dim: Option<u32>,
+    pub only_for: Option<String>,
 }
 
 impl Hostility {
@@ -100,6 +110,7 @@ impl Hostility {
                 Misbehaviour::ArchiveBytes(n) => hostility.archive_bytes = Some(n),
                 Misbehaviour::TokenizerPath(dir) => hostility.tokenizer_path = Some(dir),
                 Misbehaviour::EmbeddingDim(n) => hostility.embedding_dim = Some(n),
+                Misbehaviour::OnlyFor(text) => hostility.only_for = Some(text),
             }
         }
         hostility
