@@ -273,8 +273,8 @@ impl ChatInput {
             + tools
     }
 
-    /// Renders and tokenizes the prompt on `budget`; a vision model's
-    /// placeholders are neutralized in the client's text first.
+    /// Renders the prompt on `budget`; a vision model's placeholders are
+    /// neutralized in the client's text first.
     fn render(
         &self,
         tokenizer: &Tokenizer,
@@ -353,6 +353,71 @@ fn output_budget(max_tokens: Option<u32>, context: u32, prompt: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::error::ErrorCode;
+    use serde_json::json;
+
+    /// The fixture model's tokenizer with `template` as its chat template.
+    fn with_template(template: &str) -> Tokenizer {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::copy(
+            fixture.join("tokenizer.json"),
+            dir.path().join("tokenizer.json"),
+        )
+        .expect("copied");
+        std::fs::write(dir.path().join("chat_template.jinja"), template).expect("written");
+        Tokenizer::from_model_dir(dir.path()).expect("loads")
+    }
+
+    fn chat(content: &str) -> ChatInput {
+        ChatInput {
+            messages: vec![json!({"role": "user", "content": content})],
+            options: ChatTemplateOptions::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_template_past_the_inline_budget_is_rendered_again_on_the_full_one() {
+        // About 200 000 fuel: more than a first try on the request's thread
+        // may spend, well within the default budget.
+        let tokenizer = with_template(
+            "{% for i in range(1000) %}{% for j in range(100) %}{% endfor %}{% endfor %}\
+             {{ messages[0].content }}",
+        );
+        let offload = Offload::new(1);
+        let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat("hello"))
+            .await
+            .expect("rendered off the request thread");
+        assert_eq!(text, "hello");
+        assert_eq!(ids, tokenizer.encode("hello", false).expect("encodes"));
+
+        // Past the full budget it is the client's error.
+        let small =
+            tokenizer.with_template_budget(crate::tokenizer::TemplateBudget { fuel: 150_000 });
+        let err = prepare_chat(&small, &offload, None, chat("hello"))
+            .await
+            .expect_err("over 150 000 fuel");
+        assert_eq!(err.code, ErrorCode::ChatTemplateBudgetExceeded);
+        assert!(err.message.contains("150000"), "{}", err.message);
+        assert_eq!(offload.running() + offload.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn large_chats_and_small_ones_give_the_same_ids_as_rendering_directly() {
+        let tokenizer = with_template("<{{ messages[0].content }}>");
+        let offload = Offload::new(1);
+        for content in [
+            "short".to_owned(),
+            "long text ".repeat(Offload::INLINE_BYTES / 5),
+        ] {
+            let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat(&content))
+                .await
+                .expect("renders");
+            assert_eq!(text, format!("<{content}>"));
+            assert_eq!(ids, tokenizer.encode(&text, false).expect("encodes"));
+        }
+    }
 
     #[test]
     fn the_output_budget_is_max_tokens_else_the_context_left() {
