@@ -36,6 +36,7 @@ use crate::policies::{
     CacheAwareConfig, ManualConfig, PolicyKind, PolicyTunables, PrefixHashConfig,
 };
 use crate::router::RetryConfig;
+use crate::tokenizer::TemplateBudget;
 use crate::workers::{
     BreakerConfig, HealthConfig, LaneMode, Lifecycle, WorkerLaneOverride, WorkerRole, normalize_url,
 };
@@ -524,6 +525,12 @@ pub struct LaunchArgs {
     /// The model name clients use; defaults to the workers' served name.
     #[arg(long, value_name = "NAME", help_heading = heading::MODEL)]
     pub served_model_name: Option<String>,
+    /// The work one chat template rendering may do, in minijinja fuel
+    /// (about one unit per instruction and per 64 bytes of data the template
+    /// produces); a request whose rendering needs more is refused with
+    /// chat_template_budget_exceeded (400).
+    #[arg(long, value_name = "FUEL", default_value_t = TemplateBudget::DEFAULT_FUEL, help_heading = heading::MODEL)]
+    pub chat_template_fuel: u64,
 
     // ==== Parsers ====
     /// The tool-call parser for chat output (qwen, qwen_xml, llama,
@@ -1733,6 +1740,9 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 model_path: args.model_path,
                 tokenizer_path: args.tokenizer_path,
                 served_model_name: args.served_model_name,
+                template_budget: TemplateBudget {
+                    fuel: at_least("chat-template-fuel", args.chat_template_fuel, 1)?,
+                },
             },
             routing,
             lifecycle,

@@ -30,6 +30,7 @@ use crate::mode::Mode;
 use crate::pipeline::stages::RolePolicies;
 use crate::policies::{PolicyKind, PolicyTunables};
 use crate::router::RetryConfig;
+use crate::tokenizer::TemplateBudget;
 use crate::workers::{Lifecycle, WorkerRole};
 
 /// Everything `smg launch` needs, from listeners to log format.
@@ -280,13 +281,16 @@ pub struct WorkerAddress {
 }
 
 /// Where the tokenizer, chat template and model configs come from when the
-/// workers are not asked.
+/// workers are not asked, and what rendering the chat template may cost.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelSource {
     pub model_path: Option<PathBuf>,
     pub tokenizer_path: Option<PathBuf>,
     /// The name clients use; defaults to the workers' served name.
     pub served_model_name: Option<String>,
+    /// The work one chat template rendering may do
+    /// (`--chat-template-fuel`), whichever source the template comes from.
+    pub template_budget: TemplateBudget,
 }
 
 impl ModelSource {

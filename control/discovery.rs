@@ -20,6 +20,7 @@ use crate::config::{ModelSource, ParserSettings};
 use crate::engine::{Engine, ModelInfo};
 use crate::lanes::TensorLanes;
 use crate::media::MediaConfig;
+use crate::offload::Offload;
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::parsing::ModelParsers;
 use crate::pipeline::prepare::ServedModel;
@@ -132,6 +133,9 @@ pub struct DiscoveryEnv {
     pub dataplane: DataPlane,
     /// ...and the lanes their tensors leave by.
     pub lanes: Arc<TensorLanes>,
+    /// Where large prompts are rendered and tokenized (one gate for every
+    /// model).
+    pub offload: Offload,
 }
 
 impl DiscoveryEnv {
@@ -152,7 +156,9 @@ impl DiscoveryEnv {
             }
             Err(err) => return Err(err),
         };
-        let tokenizer = load_tokenizer(source, info.as_ref(), probe.client()).await?;
+        let tokenizer = load_tokenizer(source, info.as_ref(), probe.client())
+            .await?
+            .with_template_budget(source.template_budget);
         let name = name
             .or_else(|| {
                 info.as_ref()

@@ -117,6 +117,11 @@ error_codes! {
     ModelNotFound => ("model_not_found", 404, Client, false, free),
     /// The prompt (plus the requested output) does not fit the context.
     ContextLengthExceeded => ("context_length_exceeded", 400, Client, false, free),
+    /// Rendering the chat template for this request took more work than
+    /// `--chat-template-fuel` allows (a template looping far longer than
+    /// the conversation warrants, or one driven into it by the request's
+    /// messages, tools or `chat_template_kwargs`).
+    ChatTemplateBudgetExceeded => ("chat_template_budget_exceeded", 400, Client, false, free),
     /// The endpoint does not exist in the router's mode.
     UnsupportedEndpoint => ("unsupported_endpoint", 501, Gateway, false, free),
     /// An image could not be decoded, or its size or shape is unusable.

@@ -31,6 +31,7 @@ pub mod memo;
 pub mod metrics;
 pub mod mode;
 pub mod models;
+pub mod offload;
 pub mod pipeline;
 pub mod policies;
 pub mod proto;

@@ -58,6 +58,8 @@ pub const LOAD_AGE: &str = "smg_worker_load_age_seconds";
 pub const ADMISSION_IN_FLIGHT: &str = "smg_admission_in_flight";
 pub const ADMISSION_QUEUE_DEPTH: &str = "smg_admission_queue_depth";
 pub const ADMISSION_WAIT: &str = "smg_admission_queue_wait_seconds";
+pub const CPU_WORK_RUNNING: &str = "smg_cpu_work_running";
+pub const CPU_WORK_WAITING: &str = "smg_cpu_work_waiting";
 pub const ADMISSION_REFUSALS: &str = "smg_admission_refusals_total";
 pub const TENANT_REQUESTS: &str = "smg_http_tenant_requests_total";
 pub const HTTP_REFUSALS: &str = "smg_http_refusals_total";
@@ -192,6 +194,16 @@ pub const FAMILIES: &[Family] = &[
         ADMISSION_QUEUE_DEPTH,
         Kind::Gauge,
         "Inference requests waiting for an admission slot (--queue-size).",
+    ),
+    family(
+        CPU_WORK_RUNNING,
+        Kind::Gauge,
+        "Large prompts being rendered or tokenized off the request threads.",
+    ),
+    family(
+        CPU_WORK_WAITING,
+        Kind::Gauge,
+        "Large prompts waiting for a CPU slot to be rendered or tokenized (one slot per core).",
     ),
     family(
         ADMISSION_WAIT,
@@ -721,6 +733,12 @@ pub fn record_admission(in_flight: usize, waiting: usize) {
 }
 
 /// How long a queued request waited, admitted or not.
+/// Prompt work off the request threads: running, and waiting for a slot.
+pub fn record_cpu_work(running: usize, waiting: usize) {
+    metrics::gauge!(CPU_WORK_RUNNING).set(running as f64);
+    metrics::gauge!(CPU_WORK_WAITING).set(waiting as f64);
+}
+
 pub fn record_admission_wait(waited: Duration, priority: &'static str) {
     metrics::histogram!(ADMISSION_WAIT, "priority" => priority).record(waited.as_secs_f64());
 }

@@ -224,6 +224,7 @@ impl ModelTable {
                 request_timeout: self.config.routing.request_timeout,
                 media: context.media.clone(),
                 tasks: self.config.tasks.clone(),
+                offload: self.config.env.offload.clone(),
             }))
         });
         Ok(Arc::clone(router))

@@ -67,6 +67,7 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
         media: config.media.clone(),
         dataplane: dataplane.clone(),
         lanes: Arc::clone(&lanes),
+        offload: crate::offload::Offload::for_host(),
     };
     let served = serve_with(config, env, metrics).await;
     // In-flight images finish or fail; the cores' threads join.

@@ -281,6 +281,7 @@ pub async fn bring_up(
         request_timeout: routing.request_timeout,
         media,
         tasks: tasks.clone(),
+        offload: env.offload.clone(),
     }))
 }
 

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
-use smg::tokenizer::{ChatTemplateOptions, TemplateTools, Tokenizer};
+use smg::tokenizer::{ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools, Tokenizer};
 
 /// Every family directory the generator writes (hand-typed: a family that
 /// goes missing fails here).
@@ -188,4 +188,73 @@ fn an_unknown_role_is_refused_by_every_template() {
             .expect_err("an unknown role is refused");
         assert!(format!("{err:?}").contains("narrator"), "{family}: {err:?}");
     }
+}
+
+/// The default `--chat-template-fuel` leaves every family template ample
+/// headroom: a 200-message agent conversation with tools, and one 8 MB
+/// message, each render on a twentieth of it; the example conversations
+/// fit the budget of a first try on the request's thread.
+#[test]
+fn every_family_renders_large_conversations_well_within_the_default_budget() {
+    let twentieth = TemplateBudget {
+        fuel: TemplateBudget::DEFAULT_FUEL / 20,
+    };
+    for family in FAMILIES {
+        let tokenizer = load(family).with_template_budget(twentieth);
+        let example = read_json(family, "example.json");
+        let options = options(&example["tools"], &Value::Null);
+        let turns: Vec<Value> = messages_of(&example["conversations"][1])
+            .into_iter()
+            .filter(|message| message["role"] != "system")
+            .collect();
+        let long: Vec<Value> = turns.iter().cycle().take(200).cloned().collect();
+        let prompt = tokenizer
+            .apply_chat_template(&long, &options)
+            .unwrap_or_else(|err| panic!("{family}: 200 messages: {err:?}"));
+        assert!(prompt.len() > 10_000, "{family}");
+        let huge = vec![serde_json::json!({
+            "role": "user",
+            "content": "lorem ipsum dolor sit amet ".repeat((8 << 20) / 27),
+        })];
+        let prompt = tokenizer
+            .apply_chat_template(&huge, &options)
+            .unwrap_or_else(|err| panic!("{family}: an 8 MB message: {err:?}"));
+        assert!(prompt.len() > 8 << 20, "{family}");
+        for conversation in example["conversations"].as_array().expect("conversations") {
+            tokenizer
+                .apply_chat_template_within(
+                    &messages_of(conversation),
+                    &options,
+                    RenderBudget::Inline,
+                )
+                .unwrap_or_else(|err| panic!("{family} on the inline budget: {err:?}"));
+        }
+    }
+}
+
+/// A template that loops for ever fails with the budget's code once its
+/// fuel is spent, whatever family's files it comes with.
+#[test]
+fn a_looping_template_runs_out_of_fuel() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for file in ["tokenizer.json", "tokenizer_config.json", "config.json"] {
+        std::fs::copy(family_dir("qwen3").join(file), dir.path().join(file)).expect("copied");
+    }
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}",
+    )
+    .expect("written");
+    let tokenizer = Tokenizer::from_model_dir(dir.path())
+        .expect("loads")
+        .with_template_budget(TemplateBudget { fuel: 100_000 });
+    let err = tokenizer
+        .apply_chat_template(&[], &ChatTemplateOptions::default())
+        .expect_err("out of fuel");
+    assert_eq!(err.code, smg::error::ErrorCode::ChatTemplateBudgetExceeded);
+    assert!(
+        err.message.contains("--chat-template-fuel"),
+        "{}",
+        err.message
+    );
 }

@@ -1169,3 +1169,116 @@ async fn logprobs_are_rendered_in_chat_and_completion_shapes_on_both_protocols()
         );
     }
 }
+
+/// The fixture model with a chat template that loops (ten billion steps)
+/// when the first message says `loop`, and renders as the fixture's
+/// otherwise.
+fn model_with_a_looping_template() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for entry in std::fs::read_dir(support::model_dir()).expect("the fixture model") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|ext| ext == "json") {
+            std::fs::copy(&path, dir.path().join(path.file_name().expect("a name")))
+                .expect("copied");
+        }
+    }
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(support::model_dir().join("tokenizer_config.json"))
+            .expect("tokenizer_config.json"),
+    )
+    .expect("JSON");
+    let fixture = config["chat_template"].as_str().expect("a template");
+    std::fs::write(
+        dir.path().join("chat_template.jinja"),
+        format!(
+            "{{% if messages[0].content == 'loop' %}}{{% for i in range(100000) %}}\
+             {{% for j in range(100000) %}}{{% endfor %}}{{% endfor %}}{{% endif %}}{fixture}"
+        ),
+    )
+    .expect("written");
+    dir
+}
+
+/// Issue 19: a template that loops past `--chat-template-fuel` is the
+/// client's 400 with a stable code naming the flag, and the gateway serves
+/// on; and while a stream of 8 MB prompts is being tokenized (known to be
+/// under way from `smg_cpu_work_running`), ordinary chats are answered.
+#[tokio::test]
+async fn template_loops_run_out_of_fuel_and_huge_prompts_leave_the_gateway_serving() {
+    let model = model_with_a_looping_template();
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start_with_model(
+        Some(model.path()),
+        &[
+            "--worker-urls",
+            &worker.grpc_url(),
+            "--served-model-name",
+            "model",
+            "--chat-template-fuel",
+            "2000000",
+        ],
+    );
+
+    let looping = json!([{"role": "user", "content": "loop"}]);
+    let (status, body) = bounded(
+        "the looping template",
+        post(
+            &gateway,
+            "/v1/chat/completions",
+            chat_body(&looping, json!({})),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "chat_template_budget_exceeded");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("--chat-template-fuel") && message.contains("2000000"),
+        "{message}"
+    );
+    check_chat_in_mode(&gateway).await;
+
+    // Two clients sending 8 MB prompts back to back until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let huge = "lorem ipsum dolor sit amet ".repeat((8 << 20) / 27);
+    let flood: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, stop, huge) = (
+                gateway.url("/v1/completions"),
+                std::sync::Arc::clone(&stop),
+                huge.clone(),
+            );
+            tokio::spawn(async move {
+                let mut codes = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let response = http()
+                        .post(&url)
+                        .json(&json!({"model": "model", "prompt": huge, "max_tokens": 1}))
+                        .send()
+                        .await
+                        .expect("sent");
+                    let body: Value = response.json().await.expect("a JSON answer");
+                    codes.push(body["error"]["code"].as_str().map(str::to_owned));
+                }
+                codes
+            })
+        })
+        .collect();
+    support::poll_until("an 8 MB prompt is being tokenized", async || {
+        let text = support::media::metrics_text(&gateway).await;
+        (support::media::metric(&text, "smg_cpu_work_running", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    for _ in 0..3 {
+        bounded("a chat during the flood", check_chat_in_mode(&gateway)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for client in flood {
+        let codes = bounded("the flood ends", client).await.expect("joined");
+        assert!(!codes.is_empty());
+        // Tokenized in full, then found too long for the model.
+        for code in codes {
+            assert_eq!(code.as_deref(), Some("context_length_exceeded"));
+        }
+    }
+}

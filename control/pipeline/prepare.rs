@@ -11,11 +11,13 @@ use super::spec::{GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result};
 use crate::lanes::LaneDecision;
-use crate::tokenizer::{ChatTemplateOptions, Tokenizer};
+use crate::offload::Offload;
+use crate::tokenizer::{ChatTemplateOptions, RenderBudget, Tokenizer, json_text_bytes};
+use serde_json::Value;
 use smg_dataplane::lanes::TensorLease;
 
 use super::Endpoint;
-use super::media::MediaPlanner;
+use super::media::{MediaPlanner, Placeholders};
 use super::parsing::{ModelParsers, OutputParsing};
 
 /// The model a router serves, as clients name it.
@@ -80,11 +82,13 @@ pub fn mint_request_id(endpoint: Endpoint) -> String {
 }
 
 /// Runs Preparation.
+#[allow(clippy::too_many_arguments)]
 pub async fn prepare(
     endpoint: Endpoint,
-    spec: GenerationSpec,
+    mut spec: GenerationSpec,
     model: &ServedModel,
     tokenizer: &Tokenizer,
+    offload: &Offload,
     media: Option<&MediaPlanner>,
     lane: impl FnOnce() -> LaneDecision,
     routing_key: Option<String>,
@@ -114,15 +118,25 @@ pub async fn prepare(
     };
     // A vision model's multimodal tokens, whatever the request attaches.
     let placeholders = media.map(MediaPlanner::placeholders);
-    let (prompt_text, input_ids) = match &spec.prompt {
+    let (prompt_text, input_ids) = match &mut spec.prompt {
         Prompt::Text(text) => {
             // A raw prompt with images is written in the model's markup;
             // without, its placeholders are only text.
-            let tokenized = match placeholders {
-                Some(placeholders) if spec.images.is_empty() => placeholders.neutralize(text),
-                _ => std::borrow::Cow::Borrowed(text.as_str()),
-            };
-            (text.clone(), tokenizer.encode(&tokenized, true)?)
+            let neutralize = placeholders.filter(|_| spec.images.is_empty());
+            let text = std::mem::take(text);
+            if Offload::is_small(text.len()) {
+                let ids = encode_text(tokenizer, neutralize, &text)?;
+                (text, ids)
+            } else {
+                let tokenizer = tokenizer.clone();
+                let neutralize = neutralize.cloned();
+                offload
+                    .run(move || {
+                        let ids = encode_text(&tokenizer, neutralize.as_ref(), &text)?;
+                        Ok((text, ids))
+                    })
+                    .await?
+            }
         }
         Prompt::TokenIds(ids) => {
             if let Some(bad) = ids.iter().find(|&&id| id >= model.vocab_size) {
@@ -134,7 +148,7 @@ pub async fn prepare(
                     ),
                 ));
             }
-            (String::new(), ids.clone())
+            (String::new(), std::mem::take(ids))
         }
         Prompt::Chat(chat) => {
             let options = ChatTemplateOptions {
@@ -145,23 +159,13 @@ pub async fn prepare(
                     .then(|| chat.tools.template()),
                 extra: chat.template_kwargs.clone(),
             };
-            let text = match placeholders {
-                Some(placeholders) => {
-                    let mut messages = chat.messages.clone();
-                    messages
-                        .iter_mut()
-                        .for_each(|message| placeholders.neutralize_json(message));
-                    let mut options = options;
-                    options
-                        .extra
-                        .values_mut()
-                        .for_each(|value| placeholders.neutralize_json(value));
-                    tokenizer.apply_chat_template(&messages, &options)?
-                }
-                None => tokenizer.apply_chat_template(&chat.messages, &options)?,
+            let input = ChatInput {
+                // Later stages read the chat's tools and settings, never
+                // its messages.
+                messages: std::mem::take(&mut chat.messages),
+                options,
             };
-            let ids = tokenizer.encode(&text, false)?;
-            (text, ids)
+            prepare_chat(tokenizer, offload, placeholders, input).await?
         }
     };
     if let Some(placeholders) = placeholders {
@@ -231,6 +235,112 @@ pub async fn prepare(
     })
 }
 
+/// The ids of a raw prompt, its multimodal markup neutralized when given.
+fn encode_text(
+    tokenizer: &Tokenizer,
+    neutralize: Option<&Placeholders>,
+    text: &str,
+) -> Result<Vec<u32>> {
+    match neutralize {
+        Some(placeholders) => tokenizer.encode(&placeholders.neutralize(text), true),
+        None => tokenizer.encode(text, true),
+    }
+}
+
+/// What a chat's template renders.
+struct ChatInput {
+    messages: Vec<Value>,
+    options: ChatTemplateOptions,
+}
+
+impl ChatInput {
+    /// The text the template is handed, in bytes (strings and keys of the
+    /// messages, the kwargs and the tools): what converting it for the
+    /// template engine, and the rendering's share proportional to it, cost.
+    fn text_bytes(&self) -> usize {
+        let tools = self
+            .options
+            .tools
+            .as_ref()
+            .map_or(0, |tools| tools.text_bytes());
+        self.messages.iter().map(json_text_bytes).sum::<usize>()
+            + self
+                .options
+                .extra
+                .iter()
+                .map(|(key, value)| key.len() + json_text_bytes(value))
+                .sum::<usize>()
+            + tools
+    }
+
+    /// Renders the prompt on `budget`; a vision model's placeholders are
+    /// neutralized in the client's text first.
+    fn render(
+        &self,
+        tokenizer: &Tokenizer,
+        placeholders: Option<&Placeholders>,
+        budget: RenderBudget,
+    ) -> Result<String> {
+        match placeholders {
+            Some(placeholders) => {
+                let mut messages = self.messages.clone();
+                messages
+                    .iter_mut()
+                    .for_each(|message| placeholders.neutralize_json(message));
+                let mut options = self.options.clone();
+                options
+                    .extra
+                    .values_mut()
+                    .for_each(|value| placeholders.neutralize_json(value));
+                tokenizer.apply_chat_template_within(&messages, &options, budget)
+            }
+            None => tokenizer.apply_chat_template_within(&self.messages, &self.options, budget),
+        }
+    }
+}
+
+/// A chat's prompt text and ids. A small conversation is rendered on the
+/// request's thread on the inline budget and, if that suffices and the
+/// prompt is small, tokenized there too; anything larger, or a template
+/// needing more than the inline budget, is rendered (again) and tokenized
+/// off the request threads on the full budget (see `crate::offload`).
+async fn prepare_chat(
+    tokenizer: &Tokenizer,
+    offload: &Offload,
+    placeholders: Option<&Placeholders>,
+    input: ChatInput,
+) -> Result<(String, Vec<u32>)> {
+    if Offload::is_small(input.text_bytes()) {
+        match input.render(tokenizer, placeholders, RenderBudget::Inline) {
+            Ok(text) => {
+                return if Offload::is_small(text.len()) {
+                    let ids = tokenizer.encode(&text, false)?;
+                    Ok((text, ids))
+                } else {
+                    let tokenizer = tokenizer.clone();
+                    offload
+                        .run(move || {
+                            let ids = tokenizer.encode(&text, false)?;
+                            Ok((text, ids))
+                        })
+                        .await
+                };
+            }
+            Err(err) if err.code == ErrorCode::ChatTemplateBudgetExceeded => {}
+            Err(err) => return Err(err),
+        }
+    }
+    let tokenizer = tokenizer.clone();
+    let placeholders = placeholders.cloned();
+    offload
+        .run(move || {
+            let text = input.render(&tokenizer, placeholders.as_ref(), RenderBudget::Full)?;
+            let ids = tokenizer.encode(&text, false)?;
+            Ok((text, ids))
+        })
+        .await
+}
+
 /// How many tokens each sequence may have: `max_tokens` when asked, else
 /// what a context of `context` tokens holds after a prompt of `prompt`.
 fn output_budget(max_tokens: Option<u32>, context: u32, prompt: usize) -> u32 {
@@ -243,6 +353,71 @@ fn output_budget(max_tokens: Option<u32>, context: u32, prompt: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::error::ErrorCode;
+    use serde_json::json;
+
+    /// The fixture model's tokenizer with `template` as its chat template.
+    fn with_template(template: &str) -> Tokenizer {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::copy(
+            fixture.join("tokenizer.json"),
+            dir.path().join("tokenizer.json"),
+        )
+        .expect("copied");
+        std::fs::write(dir.path().join("chat_template.jinja"), template).expect("written");
+        Tokenizer::from_model_dir(dir.path()).expect("loads")
+    }
+
+    fn chat(content: &str) -> ChatInput {
+        ChatInput {
+            messages: vec![json!({"role": "user", "content": content})],
+            options: ChatTemplateOptions::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_template_past_the_inline_budget_is_rendered_again_on_the_full_one() {
+        // About 200 000 fuel: more than a first try on the request's thread
+        // may spend, well within the default budget.
+        let tokenizer = with_template(
+            "{% for i in range(1000) %}{% for j in range(100) %}{% endfor %}{% endfor %}\
+             {{ messages[0].content }}",
+        );
+        let offload = Offload::new(1);
+        let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat("hello"))
+            .await
+            .expect("rendered off the request thread");
+        assert_eq!(text, "hello");
+        assert_eq!(ids, tokenizer.encode("hello", false).expect("encodes"));
+
+        // Past the full budget it is the client's error.
+        let small =
+            tokenizer.with_template_budget(crate::tokenizer::TemplateBudget { fuel: 150_000 });
+        let err = prepare_chat(&small, &offload, None, chat("hello"))
+            .await
+            .expect_err("over 150 000 fuel");
+        assert_eq!(err.code, ErrorCode::ChatTemplateBudgetExceeded);
+        assert!(err.message.contains("150000"), "{}", err.message);
+        assert_eq!(offload.running() + offload.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn large_chats_and_small_ones_give_the_same_ids_as_rendering_directly() {
+        let tokenizer = with_template("<{{ messages[0].content }}>");
+        let offload = Offload::new(1);
+        for content in [
+            "short".to_owned(),
+            "long text ".repeat(Offload::INLINE_BYTES / 5),
+        ] {
+            let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat(&content))
+                .await
+                .expect("renders");
+            assert_eq!(text, format!("<{content}>"));
+            assert_eq!(ids, tokenizer.encode(&text, false).expect("encodes"));
+        }
+    }
 
     #[test]
     fn the_output_budget_is_max_tokens_else_the_context_left() {

@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::lanes::LaneDecision;
 use crate::metrics;
 use crate::mode::Mode;
+use crate::offload::Offload;
 use crate::pipeline::attempt::{self, AttemptContext, AttemptOutcome};
 use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
@@ -84,6 +85,8 @@ pub struct RouterParts {
     /// Where leg supervisors and engine aborts run (the shutdown waits for
     /// them).
     pub tasks: RequestTasks,
+    /// Where large prompts are rendered and tokenized.
+    pub offload: Offload,
 }
 
 /// One router, parameterized by its mode.
@@ -150,6 +153,11 @@ impl Router {
         &self.parts.tokenizer
     }
 
+    /// The gate large prompts' CPU work passes through.
+    pub fn offload(&self) -> &Offload {
+        &self.parts.offload
+    }
+
     pub fn pipeline(&self, endpoint: Endpoint) -> Result<&RequestPipeline> {
         self.pipelines.get(&endpoint).ok_or_else(|| {
             Error::new(
@@ -188,6 +196,7 @@ impl Router {
             spec,
             &self.parts.model,
             &self.parts.tokenizer,
+            &self.parts.offload,
             self.parts.media.as_ref(),
             || match &self.parts.media {
                 Some(media) => {
@@ -299,7 +308,13 @@ impl Router {
         let mut prompts = Vec::with_capacity(inputs.len());
         for input in inputs {
             let ids = match input {
-                InputItem::Text(text) => self.parts.tokenizer.encode(&text, true)?,
+                InputItem::Text(text) => {
+                    let tokenizer = self.parts.tokenizer.clone();
+                    self.parts
+                        .offload
+                        .run_sized(text.len(), move || tokenizer.encode(&text, true))
+                        .await?
+                }
                 InputItem::TokenIds(ids) => ids,
             };
             if ids.len() as u64 >= u64::from(self.parts.model.max_context_length) {

@@ -358,6 +358,7 @@ mod in_process {
             request_timeout: timeout,
             media: None,
             tasks: crate::shutdown::RequestTasks::new(),
+            offload: crate::offload::Offload::new(1),
         })
     }
 

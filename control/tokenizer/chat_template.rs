@@ -12,6 +12,22 @@
 //!
 //! Templates are compiled once, when the tokenizer loads; rendering a request
 //! only runs the compiled template.
+//!
+//! A template is a program, and it runs on what the client sent: a template
+//! that loops far beyond what the conversation needs (by design, by
+//! accident, or driven there by the request's messages, tools or
+//! `chat_template_kwargs`) would hold a thread for as long as it likes. So
+//! every rendering runs on a budget of minijinja *fuel* (about one unit per
+//! instruction and per 64 bytes of data produced; see [`TemplateBudget`]),
+//! and one that runs out fails with `chat_template_budget_exceeded` naming
+//! `--chat-template-fuel`. Recursion is capped too (minijinja's own depth
+//! limit, set explicitly so that it cannot silently grow).
+//!
+//! Each template is compiled into two environments that differ only in
+//! fuel: the full budget, and a small one for a first try on the request's
+//! own thread (see `crate::offload`): a template that needs more than the
+//! small budget is rendered again, off the request threads, with the full
+//! one.
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Serde, Value as JinjaValue, merge_maps};
@@ -19,7 +35,7 @@ use minijinja::{Environment, ErrorKind, Template};
 use serde_json::{Map, Value};
 
 use super::python_compat;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorCode, Result};
 
 /// The template used when a model lists several (and the one name a single
 /// template is stored under).
@@ -46,7 +62,7 @@ pub struct ChatTemplateOptions {
 /// [`python_compat::DumpedMap`]). Cheap to clone; one value serves every
 /// request that sends the same tools.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TemplateTools(JinjaValue);
+pub struct TemplateTools(JinjaValue, usize);
 
 impl TemplateTools {
     /// `tools`: OpenAI-shaped tool definitions.
@@ -55,14 +71,93 @@ impl TemplateTools {
             .iter()
             .map(|tool| python_compat::DumpedMap::wrap(JinjaValue::from(Serde(tool))))
             .collect();
-        Self(JinjaValue::from(items))
+        let text_bytes = tools.iter().map(json_text_bytes).sum();
+        Self(JinjaValue::from(items), text_bytes)
+    }
+
+    /// The bytes of text in them (see [`json_text_bytes`]).
+    pub fn text_bytes(&self) -> usize {
+        self.1
+    }
+}
+
+/// What one rendering of a chat template may spend, in minijinja fuel:
+/// about one unit per instruction executed and per 64 bytes of data the
+/// template produces or processes (its output included). A budget bounds
+/// both the time a rendering takes and the memory it allocates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TemplateBudget {
+    /// The fuel of one rendering (`--chat-template-fuel`).
+    pub fuel: u64,
+}
+
+impl TemplateBudget {
+    /// `--chat-template-fuel`'s default. The bundled family templates spend
+    /// 60 to 1200 fuel per message of an agent conversation with tools (200
+    /// messages: 11 000 to 230 000) and, on long text, about 1 per 16 to
+    /// 20 bytes of it (each template reads, trims and writes the text a few
+    /// times): an 8 MB message takes 330 000 to 440 000. 20 million leaves
+    /// room for prompts of about 300 MB, and a template that only loops
+    /// spends it in well under a second of one core (about 30 million fuel
+    /// a second on the machine `BENCHMARKS.md` describes).
+    pub const DEFAULT_FUEL: u64 = 20_000_000;
+
+    /// The fuel of the first try on a request's own thread, about 3 ms of
+    /// looping at most: an ordinary conversation fits (200 messages with
+    /// tools take 11 000 to 20 000 with most families); a template that
+    /// needs more is rendered again off the request threads on the full
+    /// budget.
+    pub const INLINE_FUEL: u64 = 100_000;
+}
+
+impl Default for TemplateBudget {
+    fn default() -> Self {
+        Self {
+            fuel: Self::DEFAULT_FUEL,
+        }
+    }
+}
+
+/// The deepest a template may recurse (macros calling macros, nested
+/// loops): minijinja's own default and its safe maximum without growing
+/// the stack, set explicitly.
+const RECURSION_LIMIT: usize = 500;
+
+/// Which budget a rendering runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenderBudget {
+    /// [`TemplateBudget::INLINE_FUEL`] (or the full budget when that is
+    /// smaller): running out is not the client's fault yet, only a sign
+    /// that the rendering belongs off the request threads.
+    Inline,
+    /// The full [`TemplateBudget`].
+    Full,
+}
+
+/// The bytes of text in a JSON value: its strings and keys, 8 per number,
+/// 4 per `null` or boolean, punctuation not counted. What sizes a template's
+/// input (see `crate::offload`) without serializing it.
+pub fn json_text_bytes(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) => 4,
+        Value::Number(_) => 8,
+        Value::String(text) => text.len(),
+        Value::Array(items) => items.iter().map(json_text_bytes).sum(),
+        Value::Object(map) => map
+            .iter()
+            .map(|(key, value)| key.len() + json_text_bytes(value))
+            .sum(),
     }
 }
 
 /// A model's compiled chat template(s).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct ChatTemplate {
+    /// Runs on the full budget.
     environment: Environment<'static>,
+    /// The same templates on the inline budget.
+    inline: Environment<'static>,
+    budget: TemplateBudget,
     /// `bos_token`, `eos_token`, ... as template variables.
     special_tokens: JinjaValue,
     /// The templates' sources, for reading a model's conventions off them
@@ -126,11 +221,29 @@ impl ChatTemplate {
                     Error::internal(format!("chat template {name:?} does not compile: {err}"))
                 })?;
         }
+        let budget = TemplateBudget::default();
         Ok(Self {
+            inline: environment.clone(),
             environment,
+            budget,
             special_tokens: JinjaValue::from(Serde(special_tokens)),
             sources,
-        })
+        }
+        .with_budget(budget))
+    }
+
+    /// The same templates with `budget`.
+    pub fn with_budget(mut self, budget: TemplateBudget) -> Self {
+        self.budget = budget;
+        self.environment.set_fuel(Some(budget.fuel));
+        self.inline
+            .set_fuel(Some(budget.fuel.min(TemplateBudget::INLINE_FUEL)));
+        self
+    }
+
+    /// The budget of one rendering.
+    pub fn budget(&self) -> TemplateBudget {
+        self.budget
     }
 
     /// Every template's source text, joined.
@@ -143,9 +256,28 @@ impl ChatTemplate {
     /// is the client's problem: [`ErrorCode::InvalidRequest`] carrying the
     /// template's own message.
     ///
+    /// A rendering that runs out of `budget` fails with
+    /// [`ErrorCode::ChatTemplateBudgetExceeded`].
+    ///
     /// [`ErrorCode::InvalidRequest`]: crate::error::ErrorCode::InvalidRequest
+    /// [`ErrorCode::ChatTemplateBudgetExceeded`]: crate::error::ErrorCode::ChatTemplateBudgetExceeded
+    #[cfg(test)]
     pub fn render(&self, messages: &[Value], options: &ChatTemplateOptions) -> Result<String> {
-        let template = self.select(options.tools.is_some())?;
+        self.render_within(messages, options, RenderBudget::Full)
+    }
+
+    /// [`ChatTemplate::render`] on `budget`.
+    pub fn render_within(
+        &self,
+        messages: &[Value],
+        options: &ChatTemplateOptions,
+        budget: RenderBudget,
+    ) -> Result<String> {
+        let environment = match budget {
+            RenderBudget::Inline => &self.inline,
+            RenderBudget::Full => &self.environment,
+        };
+        let template = Self::select(environment, options.tools.is_some())?;
         let fixed = minijinja::context! {
             messages => Serde(messages),
             tools => options.tools.as_ref().map(|tools| tools.0.clone()),
@@ -157,28 +289,40 @@ impl ChatTemplate {
             JinjaValue::from(Serde(&options.extra)),
             fixed,
         ]);
-        template
-            .render(context)
-            .map_err(|err| match raised_message(&err) {
+        template.render(context).map_err(|err| {
+            if err.kind() == ErrorKind::OutOfFuel {
+                return Error::new(
+                    ErrorCode::ChatTemplateBudgetExceeded,
+                    format!(
+                        "rendering the chat template for this request took more than its \
+                         budget of {} fuel (--chat-template-fuel)",
+                        environment.fuel().unwrap_or(self.budget.fuel)
+                    ),
+                )
+                .with_param("messages");
+            }
+            match raised_message(&err) {
                 Some(message) => Error::invalid_request(message),
                 None => Error::invalid_request(format!("the chat template failed: {err}")),
-            })
+            }
+        })
     }
 
     /// `tool_use` when the request has tools and the model has that
     /// template, else `default`, as `transformers` chooses.
-    fn select(&self, has_tools: bool) -> Result<Template<'_, '_>> {
-        if has_tools && let Ok(template) = self.environment.get_template(TOOL_USE_TEMPLATE) {
+    fn select<'env>(
+        environment: &'env Environment<'static>,
+        has_tools: bool,
+    ) -> Result<Template<'env, 'env>> {
+        if has_tools && let Ok(template) = environment.get_template(TOOL_USE_TEMPLATE) {
             return Ok(template);
         }
-        self.environment
-            .get_template(DEFAULT_TEMPLATE)
-            .map_err(|_| {
-                let names: Vec<&str> = self.environment.templates().map(|(name, _)| name).collect();
-                Error::invalid_request(format!(
-                    "the model lists chat templates {names:?} but none named {DEFAULT_TEMPLATE:?}"
-                ))
-            })
+        environment.get_template(DEFAULT_TEMPLATE).map_err(|_| {
+            let names: Vec<&str> = environment.templates().map(|(name, _)| name).collect();
+            Error::invalid_request(format!(
+                "the model lists chat templates {names:?} but none named {DEFAULT_TEMPLATE:?}"
+            ))
+        })
     }
 }
 
@@ -192,6 +336,7 @@ fn huggingface_environment() -> Result<Environment<'static>> {
         .build()
         .map_err(|err| Error::internal(format!("chat template syntax: {err}")))?;
     environment.set_syntax(syntax);
+    environment.set_recursion_limit(RECURSION_LIMIT);
     environment.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     environment.add_filter("tojson", python_compat::tojson);
     environment.add_function("strftime_now", python_compat::strftime_now);
@@ -511,6 +656,71 @@ mod tests {
         let wrong_type = ChatTemplate::from_config_field(&json!(7), &Map::new())
             .expect_err("a number is no template");
         assert_eq!(wrong_type.code, ErrorCode::InternalError);
+    }
+
+    #[test]
+    fn a_template_looping_past_its_budget_fails_with_the_budget_code() {
+        let budget = TemplateBudget { fuel: 50_000 };
+        // A loop of ten billion steps, and a cubic loop over a thousand
+        // messages: both stop once the fuel is spent.
+        let endless = hand_written(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        )
+        .with_budget(budget);
+        let cubic = hand_written(
+            "{% for a in messages %}{% for b in messages %}{% for c in messages %}\
+             {{ c.content }}{% endfor %}{% endfor %}{% endfor %}",
+        )
+        .with_budget(budget);
+        let messages = vec![json!({"role": "user", "content": "x"}); 1000];
+        for (template, messages) in [(&endless, &[][..]), (&cubic, &messages[..])] {
+            let err = template
+                .render(messages, &ChatTemplateOptions::default())
+                .expect_err("out of fuel");
+            assert_eq!(err.code, ErrorCode::ChatTemplateBudgetExceeded);
+            assert_eq!(err.code.http_status(), 400);
+            assert!(err.message.contains("50000 fuel"), "{}", err.message);
+            assert!(
+                err.message.contains("--chat-template-fuel"),
+                "{}",
+                err.message
+            );
+        }
+    }
+
+    #[test]
+    fn the_inline_budget_is_the_smaller_one() {
+        // About 200 000 fuel of looping: over the inline budget, within
+        // the default.
+        let template = hand_written(
+            "{% for i in range(1000) %}{% for j in range(100) %}{% endfor %}{% endfor %}done",
+        );
+        assert_eq!(template.budget(), TemplateBudget::default());
+        let inline = template
+            .render_within(&[], &ChatTemplateOptions::default(), RenderBudget::Inline)
+            .expect_err("over the inline budget");
+        assert_eq!(inline.code, ErrorCode::ChatTemplateBudgetExceeded);
+        let full = template
+            .render_within(&[], &ChatTemplateOptions::default(), RenderBudget::Full)
+            .expect("within the full budget");
+        assert_eq!(full, "done");
+        // A full budget below the inline one caps both.
+        let small = template.with_budget(TemplateBudget { fuel: 10 });
+        let err = small
+            .render_within(&[], &ChatTemplateOptions::default(), RenderBudget::Inline)
+            .expect_err("over 10 fuel");
+        assert!(err.message.contains("budget of 10 fuel"), "{}", err.message);
+    }
+
+    #[test]
+    fn endless_recursion_is_refused_not_a_crash() {
+        let template =
+            hand_written("{% macro down(n) %}{{ down(n + 1) }}{% endmacro %}{{ down(0) }}");
+        let err = template
+            .render(&[], &ChatTemplateOptions::default())
+            .expect_err("recursion is capped");
+        assert_eq!(err.code, ErrorCode::InvalidRequest);
+        assert!(err.message.contains("recursion"), "{}", err.message);
     }
 
     #[test]

@@ -29,7 +29,9 @@ mod python_compat;
 mod segments;
 mod stop;
 
-pub use chat_template::{ChatTemplateOptions, TemplateTools};
+pub use chat_template::{
+    ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools, json_text_bytes,
+};
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};
 
@@ -63,6 +65,8 @@ const ADDITIONAL_SPECIAL_TOKENS: &str = "additional_special_tokens";
 #[derive(Clone)]
 pub struct Tokenizer {
     loaded: Arc<Loaded>,
+    /// Beside `loaded` so that its budget can be set after loading.
+    chat_template: Option<Arc<ChatTemplate>>,
 }
 
 struct Loaded {
@@ -72,7 +76,6 @@ struct Loaded {
     /// Whether `add_special_tokens` adds nothing (no post-processor that
     /// inserts tokens), so both settings may use `segments`.
     adds_no_special_tokens: bool,
-    chat_template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
     /// Ids of added tokens flagged `special` (what `skip_special_tokens` drops).
     special_ids: HashSet<u32>,
@@ -159,11 +162,11 @@ impl Tokenizer {
                 model_config: files.model_config.as_ref().map(ToString::to_string),
             });
         Ok(Self {
+            chat_template: chat_template.map(Arc::new),
             loaded: Arc::new(Loaded {
                 tokenizer,
                 segments,
                 adds_no_special_tokens,
-                chat_template,
                 eos_token_ids,
                 special_ids,
                 added_ids,
@@ -171,6 +174,21 @@ impl Tokenizer {
                 vision,
             }),
         })
+    }
+
+    /// The same tokenizer, its chat template rendering on `budget` (the
+    /// default is [`TemplateBudget::default`]).
+    pub fn with_template_budget(mut self, budget: TemplateBudget) -> Self {
+        if let Some(template) = &self.chat_template {
+            self.chat_template = Some(Arc::new(template.as_ref().clone().with_budget(budget)));
+        }
+        self
+    }
+
+    /// The budget one chat template rendering runs on; `None` without a
+    /// template.
+    pub fn template_budget(&self) -> Option<TemplateBudget> {
+        self.chat_template.as_deref().map(ChatTemplate::budget)
     }
 
     /// The vision preprocessing files found with the tokenizer, if any.
@@ -258,22 +276,31 @@ impl Tokenizer {
     /// The chat template's source text (all named templates, joined), if the
     /// model has one.
     pub fn chat_template_source(&self) -> Option<&str> {
-        self.loaded
-            .chat_template
-            .as_ref()
-            .map(ChatTemplate::sources)
+        self.chat_template.as_deref().map(ChatTemplate::sources)
     }
 
     /// Renders the prompt for `messages` (OpenAI-style message objects) with
     /// the model's chat template. Fails with `invalid_request` when the model
-    /// has no template or the template refuses the conversation.
+    /// has no template or the template refuses the conversation, and with
+    /// `chat_template_budget_exceeded` when rendering runs out of its
+    /// budget.
     pub fn apply_chat_template(
         &self,
         messages: &[Value],
         options: &ChatTemplateOptions,
     ) -> Result<String> {
-        match &self.loaded.chat_template {
-            Some(template) => template.render(messages, options),
+        self.apply_chat_template_within(messages, options, RenderBudget::Full)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] on `budget`.
+    pub fn apply_chat_template_within(
+        &self,
+        messages: &[Value],
+        options: &ChatTemplateOptions,
+        budget: RenderBudget,
+    ) -> Result<String> {
+        match &self.chat_template {
+            Some(template) => template.render_within(messages, options, budget),
             None => Err(Error::invalid_request(
                 "this model has no chat template; send a prompt instead of messages",
             )),
@@ -286,7 +313,7 @@ impl fmt::Debug for Tokenizer {
         f.debug_struct("Tokenizer")
             .field("vocab_size", &self.vocab_size())
             .field("eos_token_ids", &self.loaded.eos_token_ids)
-            .field("has_chat_template", &self.loaded.chat_template.is_some())
+            .field("has_chat_template", &self.chat_template.is_some())
             .finish()
     }
 }

@@ -251,7 +251,17 @@ pub struct Gateway {
 /// the fixture model, and history in memory unless the test's own `args`
 /// name a `--history-backend` (clap refuses the flag twice).
 fn launch_command(model: Option<&std::path::Path>, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_smg"));
+    launch_program(std::path::Path::new(env!("CARGO_BIN_EXE_smg")), model, args)
+}
+
+/// [`launch_command`] for the `smg` binary at `program` (a benchmark
+/// comparing builds).
+fn launch_program(
+    program: &std::path::Path,
+    model: Option<&std::path::Path>,
+    args: &[&str],
+) -> Command {
+    let mut command = Command::new(program);
     command.args([
         "launch",
         "--host",
@@ -285,6 +295,14 @@ impl Gateway {
     /// workers).
     pub fn start_with_model(model: Option<&std::path::Path>, args: &[&str]) -> Gateway {
         let mut command = launch_command(model, args);
+        command.args(["--log-level", "warn"]).args(args);
+        command.stderr(Stdio::inherit());
+        Self::spawn(command)
+    }
+
+    /// As [`Gateway::start`], running the `smg` binary at `program`.
+    pub fn start_program(program: &std::path::Path, args: &[&str]) -> Gateway {
+        let mut command = launch_program(program, Some(&model_dir()), args);
         command.args(["--log-level", "warn"]).args(args);
         command.stderr(Stdio::inherit());
         Self::spawn(command)

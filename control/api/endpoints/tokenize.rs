@@ -1,8 +1,9 @@
 //! `/v1/tokenize` and `/v1/detokenize`: the served model's tokenizer,
 //! answered by the gateway alone (no worker is involved).
 //!
-//! Encoding a large batch is CPU work of its own, so it runs on tokio's
-//! blocking pool rather than on the thread that drives other requests.
+//! Encoding a large batch is CPU work of its own, so beyond a small size it
+//! runs off the threads that drive other requests, through the same bounded
+//! gate as generation requests' prompts (`crate::offload`).
 
 use std::sync::Arc;
 
@@ -37,15 +38,6 @@ fn router_for(state: &SharedState, model: Option<&str>) -> Result<Arc<Router>> {
     Ok(router)
 }
 
-/// Runs `work` on the blocking pool.
-async fn off_thread<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|err| Error::internal(format!("the tokenizer task failed: {err}")))?
-}
-
 fn answer<T: serde::Serialize>(outcome: Result<T>) -> Response {
     match outcome {
         Ok(body) => axum::Json(body).into_response(),
@@ -60,32 +52,38 @@ pub(crate) async fn tokenize(State(state): State<SharedState>, body: Bytes) -> R
         let tokenizer = router.tokenizer().clone();
         let add_special_tokens = request.add_special_tokens.unwrap_or(false);
         let max_model_len = router.model().max_context_length;
-        off_thread(move || {
-            let encode = |text: &String| tokenizer.encode(text, add_special_tokens);
-            Ok(match &request.prompt {
-                TextOrList::Text(text) => {
-                    let ids = encode(text)?;
-                    TokenizeResponse {
-                        count: OneOrBatch::One(ids.len()),
-                        char_count: OneOrBatch::One(text.chars().count()),
-                        tokens: OneOrBatch::One(ids),
-                        max_model_len,
+        let bytes = match &request.prompt {
+            TextOrList::Text(text) => text.len(),
+            TextOrList::List(texts) => texts.iter().map(String::len).sum(),
+        };
+        router
+            .offload()
+            .run_sized(bytes, move || {
+                let encode = |text: &String| tokenizer.encode(text, add_special_tokens);
+                Ok(match &request.prompt {
+                    TextOrList::Text(text) => {
+                        let ids = encode(text)?;
+                        TokenizeResponse {
+                            count: OneOrBatch::One(ids.len()),
+                            char_count: OneOrBatch::One(text.chars().count()),
+                            tokens: OneOrBatch::One(ids),
+                            max_model_len,
+                        }
                     }
-                }
-                TextOrList::List(texts) => {
-                    let ids = texts.iter().map(encode).collect::<Result<Vec<_>>>()?;
-                    TokenizeResponse {
-                        count: OneOrBatch::Batch(ids.iter().map(Vec::len).collect()),
-                        char_count: OneOrBatch::Batch(
-                            texts.iter().map(|text| text.chars().count()).collect(),
-                        ),
-                        tokens: OneOrBatch::Batch(ids),
-                        max_model_len,
+                    TextOrList::List(texts) => {
+                        let ids = texts.iter().map(encode).collect::<Result<Vec<_>>>()?;
+                        TokenizeResponse {
+                            count: OneOrBatch::Batch(ids.iter().map(Vec::len).collect()),
+                            char_count: OneOrBatch::Batch(
+                                texts.iter().map(|text| text.chars().count()).collect(),
+                            ),
+                            tokens: OneOrBatch::Batch(ids),
+                            max_model_len,
+                        }
                     }
-                }
+                })
             })
-        })
-        .await
+            .await
     }
     .await;
     answer(outcome)
@@ -114,18 +112,22 @@ pub(crate) async fn detokenize(State(state): State<SharedState>, body: Bytes) ->
                 ));
             }
         }
-        off_thread(move || {
-            let decode = |ids: &Vec<u32>| tokenizer.decode(ids, skip_special_tokens);
-            Ok(DetokenizeResponse {
-                text: match &request.tokens {
-                    OneOrBatch::One(ids) => OneOrBatch::One(decode(ids)?),
-                    OneOrBatch::Batch(lists) => {
-                        OneOrBatch::Batch(lists.iter().map(decode).collect::<Result<_>>()?)
-                    }
-                },
+        // About four bytes of text per id.
+        let bytes = lists.iter().map(|ids| ids.len() * 4).sum();
+        router
+            .offload()
+            .run_sized(bytes, move || {
+                let decode = |ids: &Vec<u32>| tokenizer.decode(ids, skip_special_tokens);
+                Ok(DetokenizeResponse {
+                    text: match &request.tokens {
+                        OneOrBatch::One(ids) => OneOrBatch::One(decode(ids)?),
+                        OneOrBatch::Batch(lists) => {
+                            OneOrBatch::Batch(lists.iter().map(decode).collect::<Result<_>>()?)
+                        }
+                    },
+                })
             })
-        })
-        .await
+            .await
     }
     .await;
     answer(outcome)

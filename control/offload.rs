@@ -1,0 +1,262 @@
+//! CPU-heavy request work (rendering a chat template, tokenizing a long
+//! prompt) off the async worker threads, with bounded concurrency.
+//!
+//! Why it exists: the control plane runs few tokio worker threads (one per
+//! core the data plane leaves, so one on a two-core machine), and every
+//! request's I/O is driven by them. Work that holds one of them for
+//! hundreds of milliseconds (tokenizing megabytes of text, a template
+//! looping through its budget) stalls every other request on that thread:
+//! an adversarial probe saw a huge prompt raise other requests' median
+//! latency from 4 ms to 365 ms.
+//!
+//! The rule is by size. Small work stays inline: a hop to the blocking pool
+//! costs microseconds and two context switches, which is most of what a
+//! short chat's preparation costs, and the gateway's throughput is
+//! benchmarked. Work on more than [`Offload::INLINE_BYTES`] of text goes to
+//! tokio's blocking pool, at most [`Offload::concurrency`] at a time (the
+//! CPU count): a burst of huge prompts queues for a slot rather than
+//! oversubscribing the cores the request threads need too. Waiting for a
+//! slot is a future, so a client that disconnects leaves the queue at once;
+//! work that has started runs to its end (a thread cannot be interrupted)
+//! and keeps its slot until then, so the bound holds.
+//!
+//! Chat templates cannot be sized by their input (a small conversation may
+//! drive a template into a long loop), so they are first rendered inline on
+//! a small fuel budget and, when that runs out, again here on the full one
+//! (see `crate::tokenizer`'s `RenderBudget`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Semaphore;
+
+use crate::error::{Error, Result};
+use crate::metrics;
+
+/// The gate CPU-heavy request work passes through. Cheap to clone: clones
+/// share the slots.
+#[derive(Debug, Clone)]
+pub struct Offload {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+}
+
+impl Offload {
+    /// Text (in bytes) up to which tokenizing runs on the request's own
+    /// thread: well under a millisecond of encoding.
+    pub const INLINE_BYTES: usize = 64 * 1024;
+
+    /// A gate letting `concurrency` (at least 1) pieces of work run at once.
+    pub fn new(concurrency: usize) -> Self {
+        let concurrency = concurrency.max(1);
+        Self {
+            shared: Arc::new(Shared {
+                slots: Arc::new(Semaphore::new(concurrency)),
+                concurrency,
+                waiting: AtomicUsize::new(0),
+                running: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// A gate with one slot per CPU this process may use.
+    pub fn for_host() -> Self {
+        Self::new(std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// How many pieces of work may run at once.
+    pub fn concurrency(&self) -> usize {
+        self.shared.concurrency
+    }
+
+    /// Whether work on `bytes` of text is small enough to run inline.
+    pub fn is_small(bytes: usize) -> bool {
+        bytes <= Self::INLINE_BYTES
+    }
+
+    /// Runs `work` inline when `bytes` [is small](Offload::is_small), else
+    /// [off the request threads](Offload::run).
+    pub async fn run_sized<T: Send + 'static>(
+        &self,
+        bytes: usize,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if Self::is_small(bytes) {
+            work()
+        } else {
+            self.run(work).await
+        }
+    }
+
+    /// Runs `work` on the blocking pool once a slot is free. Dropping the
+    /// returned future while it waits gives up its place; once `work` has
+    /// started it finishes, holding its slot.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let slot = {
+            let _waiting = Counted::enter(&self.shared, |s| &s.waiting);
+            Arc::clone(&self.shared.slots)
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::internal("the CPU work gate is closed"))?
+        };
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || {
+            let _running = Counted::enter(&shared, |s| &s.running);
+            let _slot = slot;
+            work()
+        })
+        .await
+        .map_err(|err| Error::internal(format!("a CPU work task failed: {err}")))?
+    }
+
+    /// Work waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Work running.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Offload {
+    fn default() -> Self {
+        Self::for_host()
+    }
+}
+
+/// One unit of a counter for as long as it lives, mirrored to the gauges.
+struct Counted<'a> {
+    shared: &'a Shared,
+    counter: fn(&Shared) -> &AtomicUsize,
+}
+
+impl<'a> Counted<'a> {
+    fn enter(shared: &'a Shared, counter: fn(&Shared) -> &AtomicUsize) -> Self {
+        counter(shared).fetch_add(1, Ordering::Relaxed);
+        publish(shared);
+        Self { shared, counter }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        (self.counter)(self.shared).fetch_sub(1, Ordering::Relaxed);
+        publish(self.shared);
+    }
+}
+
+fn publish(shared: &Shared) {
+    metrics::record_cpu_work(
+        shared.running.load(Ordering::Relaxed),
+        shared.waiting.load(Ordering::Relaxed),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[tokio::test]
+    async fn small_work_runs_inline_and_large_work_on_another_thread() {
+        let offload = Offload::new(1);
+        let here = std::thread::current().id();
+        let inline = offload
+            .run_sized(Offload::INLINE_BYTES, move || {
+                Ok(std::thread::current().id())
+            })
+            .await
+            .expect("runs");
+        assert_eq!(inline, here);
+        let off = offload
+            .run_sized(Offload::INLINE_BYTES + 1, move || {
+                Ok(std::thread::current().id())
+            })
+            .await
+            .expect("runs");
+        assert_ne!(off, here);
+        assert_eq!(offload.running() + offload.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn work_beyond_the_slots_queues_and_a_dropped_waiter_leaves() {
+        let offload = Offload::new(1);
+        // The first piece of work holds the only slot until released.
+        let (started_tx, started_rx) = mpsc::channel::<()>();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let first = tokio::spawn({
+            let offload = offload.clone();
+            async move {
+                offload
+                    .run(move || {
+                        started_tx.send(()).expect("the test waits");
+                        release_rx.recv().expect("the test releases");
+                        Ok(1)
+                    })
+                    .await
+            }
+        });
+        tokio::task::spawn_blocking(move || started_rx.recv())
+            .await
+            .expect("joined")
+            .expect("the first work started");
+        assert_eq!(offload.running(), 1);
+
+        // A second one waits for the slot; it never runs if dropped.
+        let ran = Arc::new(AtomicUsize::new(0));
+        let second = tokio::spawn({
+            let offload = offload.clone();
+            let ran = Arc::clone(&ran);
+            async move {
+                offload
+                    .run(move || {
+                        ran.fetch_add(1, Ordering::Relaxed);
+                        Ok(2)
+                    })
+                    .await
+            }
+        });
+        while offload.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        second.abort();
+        assert!(second.await.expect_err("aborted").is_cancelled());
+        assert_eq!(offload.waiting(), 0, "the cancelled waiter left the queue");
+
+        // A third one waits, and runs once the first releases the slot.
+        let third = tokio::spawn({
+            let offload = offload.clone();
+            async move { offload.run(|| Ok(3)).await }
+        });
+        while offload.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        release_tx.send(()).expect("the first work waits");
+        assert_eq!(first.await.expect("joined").expect("ran"), 1);
+        assert_eq!(third.await.expect("joined").expect("ran"), 3);
+        assert_eq!(ran.load(Ordering::Relaxed), 0, "the dropped work never ran");
+        assert_eq!(offload.running() + offload.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn errors_come_back_as_they_were() {
+        let offload = Offload::new(2);
+        let err = offload
+            .run(|| Err::<(), _>(Error::invalid_request("no")))
+            .await
+            .expect_err("fails");
+        assert_eq!(err.code, crate::error::ErrorCode::InvalidRequest);
+    }
+}
