@@ -175,7 +175,8 @@ async fn serve_with(
                 crate::mcp::McpClients::new(config.mcp.clone())
                     .map_err(|err| anyhow::anyhow!("MCP client: {}", err.message))?,
             )
-            .with_shutdown(&shutdown),
+            .with_shutdown(&shutdown)
+            .with_offload(env.offload.clone()),
     );
 
     let listen = &config.listen;

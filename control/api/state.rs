@@ -68,6 +68,9 @@ pub struct AppState {
     /// Connections to the MCP servers Responses requests name (`None` when
     /// its HTTP client could not be built: MCP tools are then refused).
     pub mcp: Option<McpClients>,
+    /// The gate CPU-heavy work passes (large bodies parsed here, prompts in
+    /// the routers), shared with every router.
+    pub offload: crate::offload::Offload,
 }
 
 impl AppState {
@@ -120,7 +123,15 @@ impl AppState {
             history: History::memory(),
             responses: InFlightResponses::default(),
             mcp: McpClients::new(McpConfig::default()).ok(),
+            offload: crate::offload::Offload::for_host(),
         }
+    }
+
+    /// Shares `offload`'s slots (the routers' gate) for the body parsing
+    /// done before a request reaches a router.
+    pub fn with_offload(mut self, offload: crate::offload::Offload) -> Self {
+        self.offload = offload;
+        self
     }
 
     /// Stores history in `history` (an in-memory store otherwise).

@@ -351,7 +351,7 @@ pub(crate) async fn messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    run::<MessagesDialect>(state, &headers, &body).await
+    run::<MessagesDialect>(state, &headers, body).await
 }
 
 #[cfg(test)]

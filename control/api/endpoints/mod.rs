@@ -175,10 +175,29 @@ fn sequence_slot<T: Default + Clone>(sequences: &mut Vec<T>, index: u32) -> &mut
     &mut sequences[slot]
 }
 
+/// `body` as `D`'s request, made a generation spec. A body over
+/// [`Offload::INLINE_BYTES`](crate::offload::Offload::INLINE_BYTES) is
+/// parsed off the request threads: megabytes of JSON (an image as a `data:`
+/// URL, a long prompt) hold a thread for milliseconds, and every request on
+/// that thread would wait.
+async fn parse_spec<D: Dialect>(
+    offload: &crate::offload::Offload,
+    limits: Limits,
+    body: Bytes,
+) -> Result<GenerationSpec> {
+    let len = body.len();
+    let parse = move || parse_json::<D::Request>(&body).and_then(|r| D::spec(&r, &limits));
+    if crate::offload::Offload::is_small(len) {
+        parse()
+    } else {
+        offload.run(parse).await
+    }
+}
+
 /// Parses `body` as `D`'s request, runs it and answers in `D`.
-async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: &[u8]) -> Response {
+async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: Bytes) -> Response {
     let endpoint = D::ENDPOINT;
-    let spec = parse_json::<D::Request>(body).and_then(|r| D::spec(&r, &limits(&state)));
+    let spec = parse_spec::<D>(&state.offload, limits(&state), body).await;
     let started = Instant::now();
     let mut router_label = state.default_label();
     let outcome = async {

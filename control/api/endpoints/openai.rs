@@ -413,7 +413,7 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    run::<ChatDialect>(state, &headers, &body).await
+    run::<ChatDialect>(state, &headers, body).await
 }
 
 pub(crate) async fn completions(
@@ -421,7 +421,7 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    run::<CompletionDialect>(state, &headers, &body).await
+    run::<CompletionDialect>(state, &headers, body).await
 }
 
 pub(crate) async fn models(State(state): State<SharedState>) -> Response {
@@ -454,6 +454,59 @@ mod tests {
     use super::super::fixtures::frames as frames_of;
     use super::super::fixtures::{body, collected, frames, info, report, text, usage};
     use super::*;
+
+    /// Bodies are parsed by size: a small one on the request's thread (it
+    /// parses although the gate's only slot is taken), one over the inline
+    /// size through the gate (it waits for the slot, then parses).
+    #[tokio::test]
+    async fn a_large_body_is_parsed_through_the_cpu_gate_and_a_small_one_inline() {
+        use crate::api::types::validate::Limits;
+        use crate::offload::Offload;
+
+        let offload = Offload::new(1);
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let blocker = {
+            let offload = offload.clone();
+            tokio::spawn(async move {
+                offload
+                    .run(move || {
+                        let _ = started.send(());
+                        let _ = held.recv();
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        running.await.unwrap();
+
+        let chat = |content: String| {
+            Bytes::from(
+                serde_json::to_vec(&serde_json::json!({"model": "m",
+                    "messages": [{"role": "user", "content": content}]}))
+                .unwrap(),
+            )
+        };
+        let small = super::super::parse_spec::<ChatDialect>(
+            &offload,
+            Limits::default(),
+            chat("hi".to_owned()),
+        )
+        .await;
+        assert!(small.is_ok(), "{small:?}");
+
+        let large = chat("x".repeat(Offload::INLINE_BYTES));
+        let mut parse = Box::pin(super::super::parse_spec::<ChatDialect>(
+            &offload,
+            Limits::default(),
+            large,
+        ));
+        assert!(futures::poll!(&mut parse).is_pending());
+        assert_eq!(offload.waiting(), 1);
+        release.send(()).unwrap();
+        assert!(parse.await.is_ok());
+        blocker.await.unwrap().unwrap();
+    }
 
     /// Two sequences interleaved: a delta with logprobs, a delta without,
     /// finishes (one before any text), usage, the end.

@@ -178,7 +178,7 @@ pub(crate) async fn generate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    run::<GenerateDialect>(state, &headers, &body).await
+    run::<GenerateDialect>(state, &headers, body).await
 }
 
 #[cfg(test)]
