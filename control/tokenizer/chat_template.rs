@@ -60,8 +60,13 @@ impl TemplateTools {
 }
 
 /// A model's compiled chat template(s).
+///
+/// Public (re-exported from `tokenizer`) so that the fuzz target
+/// `chat_template` (`fuzz/`) can compile and render arbitrary template
+/// sources in exactly this environment; the gateway itself reaches it only
+/// through [`Tokenizer`](super::Tokenizer).
 #[derive(Debug)]
-pub(super) struct ChatTemplate {
+pub struct ChatTemplate {
     environment: Environment<'static>,
     /// `bos_token`, `eos_token`, ... as template variables.
     special_tokens: JinjaValue,

@@ -29,7 +29,7 @@ mod python_compat;
 mod segments;
 mod stop;
 
-pub use chat_template::{ChatTemplateOptions, TemplateTools};
+pub use chat_template::{ChatTemplate, ChatTemplateOptions, TemplateTools};
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};
 
@@ -42,7 +42,6 @@ use serde_json::{Map, Value};
 use tokenizers::PostProcessor;
 
 use crate::error::{Error, Result};
-use chat_template::ChatTemplate;
 use files::{Links, ModelFiles};
 use segments::SegmentEncoder;
 
