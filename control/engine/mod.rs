@@ -101,6 +101,50 @@ pub fn mint_room(runtime: Runtime) -> i64 {
     rand::random_range(0..=runtime.max_room())
 }
 
+/// Reads a worker's Generate stream from the raw bytes of its messages, as
+/// [`EngineClient::generate`] reads them off the wire: each message is
+/// decoded as `runtime`'s `GenerateResponse`, turned into a
+/// [`GenerateEvent`] and held to `request`'s output bounds (its `n`,
+/// `max_new_tokens` or `output_budget`, and logprob ask). Returns the events
+/// passed on, including completions the gateway makes for sequences it cut,
+/// or the error (`worker_protocol_violation`) that would end the stream.
+///
+/// Why public: these are the first steps to see a worker's bytes, and the
+/// fuzz target `worker_response` (`fuzz/`) drives them with arbitrary bytes
+/// without a gRPC server. The client runs the same conversion and bounds.
+pub fn read_generate_messages<'a>(
+    runtime: Runtime,
+    request: &GenerateRequest,
+    messages: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Vec<GenerateEvent>> {
+    use prost::Message;
+
+    use crate::error::{Error, ErrorCode};
+    use crate::proto::{sglang_scheduler as sg, tokenspeed_scheduler as ts};
+
+    let refuse = |detail: String| Error::new(ErrorCode::WorkerProtocolViolation, detail);
+    let mut bounds = bounds::OutputBounds::for_request(request);
+    let mut events = Vec::new();
+    for bytes in messages {
+        let event = match runtime {
+            Runtime::TokenSpeed => {
+                ts::GenerateResponse::decode(bytes).map(convert::tokenspeed::event)
+            }
+            Runtime::Sglang => sg::GenerateResponse::decode(bytes).map(convert::sglang::event),
+        }
+        .map_err(|err| refuse(format!("a Generate message does not decode: {err}")))?
+        .ok_or_else(|| {
+            refuse("a Generate message carried neither a chunk nor a completion".to_owned())
+        })?;
+        let admitted = bounds
+            .admit(event)
+            .map_err(|violation| refuse(violation.detail))?;
+        events.extend(admitted.event);
+        events.extend(admitted.cut);
+    }
+    Ok(events)
+}
+
 /// Where a tensor's bytes travel.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorPayload {

@@ -151,8 +151,13 @@ pub fn json_text_bytes(value: &Value) -> usize {
 }
 
 /// A model's compiled chat template(s).
+///
+/// Public (re-exported from `tokenizer`) so that the fuzz target
+/// `chat_template` (`fuzz/`) can compile and render arbitrary template
+/// sources in exactly this environment; the gateway itself reaches it only
+/// through [`Tokenizer`](super::Tokenizer).
 #[derive(Debug, Clone)]
-pub(super) struct ChatTemplate {
+pub struct ChatTemplate {
     /// Runs on the full budget.
     environment: Environment<'static>,
     /// The same templates on the inline budget.

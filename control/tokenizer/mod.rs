@@ -30,7 +30,8 @@ mod segments;
 mod stop;
 
 pub use chat_template::{
-    ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools, json_text_bytes,
+    ChatTemplate, ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools,
+    json_text_bytes,
 };
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};
@@ -44,7 +45,6 @@ use serde_json::{Map, Value};
 use tokenizers::PostProcessor;
 
 use crate::error::{Error, Result};
-use chat_template::ChatTemplate;
 use files::{Links, ModelFiles};
 use segments::SegmentEncoder;
 

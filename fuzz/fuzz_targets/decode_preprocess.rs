@@ -13,7 +13,6 @@ use smg_dataplane::preprocess::decode::{self, ImageLimits};
 use smg_dataplane::preprocess::{Qwen2VlImageProcessor, VisionPreprocessConfig};
 use smg_shared::tensor::DType;
 
-
 fn processor() -> &'static Qwen2VlImageProcessor {
     static PROCESSOR: OnceLock<Qwen2VlImageProcessor> = OnceLock::new();
     PROCESSOR.get_or_init(|| {
