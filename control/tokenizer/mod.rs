@@ -30,8 +30,7 @@ mod segments;
 mod stop;
 
 pub use chat_template::{
-    ChatTemplate, ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools,
-    json_text_bytes,
+    ChatTemplate, ChatTemplateOptions, RenderBudget, TemplateBudget, TemplateTools, json_text_bytes,
 };
 pub use detokenizer::IncrementalDecoder;
 pub use stop::{StopMatcher, StopOutcome};

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value, json};
-use smg::tokenizer::{ChatTemplate, ChatTemplateOptions, TemplateTools};
+use smg::tokenizer::{ChatTemplate, ChatTemplateOptions, RenderBudget, TemplateTools};
 
 struct Fixed {
     special_tokens: Map<String, Value>,
@@ -64,7 +64,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for options in [&fixed.plain, &fixed.with_tools] {
-        if let Ok(prompt) = template.render(&fixed.messages, options) {
+        if let Ok(prompt) = template.render_within(&fixed.messages, options, RenderBudget::Full) {
             let _ = prompt.len();
         }
     }
