@@ -38,7 +38,7 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Sse, SseStream};
 
 use crate::media::guard::{
-    DestinationPolicy, ForbiddenDestination, VettingResolver, literal_address,
+    DestinationPolicy, ForbiddenDestination, SendFailure, VettingResolver, literal_address,
 };
 use crate::media::remote::{error_chain, redacted};
 
@@ -545,25 +545,14 @@ where
         .fuse()
 }
 
-/// Finds the guard's refusal in the client's error chain (it is the
-/// resolver's error), else says what failed.
+/// The guard's refusal, or what failed (the error chain goes to the log).
 fn describe_send_error(error: &reqwest::Error, url: &Url) -> HttpFailure {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if let Some(refusal) = current.downcast_ref::<ForbiddenDestination>() {
-            return forbidden(url, refusal);
-        }
-        source = current.source();
-    }
-    // The chain (OS errors, what a name resolved to) is for the log.
-    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an MCP request failed");
-    let what = if error.is_timeout() {
-        "timed out"
-    } else if error.is_connect() {
-        "could not connect"
-    } else {
-        "the request failed"
+    let what = match SendFailure::of(error) {
+        SendFailure::Forbidden(refusal) => return forbidden(url, refusal),
+        SendFailure::TimedOut => "timed out",
+        SendFailure::Failed(what) => what,
     };
+    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an MCP request failed");
     let text = format!("{}: {what}", redacted(url));
     if error.is_timeout() {
         HttpFailure::Timeout(text)

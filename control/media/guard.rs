@@ -333,6 +333,39 @@ impl DestinationPolicy {
 /// The URL parser normalizes every IPv4 spelling (`2852039166`,
 /// `0xA9FEA9FE`) to dotted form and brackets IPv6, so a host that parses as
 /// an address here is exactly what the HTTP client would dial.
+/// What a failed request through a [`VettingResolver`] client comes to, as
+/// a client may read it.
+#[derive(Debug)]
+pub enum SendFailure<'a> {
+    /// The guard refused the destination (the resolver's error, found in
+    /// the client's error chain).
+    Forbidden(&'a ForbiddenDestination),
+    TimedOut,
+    /// A short description (`could not connect`, `the request failed`);
+    /// the error chain itself (OS errors, what a name resolved to) is for
+    /// the log only.
+    Failed(&'static str),
+}
+
+impl<'a> SendFailure<'a> {
+    pub fn of(error: &'a reqwest::Error) -> Self {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(current) = source {
+            if let Some(refusal) = current.downcast_ref::<ForbiddenDestination>() {
+                return SendFailure::Forbidden(refusal);
+            }
+            source = current.source();
+        }
+        if error.is_timeout() {
+            SendFailure::TimedOut
+        } else if error.is_connect() {
+            SendFailure::Failed("could not connect")
+        } else {
+            SendFailure::Failed("the request failed")
+        }
+    }
+}
+
 pub fn literal_address(host: &str) -> Option<IpAddr> {
     host.strip_prefix('[')
         .and_then(|inner| inner.strip_suffix(']'))

@@ -24,7 +24,9 @@ use reqwest::header::LOCATION;
 use reqwest::{Client, StatusCode, Url};
 
 use super::HashedBytes;
-use super::guard::{DestinationPolicy, ForbiddenDestination, VettingResolver, literal_address};
+use super::guard::{
+    DestinationPolicy, ForbiddenDestination, SendFailure, VettingResolver, literal_address,
+};
 use crate::error::excerpt;
 
 /// Never reserve more than this up front on a server's word
@@ -197,24 +199,14 @@ async fn read_capped_body(
     })
 }
 
-/// Finds the guard's refusal in the client's error chain (it is the
-/// resolver's error), else describes the failure.
+/// The guard's refusal, or what failed (the error chain goes to the log).
 fn describe_send_error(error: &reqwest::Error, url: &Url) -> RemoteProblem {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(current) = source {
-        if let Some(refusal) = current.downcast_ref::<ForbiddenDestination>() {
-            return forbidden(url, refusal);
-        }
-        source = current.source();
-    }
-    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an image fetch failed");
-    let what = if error.is_timeout() {
-        "timed out"
-    } else if error.is_connect() {
-        "could not connect"
-    } else {
-        "the request failed"
+    let what = match SendFailure::of(error) {
+        SendFailure::Forbidden(refusal) => return forbidden(url, refusal),
+        SendFailure::TimedOut => "timed out",
+        SendFailure::Failed(what) => what,
     };
+    tracing::warn!(url = %redacted(url), error = %error_chain(error), "an image fetch failed");
     RemoteProblem::Failed(format!("{}: {what}", redacted(url)))
 }
 
