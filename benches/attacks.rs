@@ -272,7 +272,7 @@ fn attack(class: Class) -> Attack {
             Attack {
                 body: chat(image_chat_url(&format!("file:///{path}.png"))),
                 routing_key_bytes: 0,
-                expect: (400, "media_url_forbidden"),
+                expect: (400, "invalid_image_url"),
             }
         }
     }

@@ -460,8 +460,9 @@ async fn image_refusals_quote_the_client_bounded_and_reveal_nothing_internal() {
         text
     };
 
-    // A 1.5 MB reference, outside the allowed directory and inside it.
-    let long = "x".repeat(1_500_000);
+    // A 30 KB reference (under the URL cap), outside the allowed directory
+    // and inside it: each refusal quotes a bounded excerpt.
+    let long = "x".repeat(30_000);
     for (url, code) in [
         (format!("file:///{long}.png"), "media_url_forbidden"),
         (
@@ -475,6 +476,15 @@ async fn image_refusals_quote_the_client_bounded_and_reveal_nothing_internal() {
     ] {
         let text = refused(url, code).await;
         assert!(text.len() < 4096, "{code}: a {} byte error", text.len());
+    }
+    // A 1.5 MB one is refused for its length before it is parsed.
+    let longer = "x".repeat(1_500_000);
+    for url in [
+        format!("file:///{longer}.png"),
+        format!("https://127.0.0.1/{longer}.png"),
+    ] {
+        let text = refused(url, "invalid_image_url").await;
+        assert!(text.len() < 4096, "a {} byte error", text.len());
     }
 
     // A host name that resolves to loopback: the refusal names the host
