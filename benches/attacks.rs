@@ -456,10 +456,7 @@ async fn run(class: Class, seconds: f64) -> Row {
                         }
                         None => 0,
                     };
-                    match seen.iter_mut().find(|(s, _)| *s == status) {
-                        Some((_, count)) => *count += 1,
-                        None => seen.push((status, 1)),
-                    }
+                    tally(&mut seen, status, 1);
                 }
                 (seen, largest)
             })
@@ -475,10 +472,7 @@ async fn run(class: Class, seconds: f64) -> Row {
         let (seen, largest) = attacker.await.unwrap_or_default();
         largest_answer = largest_answer.max(largest);
         for (status, count) in seen {
-            match statuses.iter_mut().find(|(s, _)| *s == status) {
-                Some((_, total)) => *total += count,
-                None => statuses.push((status, count)),
-            }
+            tally(&mut statuses, status, count);
         }
     }
     statuses.sort_unstable();
@@ -495,6 +489,14 @@ async fn run(class: Class, seconds: f64) -> Row {
         largest_answer,
         rss_before,
         rss_peak,
+    }
+}
+
+/// Adds `count` answers of `status` to `statuses`.
+fn tally(statuses: &mut Vec<(u16, u64)>, status: u16, count: u64) {
+    match statuses.iter_mut().find(|(seen, _)| *seen == status) {
+        Some((_, total)) => *total += count,
+        None => statuses.push((status, count)),
     }
 }
 
