@@ -254,6 +254,50 @@ async fn liveness_over(stream: &mut TlsStream<TcpStream>) -> u16 {
     .await
 }
 
+/// A connection over `--max-connections` on an HTTPS listener gets its
+/// 503 inside a TLS session, as JSON with the code and `Retry-After`, then
+/// the close; the held connection is still served.
+#[tokio::test]
+async fn an_https_connection_over_the_cap_is_answered_503_inside_tls() {
+    let pki = Pki::new();
+    let leaf = pki.server("gateway");
+    let worker = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--tls-cert-path",
+        &path(&leaf.cert),
+        "--tls-key-path",
+        &path(&leaf.key),
+        "--max-connections",
+        "1",
+    ]);
+    let (mut held, _) = tls_connect(&pki, &gateway).await;
+    assert_eq!(liveness_over(&mut held).await, 200, "the held connection");
+
+    let (mut over, _) = tls_connect(&pki, &gateway).await;
+    over.write_all(b"GET /liveness HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .expect("sent");
+    let answer = bounded("the refusal and the close", async {
+        let mut answer = Vec::new();
+        // The gateway closes the session after its answer; a reset after
+        // the bytes are in is an end too.
+        let _ = over.read_to_end(&mut answer).await;
+        answer
+    })
+    .await;
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole answer");
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    let body: Value = serde_json::from_str(body).expect("JSON");
+    assert_eq!(body["error"]["code"], "too_many_connections", "{body}");
+
+    assert_eq!(liveness_over(&mut held).await, 200, "still served");
+}
+
 async fn reloads(gateway: &Gateway, outcome: &str) -> f64 {
     let text = metrics_text(gateway).await;
     metric(

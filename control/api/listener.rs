@@ -34,8 +34,9 @@
 //! - With TLS (`crate::tls`), each connection first completes its
 //!   handshake, within the head timeout counted from the accept (a client
 //!   that stalls its handshake is a slowloris too); the clock then watches
-//!   the session's plaintext. A connection over the cap is closed without
-//!   an answer: a TLS client could not read a plaintext one.
+//!   the session's plaintext. A connection over the cap gets its 503
+//!   inside a TLS session too, after a handshake bounded by a second (and,
+//!   like every refusal, only while fewer than 256 refusals are running).
 //! - On shutdown (`crate::shutdown`) the listener stops accepting and closes
 //!   its socket, and every connection finishes its requests (streams
 //!   included) and closes, until the cut drops those still open. `serve`
@@ -81,6 +82,10 @@ const MAX_REFUSALS_IN_FLIGHT: usize = 256;
 /// How long a refused connection is read (and discarded) after its answer,
 /// so closing it does not reset the answer away before the client reads it.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// How long a connection over the cap may take to complete its TLS
+/// handshake before its refusal is sent.
+const REFUSAL_HANDSHAKE_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a connection over the cap may take to send its request line
 /// (which names the route whose dialect the refusal speaks).
@@ -544,13 +549,16 @@ pub async fn serve(
         };
         let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
             metrics::record_refusal(ErrorCode::TooManyConnections.as_str());
-            // A TLS client could not read a plaintext answer, and a
-            // handshake is too dear to spend on a refusal: it is closed.
-            if settings.tls.is_none()
-                && let Ok(permit) = Arc::clone(&refusals).try_acquire_owned()
-            {
+            // Answered while fewer than MAX_REFUSALS_IN_FLIGHT refusals run
+            // (an HTTPS one after its handshake, which that bound also
+            // caps); beyond that, closed unanswered.
+            if let Ok(permit) = Arc::clone(&refusals).try_acquire_owned() {
+                let tls = settings.tls.clone();
                 tokio::spawn(async move {
-                    refuse_over_cap(stream).await;
+                    match tls {
+                        None => refuse_over_cap(stream).await,
+                        Some(acceptor) => refuse_over_cap_tls(stream, acceptor).await,
+                    }
                     drop(permit);
                 });
             }
@@ -622,10 +630,25 @@ async fn accept_failed(err: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
+/// [`refuse_over_cap`] for HTTPS: the answer goes inside a TLS session
+/// (a TLS client could not read a plaintext one), so the handshake comes
+/// first, within [`REFUSAL_HANDSHAKE_WAIT`]; a client that does not finish
+/// it in time is closed unanswered.
+async fn refuse_over_cap_tls(stream: TcpStream, acceptor: TlsAcceptor) {
+    match tokio::time::timeout(REFUSAL_HANDSHAKE_WAIT, acceptor.accept(stream)).await {
+        Ok(Ok(session)) => refuse_over_cap(session).await,
+        Ok(Err(err)) => tracing::debug!(%err, "TLS handshake of a refused connection failed"),
+        Err(_) => tracing::debug!("TLS handshake of a refused connection too slow"),
+    }
+}
+
 /// Answers a connection over the cap in the dialect of the route its
 /// request line names (waiting up to [`REQUEST_LINE_WAIT`] for it), then
 /// closes it.
-async fn refuse_over_cap(mut stream: TcpStream) {
+async fn refuse_over_cap<S>(mut stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut start = [0u8; REQUEST_LINE_KEPT];
     let mut read = 0;
     let reading = async {
