@@ -249,7 +249,8 @@ error_codes! {
     /// A worker answered with something it must not send: a sequence that
     /// does not exist, logprob arrays that disagree with its tokens, an
     /// embedding that disagrees with its dimension, more data-parallel ranks
-    /// or a larger tokenizer archive than the gateway accepts. (What can be
+    /// or a larger tokenizer archive than the gateway accepts, a message
+    /// larger than any answer to the request can need. (What can be
     /// repaired, a sequence past `max_tokens` or surplus logprob
     /// alternatives, is cut instead and only counted.)
     WorkerProtocolViolation => ("worker_protocol_violation", 502, Worker, true, charged),
