@@ -41,7 +41,7 @@ use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
 };
-use crate::error::{Error, ErrorCode, Reach, Result};
+use crate::error::{Error, ErrorCode, Reach, Result, excerpt};
 use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
@@ -188,8 +188,9 @@ impl EngineClient {
                 "an EngineClient must be created inside a tokio runtime",
             ));
         }
-        let pool = Pool::new(url, &uri, connections, secure.then_some(tls))
-            .map_err(|why| Error::invalid_parameter("url", format!("worker URL {url:?}: {why}")))?;
+        let pool = Pool::new(url, &uri, connections, secure.then_some(tls)).map_err(|why| {
+            Error::invalid_parameter("url", format!("worker URL {:?}: {why}", excerpt(url)))
+        })?;
         Ok(Self {
             url: Arc::from(url),
             runtime,
@@ -722,7 +723,8 @@ pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
         Error::invalid_parameter(
             "url",
             format!(
-                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port or host:port"
+                "worker URL {:?} {why}; expected grpc://host:port, grpcs://host:port or host:port",
+                excerpt(url)
             ),
         )
     };
@@ -735,12 +737,18 @@ pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
             return Err(Error::invalid_parameter(
                 "url",
                 format!(
-                    "worker URL {url:?}: smg speaks gRPC to workers, not {scheme}; give the \
-                     worker's gRPC address as {instead}://host:port"
+                    "worker URL {:?}: smg speaks gRPC to workers, not {scheme}; give the \
+                     worker's gRPC address as {instead}://host:port",
+                    excerpt(url)
                 ),
             ));
         }
-        Some((scheme, _)) => return Err(invalid(&format!("has unsupported scheme {scheme:?}"))),
+        Some((scheme, _)) => {
+            return Err(invalid(&format!(
+                "has unsupported scheme {:?}",
+                excerpt(scheme)
+            )));
+        }
     };
     let authority: http::uri::Authority = authority
         .parse()
