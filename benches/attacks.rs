@@ -259,8 +259,10 @@ fn attack(class: Class) -> Attack {
             body: chat(json!({"model": "model", "max_tokens": 16, "logprobs": true,
                 "top_logprobs": 5, "messages": [{"role": "user", "content": "ATTACK"}]})),
             routing_key_bytes: 0,
-            // Cut to the 5 asked for (the violation is counted and logged).
-            expect: (200, "top_logprobs"),
+            // 16 tokens of 100,000 alternatives is one message of ~10 MB,
+            // over the 4 MiB this request's answer may take: refused from
+            // its length prefix, undecoded (engine/decode_limit.rs).
+            expect: (502, "worker_protocol_violation"),
         },
         Class::RoutingKeys => Attack {
             body: chat(plain),

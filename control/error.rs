@@ -249,7 +249,8 @@ error_codes! {
     /// A worker answered with something it must not send: a sequence that
     /// does not exist, logprob arrays that disagree with its tokens, an
     /// embedding that disagrees with its dimension, more data-parallel ranks
-    /// or a larger tokenizer archive than the gateway accepts. (What can be
+    /// or a larger tokenizer archive than the gateway accepts, a message
+    /// larger than any answer to the request can need. (What can be
     /// repaired, a sequence past `max_tokens` or surplus logprob
     /// alternatives, is cut instead and only counted.)
     WorkerProtocolViolation => ("worker_protocol_violation", 502, Worker, true, charged),
@@ -428,7 +429,7 @@ impl Error {
             "error": {
                 "message": self.client_message(request_id),
                 "type": self.openai_type(),
-                "param": self.param,
+                "param": self.param.as_deref().map(|param| bounded(param, MAX_PARAM_CHARS)),
                 "code": self.code.as_str(),
             }
         })
@@ -496,6 +497,10 @@ pub const EXCERPT_CHARS: usize = 100;
 /// message that quoted input without [`excerpt`].
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 
+/// The most characters of `param` a client reads: a backstop for a path
+/// that holds a client's key without [`excerpt`].
+pub const MAX_PARAM_CHARS: usize = 256;
+
 /// Client-supplied text as a message quotes it: at most
 /// [`EXCERPT_CHARS`] characters (cut on a character boundary), control
 /// characters escaped (`\n`, `\u{1b}`), and when cut an ellipsis and
@@ -549,7 +554,7 @@ impl fmt::Debug for Excerpt<'_> {
 }
 
 /// `text` cut to `max` characters with an ellipsis and its length.
-fn bounded(text: &str, max: usize) -> String {
+pub(crate) fn bounded(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
         None => text.to_owned(),
@@ -781,9 +786,17 @@ mod tests {
                 assert_eq!(message, err.message, "{code}");
             }
         }
-        // Every message is bounded, whatever it quotes.
-        let huge = Error::invalid_request("y".repeat(100_000));
+        // Every message is bounded, whatever it quotes, and so is the
+        // parameter's path.
+        let huge = Error::invalid_request("y".repeat(100_000)).with_param("z".repeat(100_000));
         assert!(huge.client_message(None).chars().count() < MAX_MESSAGE_CHARS + 32);
+        let param = huge.to_openai_json(None)["error"]["param"]
+            .as_str()
+            .map(|param| param.chars().count());
+        assert!(
+            param.is_some_and(|count| count < MAX_PARAM_CHARS + 32),
+            "{param:?}"
+        );
     }
 
     #[test]

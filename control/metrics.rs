@@ -805,11 +805,14 @@ pub enum ProtocolViolation {
     DpRanks,
     /// A tokenizer archive past its download cap: refused.
     TokenizerArchive,
+    /// A message larger than any answer to the request can need (its
+    /// length prefix, read before the message is decoded): refused.
+    MessageSize,
 }
 
 impl ProtocolViolation {
     /// Every kind, for documentation and tests.
-    pub const ALL: [ProtocolViolation; 10] = [
+    pub const ALL: [ProtocolViolation; 11] = [
         ProtocolViolation::TokenOverrun,
         ProtocolViolation::LogprobAlternatives,
         ProtocolViolation::UnaskedLogprobs,
@@ -820,6 +823,7 @@ impl ProtocolViolation {
         ProtocolViolation::EmbeddingShape,
         ProtocolViolation::DpRanks,
         ProtocolViolation::TokenizerArchive,
+        ProtocolViolation::MessageSize,
     ];
 
     /// The `kind` label.
@@ -835,6 +839,7 @@ impl ProtocolViolation {
             ProtocolViolation::EmbeddingShape => "embedding_shape",
             ProtocolViolation::DpRanks => "dp_ranks",
             ProtocolViolation::TokenizerArchive => "tokenizer_archive",
+            ProtocolViolation::MessageSize => "message_size",
         }
     }
 }

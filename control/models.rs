@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::config::RoutingConfig;
 use crate::discovery::{DiscoveryEnv, ModelContext, start_load_polling};
 use crate::engine::{EngineClient, Runtime, WorkerTls};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::mode::Mode;
 use crate::pipeline::prepare::ServedModel;
 use crate::pipeline::stages::RolePolicies;
@@ -195,14 +195,14 @@ impl ModelTable {
         let entry = self.entry(model).ok_or_else(|| {
             Error::new(
                 ErrorCode::ModelNotFound,
-                format!("model {model:?} is not served here"),
+                format!("model {:?} is not served here", excerpt(model)),
             )
             .with_param("model")
         })?;
         let not_ready = |why: String| {
             Error::new(
                 ErrorCode::ModelNotReady,
-                format!("model {model:?} cannot be served yet: {why}"),
+                format!("model {:?} cannot be served yet: {why}", excerpt(model)),
             )
         };
         let mode = entry.mode().map_err(not_ready)?;
@@ -299,7 +299,10 @@ impl ModelTable {
         if self.status(&id).is_some() {
             return Err(Error::new(
                 ErrorCode::WorkerAlreadyExists,
-                format!("worker {} is already registered (id {id})", spec.url),
+                format!(
+                    "worker {} is already registered (id {id})",
+                    excerpt(&spec.url)
+                ),
             )
             .with_param("url"));
         }
@@ -309,7 +312,7 @@ impl ModelTable {
             Some(other) => {
                 return Err(Error::invalid_parameter(
                     "runtime",
-                    format!("unknown runtime {other:?} (tokenspeed, sglang)"),
+                    format!("unknown runtime {:?} (tokenspeed, sglang)", excerpt(other)),
                 ));
             }
             None => match (self.config.default_runtime, self.entry(&model)) {
@@ -363,7 +366,7 @@ impl ModelTable {
         }
         Err(Error::new(
             ErrorCode::WorkerNotFound,
-            format!("no worker has id {id:?}"),
+            format!("no worker has id {:?}", excerpt(id)),
         ))
     }
 

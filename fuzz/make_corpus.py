@@ -174,8 +174,9 @@ def worker_response():
         ]
         stream = b"".join(struct.pack("<H", len(m)) + m for m in messages)
         write("worker_response", f"{runtime}_stream", bytes([flag | 2, 1, 16, 2]) + stream)
-        # A budget of 1 token: the gateway cuts the chunk.
-        write("worker_response", f"{runtime}_cut", bytes([flag, 0, 1, 0]) + stream)
+        # A budget of 1 token: the gateway cuts the chunk (of sequence 1,
+        # so n = 2: with n = 1 the input stops at the sequence index).
+        write("worker_response", f"{runtime}_cut", bytes([flag, 1, 1, 0]) + stream)
 
 
 def tiny_tokenizer_json():

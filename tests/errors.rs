@@ -386,3 +386,97 @@ async fn a_worker_failure_names_the_request_id_and_no_worker_address() {
         assert!(!leaks(&answer.text), "{path}: {}", answer.text);
     }
 }
+
+/// A client's value is quoted in an error only as an excerpt (100
+/// characters and its length), wherever the gateway or serde quotes it:
+/// a 100 KB model name, role, tool name, logit-bias key, response id or
+/// worker URL gives a short message that says how long the value was, not
+/// a message cut at the 1,024-character backstop.
+#[tokio::test]
+async fn client_values_are_quoted_as_excerpts() {
+    let worker = worker();
+    let gateway = gateway(&worker, &[]);
+    let long = "q".repeat(100_000);
+    let messages = json!([{"role": "user", "content": "Hi"}]);
+    let function = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let cases: Vec<(&str, Value, u16, &str)> = vec![
+        (
+            CHAT,
+            json!({"model": long, "messages": messages}),
+            404,
+            "model_not_found",
+        ),
+        (
+            CHAT,
+            json!({"model": "model", "messages": [{"role": long, "content": "Hi"}]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            CHAT,
+            json!({"model": "model", "messages": messages, "tools": function,
+                "tool_choice": {"type": "function", "function": {"name": long}}}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            CHAT,
+            json!({"model": "model", "messages": messages, "logit_bias": {long.as_str(): 1}}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            MESSAGES,
+            json!({"model": "model", "max_tokens": 4, "messages": messages,
+                "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": long}}),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "model", "input": [{"type": "message", "role": long, "content": "Hi"}]}),
+            400,
+            "invalid_input_item",
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "model", "input": "Hi", "previous_response_id": long}),
+            400,
+            "previous_response_not_found",
+        ),
+        (
+            "/workers",
+            json!({"url": format!("grpc://{long}:1")}),
+            400,
+            "invalid_parameter",
+        ),
+    ];
+    let quoted = |what: &str, answer: &Answer| {
+        let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.chars().count() < 600 && message.contains("… (") && message.contains(" bytes)"),
+            "{what}: {message}"
+        );
+        let param = answer.body["error"]["param"].as_str().unwrap_or_default();
+        assert!(param.chars().count() < 300, "{what}: {param}");
+    };
+    for (path, body, status, code) in cases {
+        let url = if path == "/workers" {
+            gateway.admin_url(path)
+        } else {
+            gateway.url(path)
+        };
+        let answer = send(http().post(url).json(&body)).await;
+        assert_error(path, &answer, status, code);
+        quoted(path, &answer);
+    }
+    // Values in the URL: a route that does not exist, a worker id.
+    let path = "p".repeat(30_000);
+    let answer = send(http().get(gateway.url(&format!("/v1/{path}")))).await;
+    assert_error("/v1/…", &answer, 404, "not_found");
+    quoted("/v1/…", &answer);
+    let answer = send(http().get(gateway.admin_url(&format!("/workers/{path}")))).await;
+    assert_error("/workers/…", &answer, 404, "worker_not_found");
+    quoted("/workers/…", &answer);
+}

@@ -1,7 +1,8 @@
 //! End-to-end tests of a gateway facing a hostile worker: `smg-sim-worker
 //! --hostile ...` breaks the protocol's promises (tokens past `max_tokens`,
 //! 100,000 logprob alternatives, sequences that do not exist, 50,000 DP
-//! ranks, an archive of any size, a FIFO where the tokenizer should be) and
+//! ranks, an archive of any size, a FIFO where the tokenizer should be,
+//! messages larger than any answer to the request can need) and
 //! the gateway must answer each with a correct, truncated response or a
 //! stable error code that blames the worker, stay bounded (the client never
 //! receives more than it asked for), and keep serving.
@@ -378,6 +379,47 @@ async fn logprob_alternatives_are_cut_to_what_was_asked() {
     let text = metrics_text(&gateway).await;
     let cut = metric(&text, VIOLATIONS, &["kind=\"logprob_alternatives\""]);
     assert!(cut >= 2.0, "{cut}: {text}");
+}
+
+#[tokio::test]
+async fn a_logprob_flood_past_the_message_limit_is_refused_without_decoding_it() {
+    // 1,000,000 alternatives a token make each message ~6 MB per token,
+    // past the 4 MiB an 8-token answer with 5 alternatives may take: tonic
+    // refuses it from its length prefix, so nothing of it is decoded (no
+    // `logprob_alternatives` repair is counted), and the request fails
+    // with the worker's violation instead of reaching the client trimmed.
+    for runtime in ["tokenspeed", "sglang"] {
+        let hostile = SimWorker::start(
+            runtime,
+            "regular",
+            &["--hostile", "logprobs=1000000", "--zero-delay"],
+        );
+        let good = SimWorker::start(runtime, "regular", &["--zero-delay"]);
+        let gateway = alternating_gateway(&[&hostile, &good]);
+        for stream in [false, true] {
+            let body = chat(json!({
+                "logprobs": true,
+                "top_logprobs": 5,
+                "ignore_eos": true,
+                "stream": stream,
+            }));
+            let refusal = refused_once(&gateway, "/v1/chat/completions", body).await;
+            let message = refusal["error"]["message"].as_str().unwrap_or_default();
+            assert!(!message.contains(&hostile.grpc_url()), "{message}");
+        }
+        let text = metrics_text(&gateway).await;
+        let label = format!("worker=\"{}\"", hostile.grpc_url());
+        assert_eq!(
+            metric(&text, VIOLATIONS, &["kind=\"message_size\"", &label]),
+            2.0,
+            "{runtime}: blamed on the hostile worker as oversized: {text}"
+        );
+        assert_eq!(
+            metric(&text, VIOLATIONS, &["kind=\"logprob_alternatives\""]),
+            0.0,
+            "{runtime}: refused before decoding: {text}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -19,7 +19,7 @@ use axum::routing::get;
 
 use super::http::{SharedState, error_response};
 use super::types::parse::parse_json;
-use crate::error::Error;
+use crate::error::{Error, excerpt};
 use crate::workers::WorkerSpec;
 
 /// The admin routes: on the admin listener, or on the public one behind
@@ -51,8 +51,11 @@ async fn list(
         .find(|key| !["model_id", "role", "status"].contains(&key.as_str()))
     {
         return error_response(&Error::invalid_parameter(
-            unknown,
-            format!("unknown filter {unknown:?} (model_id, role, status)"),
+            &excerpt(unknown).to_string(),
+            format!(
+                "unknown filter {:?} (model_id, role, status)",
+                excerpt(unknown)
+            ),
         ));
     }
     let wanted = |key: &str, value: &str| filters.get(key).is_none_or(|want| want == value);

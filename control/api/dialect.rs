@@ -25,7 +25,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::types::anthropic;
-use crate::error::{Error, ErrorCode};
+use crate::error::{Error, ErrorCode, excerpt};
 use crate::pipeline::request_context::client_request_id;
 
 /// The shape errors take on a route.
@@ -118,11 +118,16 @@ pub async fn speak(request: Request, next: Next) -> Response {
         .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
         .unwrap_or_default();
     let error = match parts.status {
-        StatusCode::NOT_FOUND => Error::new(ErrorCode::NotFound, format!("no route {path}")),
+        StatusCode::NOT_FOUND => {
+            Error::new(ErrorCode::NotFound, format!("no route {}", excerpt(&path)))
+        }
         // The router adds `Allow` on the way out.
         StatusCode::METHOD_NOT_ALLOWED => Error::new(
             ErrorCode::MethodNotAllowed,
-            format!("{path} does not take {method} (`Allow` lists the methods it takes)"),
+            format!(
+                "{} does not take {method} (`Allow` lists the methods it takes)",
+                excerpt(&path)
+            ),
         ),
         StatusCode::PAYLOAD_TOO_LARGE => Error::new(ErrorCode::PayloadTooLarge, text),
         status if status.is_client_error() => Error::invalid_request(if text.is_empty() {

@@ -306,6 +306,6 @@ async fn readiness(State(state): State<SharedState>) -> Response {
 async fn not_found(uri: Uri) -> Response {
     error_response(&Error::new(
         crate::error::ErrorCode::NotFound,
-        format!("no route {}", uri.path()),
+        format!("no route {}", crate::error::excerpt(uri.path())),
     ))
 }

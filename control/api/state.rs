@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::endpoints::InFlightResponses;
 use crate::admission::{Admission, AdmissionConfig};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::history::History;
 use crate::mcp::{McpClients, McpConfig};
 use crate::models::ModelTable;
@@ -271,7 +271,7 @@ impl AppState {
         found.ok_or_else(|| {
             Error::new(
                 ErrorCode::WorkerNotFound,
-                format!("no worker has id {id:?}"),
+                format!("no worker has id {:?}", excerpt(id)),
             )
         })
     }

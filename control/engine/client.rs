@@ -7,7 +7,8 @@
 //! and saying how far the call got ([`Reach`]). It is also where the
 //! worker's answers are first trusted, so it holds them to what was asked
 //! (`bounds`: tokens per sequence, logprob alternatives, sequence indices)
-//! and caps what it downloads (the tokenizer archive).
+//! and caps what it downloads (the tokenizer archive) and how large a
+//! message it decodes (`decode_limit`: per call, from what was asked).
 //!
 //! Calls go over the worker's connection pool (`pool`): connections open
 //! lazily and reconnect with backoff, so creating a client does no I/O and
@@ -33,13 +34,14 @@ use tonic::{Code, Status, Streaming};
 
 use super::bounds::{Admitted, OutputBounds, Violation};
 use super::convert::{sglang, tokenspeed};
+use super::decode_limit;
 use super::pool::{ConnectionConfig, Lease, Pool};
 use super::tls::WorkerTls;
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
     ServerInfo,
 };
-use crate::error::{Error, ErrorCode, Reach, Result};
+use crate::error::{Error, ErrorCode, Reach, Result, excerpt};
 use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
@@ -91,6 +93,23 @@ fn sg_scheduler(channel: Channel) -> SglangSchedulerClient<Channel> {
     SglangSchedulerClient::new(channel)
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit)
+}
+
+/// The start of the status tonic makes when a message's length prefix is
+/// over the call's decoding limit (`tonic::codec::decode`). tonic gives
+/// that refusal no type of its own, so [`over_decode_limit`] reads this
+/// text; `decode_limit_refusals_are_told_from_worker_statuses` pins it to
+/// the tonic in the lock file.
+const DECODE_LIMIT_REFUSAL: &str = "Error, decoded message length too large";
+
+/// Whether `status` is tonic refusing a worker's message for its length
+/// (read from its prefix, before the message was buffered or decoded), as
+/// opposed to a status the worker sent. A worker that sends this status
+/// itself only gets itself blamed as if it had sent such a message.
+fn over_decode_limit(status: &Status) -> bool {
+    status.code() == Code::OutOfRange
+        && std::error::Error::source(status).is_none()
+        && status.message().starts_with(DECODE_LIMIT_REFUSAL)
 }
 
 /// How far a failed call got, as the transport errors under a status tell.
@@ -169,8 +188,9 @@ impl EngineClient {
                 "an EngineClient must be created inside a tokio runtime",
             ));
         }
-        let pool = Pool::new(url, &uri, connections, secure.then_some(tls))
-            .map_err(|why| Error::invalid_parameter("url", format!("worker URL {url:?}: {why}")))?;
+        let pool = Pool::new(url, &uri, connections, secure.then_some(tls)).map_err(|why| {
+            Error::invalid_parameter("url", format!("worker URL {:?}: {why}", excerpt(url)))
+        })?;
         Ok(Self {
             url: Arc::from(url),
             runtime,
@@ -291,8 +311,20 @@ impl EngineClient {
         self.call_leased(rpc).await.map(|(answer, _)| answer)
     }
 
-    /// The error for a failed call made under `lease`.
+    /// The error for a failed call made under `lease`. A message over the
+    /// call's decoding limit is the worker's protocol violation, not its
+    /// refusal of the request (as tonic's OUT_OF_RANGE would otherwise
+    /// read).
     fn failure(&self, status: &Status, failure: Failure, lease: &Lease) -> Error {
+        if over_decode_limit(status) {
+            return self.violation(&Violation {
+                kind: ProtocolViolation::MessageSize,
+                detail: format!(
+                    "it sent a message larger than any answer to the request can need ({})",
+                    status.message()
+                ),
+            });
+        }
         let reach = match failure {
             Failure::Answered => Reach::Worker,
             Failure::Unsent => Reach::Unsent,
@@ -312,9 +344,11 @@ impl EngineClient {
     /// call aborted on the worker, surplus logprob alternatives are dropped,
     /// and what cannot be repaired ends the stream with
     /// `worker_protocol_violation`; each violation is counted against the
-    /// worker.
+    /// worker. A message larger than the request's answer can need
+    /// ([`decode_limit`]) is refused by its length prefix, undecoded.
     pub async fn generate(&self, request: GenerateRequest) -> Result<EventStream> {
         let bounds = OutputBounds::for_request(&request);
+        let limit = decode_limit::generate_message_bytes(&request);
         let request_id = request.request_id.clone();
         match self.runtime {
             Runtime::TokenSpeed => {
@@ -322,7 +356,12 @@ impl EngineClient {
                 let (responses, lease) = self
                     .call_leased(|channel| {
                         let request = request.clone();
-                        async move { ts_scheduler(channel).generate(request).await }
+                        async move {
+                            ts_scheduler(channel)
+                                .max_decoding_message_size(limit)
+                                .generate(request)
+                                .await
+                        }
                     })
                     .await?;
                 Ok(event_stream(
@@ -337,7 +376,12 @@ impl EngineClient {
                 let (responses, lease) = self
                     .call_leased(|channel| {
                         let request = request.clone();
-                        async move { sg_scheduler(channel).generate(request).await }
+                        async move {
+                            sg_scheduler(channel)
+                                .max_decoding_message_size(limit)
+                                .generate(request)
+                                .await
+                        }
                     })
                     .await?;
                 Ok(event_stream(
@@ -551,7 +595,12 @@ impl EngineClient {
         let response = self
             .call(|channel| {
                 let request = sglang::embed_request(request_id, input_ids.clone());
-                async move { sg_scheduler(channel).embed(request).await }
+                async move {
+                    sg_scheduler(channel)
+                        .max_decoding_message_size(decode_limit::embed_message_bytes())
+                        .embed(request)
+                        .await
+                }
             })
             .await?;
         sglang::embedding(response).map_err(|violation| self.violation(&violation))
@@ -674,7 +723,8 @@ pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
         Error::invalid_parameter(
             "url",
             format!(
-                "worker URL {url:?} {why}; expected grpc://host:port, grpcs://host:port or host:port"
+                "worker URL {:?} {why}; expected grpc://host:port, grpcs://host:port or host:port",
+                excerpt(url)
             ),
         )
     };
@@ -687,12 +737,18 @@ pub(super) fn dial_uri(url: &str) -> Result<(String, bool)> {
             return Err(Error::invalid_parameter(
                 "url",
                 format!(
-                    "worker URL {url:?}: smg speaks gRPC to workers, not {scheme}; give the \
-                     worker's gRPC address as {instead}://host:port"
+                    "worker URL {:?}: smg speaks gRPC to workers, not {scheme}; give the \
+                     worker's gRPC address as {instead}://host:port",
+                    excerpt(url)
                 ),
             ));
         }
-        Some((scheme, _)) => return Err(invalid(&format!("has unsupported scheme {scheme:?}"))),
+        Some((scheme, _)) => {
+            return Err(invalid(&format!(
+                "has unsupported scheme {:?}",
+                excerpt(scheme)
+            )));
+        }
     };
     let authority: http::uri::Authority = authority
         .parse()
@@ -1000,6 +1056,47 @@ mod tests {
         assert_eq!(classify(&internal), Failure::Connection);
         // Once the worker answered, nothing is "unsent" any more.
         assert_eq!(stream_failure(&refused), Failure::Connection);
+    }
+
+    /// tonic's refusal of an oversized message, made by tonic's own
+    /// decoder reading a length prefix, is told from any status a worker
+    /// sends (a worker's OUT_OF_RANGE is its refusal of the request).
+    #[tokio::test]
+    async fn decode_limit_refusals_are_told_from_worker_statuses() {
+        use tonic::codec::Codec as _;
+        let limit = 4096;
+        let read_one = |length: u32| {
+            // A 5-byte gRPC message prefix (not compressed, `length`
+            // bytes), then fewer bytes than it announces.
+            let mut body = vec![0u8];
+            body.extend_from_slice(&length.to_be_bytes());
+            body.extend_from_slice(&[0; 16]);
+            let decoder =
+                tonic_prost::ProstCodec::<ts::GenerateRequest, ts::GenerateResponse>::default()
+                    .decoder();
+            let mut streaming = Streaming::new_response(
+                decoder,
+                http_body_util::Full::new(bytes::Bytes::from(body)),
+                http::StatusCode::OK,
+                None,
+                Some(limit),
+            );
+            async move { streaming.message().await }
+        };
+        let refused = read_one(limit as u32 + 1)
+            .await
+            .expect_err("over the limit");
+        assert!(over_decode_limit(&refused), "{refused:?}");
+        // At the limit the decoder waits for the body, which ends short.
+        let short = read_one(limit as u32).await.expect_err("a truncated body");
+        assert!(!over_decode_limit(&short), "{short:?}");
+        for status in [
+            Status::out_of_range("the prompt is longer than the context"),
+            Status::internal("Error, decoded message length too large"),
+            Status::resource_exhausted("busy"),
+        ] {
+            assert!(!over_decode_limit(&status), "{status:?}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod bounds;
 mod client;
 mod convert;
+mod decode_limit;
 mod pool;
 mod tls;
 
@@ -103,9 +104,10 @@ pub fn mint_room(runtime: Runtime) -> i64 {
 
 /// Reads a worker's Generate stream from the raw bytes of its messages, as
 /// [`EngineClient::generate`] reads them off the wire: each message is
-/// decoded as `runtime`'s `GenerateResponse`, turned into a
-/// [`GenerateEvent`] and held to `request`'s output bounds (its `n`,
-/// `max_new_tokens` or `output_budget`, and logprob ask). Returns the events
+/// held to the size a legitimate answer to `request` can need (refused
+/// undecoded past it), decoded as `runtime`'s `GenerateResponse`, turned
+/// into a [`GenerateEvent`] and held to `request`'s output bounds (its
+/// `n`, `max_new_tokens` or `output_budget`, and logprob ask). Returns the events
 /// passed on, including completions the gateway makes for sequences it cut,
 /// or the error (`worker_protocol_violation`) that would end the stream.
 ///
@@ -124,8 +126,15 @@ pub fn read_generate_messages<'a>(
 
     let refuse = |detail: String| Error::new(ErrorCode::WorkerProtocolViolation, detail);
     let mut bounds = bounds::OutputBounds::for_request(request);
+    let limit = decode_limit::generate_message_bytes(request);
     let mut events = Vec::new();
     for bytes in messages {
+        if bytes.len() > limit {
+            return Err(refuse(format!(
+                "a Generate message of {} bytes is over the request's limit of {limit}",
+                bytes.len()
+            )));
+        }
         let event = match runtime {
             Runtime::TokenSpeed => {
                 ts::GenerateResponse::decode(bytes).map(convert::tokenspeed::event)

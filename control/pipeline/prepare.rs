@@ -9,7 +9,7 @@
 
 use super::spec::{GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::lanes::LaneDecision;
 use crate::offload::Offload;
 use crate::tokenizer::{ChatTemplateOptions, RenderBudget, Tokenizer, json_text_bytes};
@@ -99,7 +99,8 @@ pub async fn prepare(
         return Err(Error::new(
             ErrorCode::ModelNotFound,
             format!(
-                "model {asked:?} is not served here (serving {:?})",
+                "model {:?} is not served here (serving {:?})",
+                excerpt(asked),
                 model.name
             ),
         )

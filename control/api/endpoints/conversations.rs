@@ -22,7 +22,7 @@ use super::super::http::SharedState;
 use super::super::types::parse::parse_json;
 use super::super::types::responses::{Item, ids};
 use super::responses::{ListQuery, list_page, now_unix, owner};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 
 /// The most items one create or add request may carry (as OpenAI).
 const MAX_ITEMS_PER_REQUEST: usize = 20;
@@ -90,7 +90,7 @@ async fn owned_conversation(
 fn not_found(id: &str) -> Error {
     Error::new(
         ErrorCode::ConversationNotFound,
-        format!("conversation {id} does not exist"),
+        format!("conversation {} does not exist", excerpt(id)),
     )
 }
 
@@ -104,7 +104,7 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<()> {
     for (key, value) in metadata {
         if !value.is_string() {
             return Err(Error::invalid_parameter(
-                &format!("metadata.{key}"),
+                &format!("metadata.{}", excerpt(key)),
                 "metadata values are strings",
             ));
         }
@@ -294,7 +294,11 @@ pub(crate) async fn get_conversation_item(
                 .ok_or_else(|| {
                     Error::new(
                         ErrorCode::ItemNotFound,
-                        format!("conversation {id} has no item {item_id}"),
+                        format!(
+                            "conversation {} has no item {}",
+                            excerpt(&id),
+                            excerpt(&item_id)
+                        ),
                     )
                 })?;
             Ok(item.item)
@@ -316,7 +320,11 @@ pub(crate) async fn delete_conversation_item(
             if !state.history.delete_item(&id, &item_id).await? {
                 return Err(Error::new(
                     ErrorCode::ItemNotFound,
-                    format!("conversation {id} has no item {item_id}"),
+                    format!(
+                        "conversation {} has no item {}",
+                        excerpt(&id),
+                        excerpt(&item_id)
+                    ),
                 ));
             }
             Ok(conversation_json(&conversation))

@@ -17,7 +17,7 @@ use super::super::types::parse::parse_json;
 use super::super::types::tokenize::{
     DetokenizeRequest, DetokenizeResponse, OneOrBatch, TokenizeRequest, TokenizeResponse,
 };
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::router::Router;
 
 /// The router serving `model` (the sole model when `None`), checked by name.
@@ -29,7 +29,8 @@ fn router_for(state: &SharedState, model: Option<&str>) -> Result<Arc<Router>> {
         return Err(Error::new(
             ErrorCode::ModelNotFound,
             format!(
-                "model {asked:?} is not served here (serving {:?})",
+                "model {:?} is not served here (serving {:?})",
+                excerpt(asked),
                 router.model().name
             ),
         )

@@ -17,7 +17,7 @@ use super::spec::{self, ChatPrompt, GenerationSpec, Prompt, ToolSet, image_urls,
 use super::tools::{self, ToolDialect, ToolsJson};
 use super::validate::{CheckedSampling, Limits, SamplingFields};
 use crate::engine::MatchedStop;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 
 literal_tag!(
     /// `"message"`, the `type` of a Messages response.
@@ -351,7 +351,7 @@ impl MessagesRequest {
                 {
                     return Err(Error::invalid_parameter(
                         "tool_choice",
-                        format!("names tool {name:?}, which is not in tools"),
+                        format!("names tool {:?}, which is not in tools", excerpt(name)),
                     ));
                 }
                 spec::ToolChoice::Function(name.clone())

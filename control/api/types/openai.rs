@@ -27,7 +27,7 @@ use super::validate::{
     CheckedSampling, Limits, SamplingFields, check_inputs, check_top_logprobs, single_constraint,
 };
 use crate::engine::Constraint;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, excerpt};
 
 literal_tag!(
     /// `"chat.completion"`.
@@ -581,7 +581,7 @@ impl ChatCompletionRequest {
                 {
                     return Err(Error::invalid_parameter(
                         "tool_choice",
-                        format!("names function {name:?}, which is not in tools"),
+                        format!("names function {:?}, which is not in tools", excerpt(name)),
                     ));
                 }
                 spec::ToolChoice::Function(name.clone())

@@ -11,7 +11,7 @@
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::error::Category;
 
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{EXCERPT_CHARS, Error, ErrorCode, Result, bounded, excerpt};
 
 /// Parses a request body.
 ///
@@ -72,9 +72,10 @@ fn invalid_json(err: &serde_json::Error) -> Error {
 
 fn shape_error(body: &[u8], err: &serde_json::Error) -> Error {
     let full = err.to_string();
-    let reason = full
+    let serde_reason = full
         .strip_suffix(&format!(" at line {} column {}", err.line(), err.column()))
         .unwrap_or(&full);
+    let reason = &excerpt_quotes(serde_reason);
     let mut path = if err.line() == 0 {
         String::new()
     } else {
@@ -89,6 +90,27 @@ fn shape_error(body: &[u8], err: &serde_json::Error) -> Error {
     } else {
         Error::invalid_request(format!("{path}: {reason}")).with_param(path)
     }
+}
+
+/// serde's reason with every value it quotes cut to an [`excerpt`]: serde
+/// writes client input into its messages whole (``unknown variant `…` ``,
+/// `invalid type: string "…"`). Every run between two quote characters
+/// (backticks or double quotes) is excerpted, serde's own words included
+/// (they are short and pass unchanged), so a quote inside the client's
+/// value cannot make the rest of it pass as serde's text; a value of many
+/// quotes makes many short runs, so the whole is cut at four excerpts'
+/// length.
+fn excerpt_quotes(reason: &str) -> String {
+    let mut out = String::with_capacity(reason.len().min(1024));
+    for piece in reason.split_inclusive(['`', '"']) {
+        let (run, quote) = match piece.strip_suffix(['`', '"']) {
+            Some(run) => (run, &piece[run.len()..]),
+            None => (piece, ""),
+        };
+        out.push_str(&excerpt(run).to_string());
+        out.push_str(quote);
+    }
+    bounded(&out, 4 * EXCERPT_CHARS)
 }
 
 /// The field named by serde's "missing field `x`" / "duplicate field `x`":
@@ -134,7 +156,7 @@ fn path_at(body: &[u8], offset: usize) -> String {
     let mut path = String::new();
     for segment in found {
         match segment {
-            Segment::Key(key) => push_key(&mut path, &key),
+            Segment::Key(key) => push_key(&mut path, &excerpt(&key).to_string()),
             Segment::Index(index) => path.push_str(&format!("[{index}]")),
         }
     }
@@ -281,6 +303,8 @@ impl Scanner<'_> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::api::types::anthropic::MessagesRequest;
     use crate::api::types::embeddings::EmbeddingRequest;
@@ -317,6 +341,39 @@ mod tests {
             assert_eq!(err.param, None);
             assert!(err.message.contains(expected), "{body}: {}", err.message);
         }
+    }
+
+    #[test]
+    fn client_values_in_serde_reasons_and_paths_are_excerpts() {
+        let long = "r".repeat(100_000);
+        let ticks = format!("`{}`", "`x".repeat(50_000));
+        for value in [&long, &ticks] {
+            for body in [
+                // Quoted by serde in backticks, in double quotes (Debug),
+                // and a map key on the path to a wrong value.
+                json!({"model": "m", "messages": [{"role": value, "content": "hi"}]}),
+                json!({"model": "m", "messages": [], "temperature": value}),
+                json!({"model": "m", "messages": [], "logit_bias": {value: "x"}}),
+            ] {
+                let body = body.to_string();
+                let err = parse_json::<ChatCompletionRequest>(body.as_bytes()).expect_err("bad");
+                assert_eq!(err.code, ErrorCode::InvalidRequest, "{err}");
+                let message = err.client_message(None);
+                assert!(message.chars().count() < 600, "{message}");
+                assert!(message.contains("… ("), "{message}");
+                let param = err.param.unwrap_or_default();
+                assert!(param.chars().count() < 300, "{param}");
+            }
+        }
+        // Short values read as serde wrote them.
+        assert_eq!(
+            excerpt_quotes("unknown variant `robot`, expected one of `user`, `system`"),
+            "unknown variant `robot`, expected one of `user`, `system`"
+        );
+        assert_eq!(
+            excerpt_quotes(r#"invalid type: string "say \"hi\"", expected f32"#),
+            r#"invalid type: string "say \"hi\"", expected f32"#
+        );
     }
 
     #[test]

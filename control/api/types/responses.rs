@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::forms::{JsonText, literal_tag};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 
 literal_tag!(
     /// `"response"`, the `object` of a response.
@@ -429,7 +429,10 @@ impl Item {
                 if !MESSAGE_ROLES.contains(&role.as_str()) {
                     return Err(bad_item(
                         &format!("{path}.role"),
-                        format!("unknown role {role:?} (user, system, developer or assistant)"),
+                        format!(
+                            "unknown role {:?} (user, system, developer or assistant)",
+                            excerpt(&role)
+                        ),
                     ));
                 }
                 let content = message_content(&role, object.get("content"), path)?;

@@ -29,7 +29,7 @@ use serde_json::{Map, Value, json};
 pub use super::spec::tool_name;
 use super::spec::{ToolChoice, ToolSet};
 use crate::engine::Constraint;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, excerpt};
 use crate::memo::Memo;
 
 /// A request's `tools` array as the client wrote it: kept as text until
@@ -145,7 +145,7 @@ pub fn tool_constraint(
                 .ok_or_else(|| {
                     Error::invalid_parameter(
                         "tool_choice",
-                        format!("names function {name:?}, which is not in tools"),
+                        format!("names function {:?}, which is not in tools", excerpt(name)),
                     )
                 })?;
             tool_parameters(tool)
@@ -175,7 +175,10 @@ fn required_call_schema(tools: &[Value], parallel_tool_calls: bool) -> Result<Va
                 match defs.get(&def_name) {
                     Some(existing) if existing != &def => {
                         return Err(Error::invalid_parameter(
-                            &format!("tools[{index}].function.parameters.$defs.{def_name}"),
+                            &format!(
+                                "tools[{index}].function.parameters.$defs.{}",
+                                excerpt(&def_name)
+                            ),
                             "is defined differently by another tool; tool_choice \"required\" \
                              needs one meaning per $defs name",
                         ));

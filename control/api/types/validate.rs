@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::engine::{Constraint, Sampling};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, excerpt};
 
 use super::forms::InputItem;
 
@@ -183,7 +183,7 @@ pub fn check_logit_bias(param: &str, bias: &BTreeMap<String, f32>) -> Result<Vec
             if token.parse::<u32>().is_err() {
                 return Err(Error::invalid_parameter(
                     param,
-                    format!("keys must be token ids, got {token:?}"),
+                    format!("keys must be token ids, got {:?}", excerpt(token)),
                 ));
             }
             if !LOGIT_BIAS.contains(value) {

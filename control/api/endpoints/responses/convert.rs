@@ -21,7 +21,7 @@ use crate::api::types::openai::{
 };
 use crate::api::types::responses::{ContentPart, Item, ResponsesRequest, TextFormat};
 use crate::api::types::tools::ToolsJson;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 
 /// Messages built from items, in order.
 #[derive(Debug, Clone, Default)]
@@ -271,7 +271,7 @@ pub fn tool_choice(choice: Option<&Value>) -> Result<Option<ToolChoice>> {
             other => {
                 return Err(Error::invalid_parameter(
                     "tool_choice",
-                    format!("unknown mode {other:?} (none, auto or required)"),
+                    format!("unknown mode {:?} (none, auto or required)", excerpt(other)),
                 ));
             }
         })),

@@ -18,7 +18,7 @@ use super::{McpServerPlan, Sink, unless_cancelled};
 use crate::api::http::SharedState;
 use crate::api::types::openai::{self, FunctionDefinition, Tool};
 use crate::api::types::responses::McpToolInfo;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, excerpt};
 use crate::mcp::{McpServer, McpSession, McpTool};
 
 /// Reads an `{"type": "mcp", ...}` tool.
@@ -50,7 +50,7 @@ pub(crate) fn server_plan(tool: &Map<String, Value>, path: &str) -> Result<McpSe
             .map(|(name, value)| match value {
                 Value::String(value) => Ok((name.clone(), value.clone())),
                 _ => Err(Error::invalid_parameter(
-                    &format!("{path}.headers.{name}"),
+                    &format!("{path}.headers.{}", excerpt(name)),
                     "must be a string",
                 )),
             })

@@ -48,7 +48,7 @@ use super::super::types::responses::{
 };
 use super::super::types::tools::ToolsJson;
 use super::{limits, routing_key};
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::history::History;
 use crate::metrics;
 use crate::pipeline::Endpoint;
@@ -208,7 +208,7 @@ async fn chain_items(history: &History, previous: &str) -> Result<Vec<Item>> {
     let Some(oldest) = chain.first() else {
         return Err(Error::new(
             ErrorCode::PreviousResponseNotFound,
-            format!("previous response {previous} does not exist"),
+            format!("previous response {} does not exist", excerpt(previous)),
         )
         .with_param("previous_response_id"));
     };
@@ -221,7 +221,10 @@ async fn chain_items(history: &History, previous: &str) -> Result<Vec<Item>> {
     if let Some(missing) = &oldest.previous_response_id {
         return Err(Error::new(
             ErrorCode::PreviousResponseNotFound,
-            format!("the chain of {previous} continues response {missing}, which was deleted"),
+            format!(
+                "the chain of {} continues response {missing}, which was deleted",
+                excerpt(previous)
+            ),
         )
         .with_param("previous_response_id"));
     }
@@ -249,7 +252,7 @@ async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
     if history.get_conversation(id).await?.is_none() {
         return Err(Error::new(
             ErrorCode::ConversationNotFound,
-            format!("conversation {id} does not exist"),
+            format!("conversation {} does not exist", excerpt(id)),
         )
         .with_param("conversation"));
     }
@@ -340,7 +343,10 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
                     ErrorCode::UnsupportedTool,
                     format!(
                         "tool type {} is not served here (function and mcp tools are)",
-                        other.map_or_else(|| "(none)".to_owned(), |kind| format!("{kind:?}"))
+                        other.map_or_else(
+                            || "(none)".to_owned(),
+                            |kind| format!("{:?}", excerpt(kind))
+                        )
                     ),
                 )
                 .with_param(format!("{path}.type")));
@@ -369,7 +375,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
             if !ids::owned_by(conversation, owner) {
                 return Err(Error::new(
                     ErrorCode::ConversationNotFound,
-                    format!("conversation {conversation} does not exist"),
+                    format!("conversation {} does not exist", excerpt(conversation)),
                 )
                 .with_param("conversation"));
             }
@@ -937,7 +943,7 @@ async fn stored_response(state: &SharedState, id: &str, owner: &str) -> Result<S
 /// "No such response", as `code` says it; also what another tenant's
 /// response is to a caller.
 fn not_found_response(id: &str, code: ErrorCode) -> Error {
-    Error::new(code, format!("response {id} does not exist"))
+    Error::new(code, format!("response {} does not exist", excerpt(id)))
 }
 
 /// Whom a request's stored objects belong to: its tenant (the empty name
@@ -974,7 +980,7 @@ pub(crate) async fn delete_response(
         ),
         Ok(false) => error_response(&Error::new(
             ErrorCode::ResponseNotFound,
-            format!("response {id} does not exist"),
+            format!("response {} does not exist", excerpt(&id)),
         )),
         Err(err) => error_response(&err),
     }
@@ -1019,7 +1025,7 @@ pub(crate) async fn cancel_response(
             stored.status
         )
     } else {
-        format!("response {id} is {} already", stored.status)
+        format!("response {} is {} already", excerpt(&id), stored.status)
     };
     error_response(&Error::new(ErrorCode::ResponseNotCancellable, message))
 }
@@ -1094,7 +1100,11 @@ pub(crate) async fn list_input_items(
                     None => {
                         return Err(Error::new(
                             ErrorCode::ItemNotFound,
-                            format!("response {id} has no input item {after}"),
+                            format!(
+                                "response {} has no input item {}",
+                                excerpt(&id),
+                                excerpt(after)
+                            ),
                         )
                         .with_param("after"));
                     }
