@@ -713,3 +713,153 @@ async fn a_worker_allowing_few_streams_per_connection_gets_more_connections() {
         "the pool grew past the worker's 4 streams: {connections}"
     );
 }
+
+/// A streamed chat's SSE body, parsed: the `data:` payloads before
+/// `[DONE]`, and whether `[DONE]` ended it.
+fn sse_frames(text: &str) -> (Vec<Value>, bool) {
+    let mut frames = Vec::new();
+    let mut done = false;
+    for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            frames.push(serde_json::from_str(data).unwrap_or(Value::Null));
+        }
+    }
+    (frames, done)
+}
+
+/// Two workers, the first behind the fault proxy and stalling every
+/// stream after its first token, and a gateway that pings its worker
+/// connections after 1 s of silence and gives a ping 1 s: the request
+/// timeout (10 minutes) can never be what ends a request here.
+async fn stalled_worker_behind_a_proxy(
+    extra: &[&str],
+) -> (SimWorker, SimWorker, FaultProxy, Gateway) {
+    let hidden = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--stall-after-tokens", "1"],
+    );
+    let direct = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let proxy = FaultProxy::start(hidden.grpc).await;
+    let (hidden_url, direct_url) = (proxy.grpc_url(), direct.grpc_url());
+    let mut args = vec![
+        "--worker-urls",
+        hidden_url.as_str(),
+        direct_url.as_str(),
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "1",
+        "--cb-probe-interval-ms",
+        "0",
+        "--panic-threshold",
+        "0",
+        "--request-timeout-secs",
+        "600",
+        "--worker-keepalive-interval-secs",
+        "1",
+        "--worker-keepalive-timeout-secs",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    let gateway = Gateway::start(&args);
+    (hidden, direct, proxy, gateway)
+}
+
+/// Starts `count` chats (streamed or not) at once; each task reports on
+/// `started` when its answer's head arrived (for a stream: its first
+/// event reached the client) and returns the status and body.
+fn chats_in_flight(
+    gateway: &Gateway,
+    count: usize,
+    stream: bool,
+    started: &tokio::sync::mpsc::UnboundedSender<()>,
+) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
+    let client = http();
+    (0..count)
+        .map(|_| {
+            let (client, url, started) = (
+                client.clone(),
+                gateway.url("/v1/chat/completions"),
+                started.clone(),
+            );
+            let mut body = chat_body();
+            body["stream"] = json!(stream);
+            tokio::spawn(async move {
+                let response = client.post(url).json(&body).send().await.unwrap();
+                let _ = started.send(());
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap_or_default())
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_in_flight_on_a_black_holed_worker_end_at_its_keepalive_and_its_circuit_opens() {
+    let (_hidden, _direct, proxy, gateway) = stalled_worker_behind_a_proxy(&[]).await;
+    let hidden_url = proxy.grpc_url();
+    // Eight streams; round robin gives the stalling worker half of them,
+    // whose first token reaches the client and then nothing more.
+    let (started, mut heads) = tokio::sync::mpsc::unbounded_channel();
+    let streams = chats_in_flight(&gateway, 8, true, &started);
+    for _ in 0..streams.len() {
+        bounded("a stream's head", heads.recv()).await.unwrap();
+    }
+    let stalled = worker_status(&gateway, &hidden_url).await["in_flight"]
+        .as_u64()
+        .unwrap();
+    assert!(stalled > 0, "round robin sent some to the stalling worker");
+
+    // The partition: no byte crosses either way, no connection closes.
+    proxy.black_hole(true);
+    let hole_at = Instant::now();
+    let mut cut = 0;
+    for stream in streams {
+        let (status, text) = bounded("a stream on a black hole ends", stream)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "the head went out before the hole: {text}");
+        let (frames, done) = sse_frames(&text);
+        assert!(done, "every stream ends with [DONE]: {text}");
+        if let Some(error) = frames.iter().find(|frame| frame["error"].is_object()) {
+            // Tokens reached the client: it is told, with a code it may
+            // retry on, instead of waiting for the request timeout.
+            assert_eq!(error["error"]["code"], "worker_error", "{text}");
+            cut += 1;
+        }
+    }
+    println!(
+        "{cut} of 8 streams cut by the black hole, all ended {:?} after it opened",
+        hole_at.elapsed()
+    );
+    assert_eq!(cut, stalled, "exactly the black-holed streams were cut");
+
+    until_worker(
+        &gateway,
+        &hidden_url,
+        "the black hole's circuit opens",
+        |w| w["circuit"] == "open",
+    )
+    .await;
+    let selections = async || {
+        let label = format!("worker=\"{hidden_url}\"");
+        metric_sum(&gateway, "smg_worker_selection_total", &[label.as_str()]).await
+    };
+    let before = selections().await;
+    let client = http();
+    for _ in 0..10 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "the other worker serves: {body}");
+    }
+    assert_eq!(
+        selections().await,
+        before,
+        "nothing more is sent into the hole"
+    );
+}
