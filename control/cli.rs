@@ -681,6 +681,17 @@ pub struct LaunchArgs {
     /// its workers' slots together. 0: no limit.
     #[arg(long, value_name = "REQUESTS", default_value_t = 0, help_heading = heading::CONNECTIONS)]
     pub worker_max_in_flight: usize,
+    /// HTTP/2 PING on each worker connection after this long without a
+    /// byte from the worker (idle connections too). 30 s is what engines
+    /// must tolerate (more often risks a `too_many_pings` GOAWAY).
+    #[arg(long, value_name = "SECS", default_value_t = 30, help_heading = heading::CONNECTIONS)]
+    pub worker_keepalive_interval_secs: u64,
+    /// How long a PING may go unanswered before the connection is closed:
+    /// the streams on it then fail as a connection failure (retried
+    /// elsewhere when nothing reached the client). A black-holed worker's
+    /// requests end within the interval plus this.
+    #[arg(long, value_name = "SECS", default_value_t = 10, help_heading = heading::CONNECTIONS)]
+    pub worker_keepalive_timeout_secs: u64,
 
     // ==== Health checks ====
     /// No periodic HealthCheck probes (a worker added through the admin API
@@ -1668,6 +1679,14 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                     args.worker_streams_per_connection,
                     1,
                 )?,
+                keepalive_interval: seconds(
+                    "worker-keepalive-interval-secs",
+                    args.worker_keepalive_interval_secs,
+                )?,
+                keepalive_timeout: seconds(
+                    "worker-keepalive-timeout-secs",
+                    args.worker_keepalive_timeout_secs,
+                )?,
                 ..ConnectionConfig::default()
             },
             max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
@@ -2027,6 +2046,38 @@ mod tests {
              --history-url postgres://db/h --history-connect-timeout-secs 0",
         );
         assert_eq!(refused.flag, "history-connect-timeout-secs");
+    }
+
+    #[test]
+    fn worker_keepalive_flags_set_the_pools_pings() {
+        let defaults = config_ok("smg launch --worker-urls grpc://a:1").lifecycle;
+        assert_eq!(
+            (
+                defaults.connections.keepalive_interval,
+                defaults.connections.keepalive_timeout
+            ),
+            (Duration::from_secs(30), Duration::from_secs(10)),
+            "the wire contract's 30 s, and a pong within 10 s"
+        );
+        let set = config_ok(
+            "smg launch --worker-urls grpc://a:1 --worker-keepalive-interval-secs 2 \
+             --worker-keepalive-timeout-secs 3",
+        )
+        .lifecycle;
+        assert_eq!(
+            (
+                set.connections.keepalive_interval,
+                set.connections.keepalive_timeout
+            ),
+            (Duration::from_secs(2), Duration::from_secs(3))
+        );
+        for flag in [
+            "worker-keepalive-interval-secs",
+            "worker-keepalive-timeout-secs",
+        ] {
+            let refused = refusal(&format!("smg launch --worker-urls grpc://a:1 --{flag} 0"));
+            assert_eq!(refused.flag, flag);
+        }
     }
 
     #[test]

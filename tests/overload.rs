@@ -216,7 +216,8 @@ async fn a_graceful_goaway_mid_burst_fails_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abrupt_connection_deaths_mid_burst_open_no_circuit() {
     // The worker closes each connection's socket after 50 streams, under
-    // the streams still running: those fail, each death counted once.
+    // the streams still running: those fail, each death counted once, and
+    // are run again.
     let worker = SimWorker::start(
         "tokenspeed",
         "regular",
@@ -230,7 +231,11 @@ async fn abrupt_connection_deaths_mid_burst_open_no_circuit() {
     let gateway = single_worker_gateway(&worker, &[]);
     let clients = 600;
     let tally = bounded("the burst", burst(&gateway, clients)).await;
-    println!("burst of {clients} through abrupt closes: {tally:?}");
+    let retried = metric_sum(&gateway, "smg_router_retries_total", &[]).await;
+    println!("burst of {clients} through abrupt closes: {tally:?}; {retried} retries");
+    // Every connection dies at its 50th stream, under all the streams it
+    // carries: a burst of 600 keeps meeting dying connections, and a
+    // request whose every attempt met one fails (its retries ran out).
     assert_eq!(tally.total(), clients);
     assert_eq!(circuits_opened(&gateway).await, 0.0, "no circuit opened");
     let (status, body) = chat(&http(), &gateway).await;
@@ -711,5 +716,283 @@ async fn a_worker_allowing_few_streams_per_connection_gets_more_connections() {
     assert!(
         connections >= 2.0,
         "the pool grew past the worker's 4 streams: {connections}"
+    );
+}
+
+/// A streamed chat's SSE body, parsed: the `data:` payloads before
+/// `[DONE]`, and whether `[DONE]` ended it.
+fn sse_frames(text: &str) -> (Vec<Value>, bool) {
+    let mut frames = Vec::new();
+    let mut done = false;
+    for data in text.lines().filter_map(|line| line.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            frames.push(serde_json::from_str(data).unwrap_or(Value::Null));
+        }
+    }
+    (frames, done)
+}
+
+/// Two workers, the first behind the fault proxy and stalling streams
+/// after their first token (`stall`: sim-worker fault flags), and a
+/// gateway that pings its worker connections after 1 s of silence and
+/// gives a ping 1 s: the request timeout (10 minutes) can never be what
+/// ends a request here.
+async fn stalled_worker_behind_a_proxy(
+    stall: &[&str],
+) -> (SimWorker, SimWorker, FaultProxy, Gateway) {
+    let mut hidden_args = vec!["--zero-delay", "--stall-after-tokens", "1"];
+    hidden_args.extend_from_slice(stall);
+    let hidden = SimWorker::start("tokenspeed", "regular", &hidden_args);
+    let direct = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let proxy = FaultProxy::start(hidden.grpc).await;
+    let (hidden_url, direct_url) = (proxy.grpc_url(), direct.grpc_url());
+    let args = [
+        "--worker-urls",
+        hidden_url.as_str(),
+        direct_url.as_str(),
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "1",
+        "--cb-probe-interval-ms",
+        "0",
+        "--panic-threshold",
+        "0",
+        "--request-timeout-secs",
+        "600",
+        "--worker-keepalive-interval-secs",
+        "1",
+        "--worker-keepalive-timeout-secs",
+        "1",
+    ];
+    let gateway = Gateway::start(&args);
+    (hidden, direct, proxy, gateway)
+}
+
+/// Starts `count` chats with `body` at once; each task reports on
+/// `started` when its answer's head arrived (for a stream: its first
+/// event reached the client) and returns the status and body.
+fn chats_in_flight(
+    gateway: &Gateway,
+    count: usize,
+    body: &Value,
+    started: &tokio::sync::mpsc::UnboundedSender<()>,
+) -> Vec<tokio::task::JoinHandle<(u16, String)>> {
+    let client = http();
+    (0..count)
+        .map(|_| {
+            let (client, url, started, body) = (
+                client.clone(),
+                gateway.url("/v1/chat/completions"),
+                started.clone(),
+                body.clone(),
+            );
+            tokio::spawn(async move {
+                let response = client.post(url).json(&body).send().await.unwrap();
+                let _ = started.send(());
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap_or_default())
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_in_flight_on_a_black_holed_worker_end_at_its_keepalive_and_its_circuit_opens() {
+    let (_hidden, _direct, proxy, gateway) = stalled_worker_behind_a_proxy(&[]).await;
+    let hidden_url = proxy.grpc_url();
+    // Eight streams; round robin gives the stalling worker half of them,
+    // whose first token reaches the client and then nothing more.
+    let (started, mut heads) = tokio::sync::mpsc::unbounded_channel();
+    let streams = chats_in_flight(&gateway, 8, &streamed(), &started);
+    for _ in 0..streams.len() {
+        bounded("a stream's head", heads.recv()).await.unwrap();
+    }
+    let stalled = worker_status(&gateway, &hidden_url).await["in_flight"]
+        .as_u64()
+        .unwrap();
+    assert!(stalled > 0, "round robin sent some to the stalling worker");
+
+    // The partition: no byte crosses either way, no connection closes.
+    proxy.black_hole(true);
+    let hole_at = Instant::now();
+    let mut cut = 0;
+    for stream in streams {
+        let (status, text) = bounded("a stream on a black hole ends", stream)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "the head went out before the hole: {text}");
+        let (frames, done) = sse_frames(&text);
+        assert!(done, "every stream ends with [DONE]: {text}");
+        if let Some(error) = frames.iter().find(|frame| frame["error"].is_object()) {
+            // Tokens reached the client: it is told, with a code it may
+            // retry on, instead of waiting for the request timeout.
+            assert_eq!(error["error"]["code"], "worker_error", "{text}");
+            cut += 1;
+        }
+    }
+    println!(
+        "{cut} of 8 streams cut by the black hole, all ended {:?} after it opened",
+        hole_at.elapsed()
+    );
+    assert_eq!(cut, stalled, "exactly the black-holed streams were cut");
+
+    until_worker(
+        &gateway,
+        &hidden_url,
+        "the black hole's circuit opens",
+        |w| w["circuit"] == "open",
+    )
+    .await;
+    let selections = async || {
+        let label = format!("worker=\"{hidden_url}\"");
+        metric_sum(&gateway, "smg_worker_selection_total", &[label.as_str()]).await
+    };
+    let before = selections().await;
+    let client = http();
+    for _ in 0..10 {
+        let (status, body) = chat(&client, &gateway).await;
+        assert_eq!(status, 200, "the other worker serves: {body}");
+    }
+    assert_eq!(
+        selections().await,
+        before,
+        "nothing more is sent into the hole"
+    );
+}
+
+/// [`chat_body`], streamed.
+fn streamed() -> Value {
+    let mut body = chat_body();
+    body["stream"] = json!(true);
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unstreamed_requests_cut_mid_answer_by_a_black_hole_are_answered_by_the_other_worker() {
+    // Two sequences per request; behind the proxy the second stalls after
+    // its first token while the first completes: the gateway holds half an
+    // answer when the hole opens. The client has been sent nothing, so the
+    // request may be run again elsewhere.
+    let (_hidden, _direct, proxy, gateway) =
+        stalled_worker_behind_a_proxy(&["--faulty-sequence", "1"]).await;
+    let hidden_url = proxy.grpc_url();
+    let mut two = chat_body();
+    two["n"] = json!(2);
+    let (started, _heads) = tokio::sync::mpsc::unbounded_channel();
+    let requests = chats_in_flight(&gateway, 8, &two, &started);
+    poll_until(
+        "the other worker answered, the stalling one holds",
+        async || {
+            let finished = requests.iter().filter(|r| r.is_finished()).count();
+            let held = worker_status(&gateway, &hidden_url).await["in_flight"]
+                .as_u64()
+                .unwrap();
+            (held > 0 && finished + held as usize == requests.len()).then_some(())
+        },
+    )
+    .await;
+
+    proxy.black_hole(true);
+    let hole_at = Instant::now();
+    for request in requests {
+        let (status, body) = bounded("a request on a black hole ends", request)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        let choices = body["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 2, "{body}");
+        for choice in choices {
+            assert!(choice["message"]["content"].is_string(), "{body}");
+        }
+    }
+    let retried = metric_sum(&gateway, "smg_router_retries_total", &[]).await;
+    println!(
+        "8 half-answered requests through a black hole: all answered {:?} after it opened, \
+         {retried} retries",
+        hole_at.elapsed()
+    );
+    assert!(retried >= 1.0, "the held ones were run again: {retried}");
+    until_worker(
+        &gateway,
+        &hidden_url,
+        "the black hole's circuit opens",
+        |w| w["circuit"] == "open",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_cut_mid_answer_by_a_connection_reset_are_run_again_unless_streamed() {
+    // Every stream is held after its first token; then the proxy resets the
+    // one connection under all of them. The whole-answer requests have
+    // sent their clients nothing and are run again; the streams have sent
+    // their first event and end with an error event.
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--hold-after-tokens", "1"],
+    );
+    let proxy = FaultProxy::start(worker.grpc).await;
+    let url = proxy.grpc_url();
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &url,
+        "--served-model-name",
+        "model",
+        "--worker-connections",
+        "1",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "2",
+    ]);
+    let (started, mut heads) = tokio::sync::mpsc::unbounded_channel();
+    let streams = chats_in_flight(&gateway, 5, &streamed(), &started);
+    for _ in 0..streams.len() {
+        bounded("a stream's head", heads.recv()).await.unwrap();
+    }
+    let whole = chats_in_flight(&gateway, 20, &chat_body(), &started);
+    until_worker(&gateway, &url, "every request on the worker", |w| {
+        w["in_flight"] == 25
+    })
+    .await;
+
+    proxy.reset_all();
+    for stream in streams {
+        let (status, text) = bounded("a cut stream ends", stream).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let (frames, done) = sse_frames(&text);
+        assert!(done, "{text}");
+        let error = frames.iter().find(|frame| frame["error"].is_object());
+        assert_eq!(
+            error.map(|frame| frame["error"]["code"].clone()),
+            Some(json!("worker_error")),
+            "{text}"
+        );
+    }
+    // The whole-answer requests are back on the worker, on a new
+    // connection, held again: let them finish.
+    until_worker(&gateway, &url, "the cut requests are sent again", |w| {
+        w["in_flight"] == 20
+    })
+    .await;
+    assert!(proxy.accepted() >= 2, "a new connection carries them");
+    worker.signal(nix::sys::signal::Signal::SIGUSR1);
+    for request in whole {
+        let (status, body) = bounded("a cut request is answered", request).await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let retried = metric_sum(&gateway, "smg_router_retries_total", &[]).await;
+    assert_eq!(retried, 20.0, "each cut whole-answer request, once");
+    let status = worker_status(&gateway, &url).await;
+    assert_eq!(
+        status["circuit"], "closed",
+        "one death, counted once: {status}"
     );
 }

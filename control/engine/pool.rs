@@ -72,10 +72,14 @@ pub struct ConnectionConfig {
     /// How long establishing a connection (TCP, and the TLS handshake for
     /// `grpcs://` workers) may take.
     pub connect_timeout: Duration,
-    /// HTTP/2 ping interval, also while idle: engines tolerate 30 s
+    /// How long a connection may go without a byte from the server before
+    /// it is pinged (HTTP/2 PING), idle or not: engines tolerate 30 s
     /// (wire.md), and it finds dead connections before a request does.
     pub keepalive_interval: Duration,
     /// How long a ping may go unanswered before the connection is closed.
+    /// The streams on it then fail as a connection failure: a black-holed
+    /// worker's calls end within `keepalive_interval + keepalive_timeout`
+    /// of its last byte, instead of at the request timeout.
     pub keepalive_timeout: Duration,
     /// The first reconnect backoff after a failed connect.
     pub backoff: Duration,
@@ -92,7 +96,7 @@ impl Default for ConnectionConfig {
             streams_per_connection: 100,
             connect_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(10),
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(2),
         }

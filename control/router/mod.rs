@@ -4,6 +4,21 @@
 //! stages (selection through execution) on retryable failures before any
 //! output has reached the client.
 //!
+//! When output has reached the client is the retry rule. A generation has
+//! no effect but its answer (tool calls are run by the client, or by the
+//! Responses loop between generations), so running it again on another
+//! worker is invisible to a client that has been sent nothing; the cost is
+//! the work the first worker did for nothing.
+//!
+//! - Streamed: the client is sent the first event as soon as it exists, so
+//!   an attempt ends at its first event; a failure after it (a worker that
+//!   dies, a connection reset, a black hole ended by the keep-alive) ends
+//!   the stream with an error event.
+//! - Not streamed: nothing is sent before the answer is whole, so an
+//!   attempt reads the whole answer. A failure anywhere in it, the first
+//!   token or the last, is retried like a failure before it; the client
+//!   sees only the answer of the attempt that completed.
+//!
 //! It also feeds the circuit breakers: a success once an attempt's first
 //! event arrives; a failure only for the worker the error blames, only if
 //! the error counts against workers (`Error::charges`: not the gateway's
@@ -30,7 +45,7 @@ use crate::pipeline::media::MediaPlanner;
 use crate::pipeline::prepare::mint_request_id;
 use crate::pipeline::prepare::{PreparedRequest, ServedModel, prepare};
 use crate::pipeline::request_context::{client_request_id, engine_request_id};
-use crate::pipeline::respond::OutputStream;
+use crate::pipeline::respond::{OutputEvent, OutputStream};
 use crate::pipeline::spec::{GenerationSpec, InputItem};
 use crate::pipeline::stages::{RolePolicies, pick};
 use crate::pipeline::{Endpoint, PipelineDeps, RequestPipeline, StageKind};
@@ -108,6 +123,10 @@ pub struct Generation {
     /// those of the attempt that answered.
     pub stages: Vec<StageKind>,
     pub output: OutputStream,
+    /// When the first text arrived, for a request whose answer was read
+    /// whole before it was returned (not streamed): its `output` then
+    /// replays it, so the time can no longer be read off the stream.
+    pub first_token_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Generation {
@@ -226,6 +245,7 @@ impl Router {
             output,
             ran,
             created,
+            first_token_at,
         } = self
             .with_retries(&request.request_id, deadline, |attempt| {
                 self.attempt(pipeline, &request, attempt, deadline, &charged)
@@ -242,6 +262,7 @@ impl Router {
             tokenizer: self.parts.tokenizer.clone(),
             stages,
             output,
+            first_token_at,
         })
     }
 
@@ -372,10 +393,12 @@ impl Router {
     }
 
     /// One attempt: the pipeline's attempt-scoped stages
-    /// ([`attempt::run`]), up to the first output event (so a failure before
-    /// any byte reaches the client can retry). The outcome feeds the chosen
-    /// workers' circuit breakers: success once the first event arrives,
-    /// failure on a worker's fault before or during the stream.
+    /// ([`attempt::run`]), up to the first output event for a streamed
+    /// request and to the last for one that is not (so a failure before any
+    /// byte reaches the client can retry; see the module docs). The outcome
+    /// feeds the chosen workers' circuit breakers: success once the first
+    /// event arrives, failure on a worker's fault before or during the
+    /// stream.
     async fn attempt(
         &self,
         pipeline: &RequestPipeline,
@@ -409,6 +432,20 @@ impl Router {
                 for worker in &chosen {
                     worker.record_outcome(true);
                 }
+                if !request.stream {
+                    return match read_whole(output).await {
+                        Ok((events, first_token_at)) => Ok(Attempted {
+                            output: Box::pin(futures::stream::iter(events.into_iter().map(Ok))),
+                            ran,
+                            created,
+                            first_token_at,
+                        }),
+                        Err(err) => {
+                            charged.record(&chosen, &err);
+                            Err(err)
+                        }
+                    };
+                }
                 let output: OutputStream = Box::pin(output.inspect(move |event| {
                     if let Err(err) = event {
                         record_failure(&chosen, err);
@@ -418,6 +455,7 @@ impl Router {
                     output,
                     ran,
                     created,
+                    first_token_at: None,
                 })
             }
             Err(err) => {
@@ -433,6 +471,24 @@ struct Attempted {
     output: OutputStream,
     ran: Vec<StageKind>,
     created: u64,
+    first_token_at: Option<Instant>,
+}
+
+/// Reads an answer to its end: its events, and when the first text came;
+/// the first error instead, if one ends it. The events are what the
+/// response is built from anyway, so holding them costs about what the
+/// collected answer does.
+async fn read_whole(mut output: OutputStream) -> Result<(Vec<OutputEvent>, Option<Instant>)> {
+    let mut events = Vec::new();
+    let mut first_token_at = None;
+    while let Some(event) = output.next().await {
+        let event = event?;
+        if first_token_at.is_none() && matches!(event, OutputEvent::Delta { .. }) {
+            first_token_at = Some(Instant::now());
+        }
+        events.push(event);
+    }
+    Ok((events, first_token_at))
 }
 
 /// Charges a failure to the chosen worker it blames, if it counts against

@@ -643,6 +643,73 @@ mod in_process {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_failure_mid_answer_is_retried_unless_output_reached_the_client() {
+        let ids = hello_ids();
+        // Each engine's first answer fails after its first token; later
+        // ones are whole.
+        let cut_once = |url: &str| {
+            ScriptedEngine::new(
+                url,
+                vec![Script::FailAfter(vec![chunk(&ids)], Code::Internal)],
+                Script::Answer(answer(&ids)),
+            )
+        };
+        let fleet = || {
+            let engines = [cut_once("grpc://a:1"), cut_once("grpc://b:1")];
+            let workers = WorkerSet::default();
+            for engine in &engines {
+                workers.add(worker_opening_at(engine, 100));
+            }
+            let router = router(Mode::Regular, workers, retry(), Duration::from_secs(600));
+            (engines, router)
+        };
+        let calls = |engines: &[Arc<ScriptedEngine>; 2]| {
+            engines.iter().map(|e| e.generated().len()).sum::<usize>()
+        };
+
+        // Not streamed: the client has been sent nothing, so the answer is
+        // run again, and the client gets the whole one.
+        let (engines, router) = fleet();
+        let generation = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("the retry answers");
+        let collected = crate::pipeline::respond::collect(generation.output, 1)
+            .await
+            .expect("a whole answer");
+        assert_eq!(collected.choices[0].text, "Hello");
+        assert_eq!(
+            collected.choices[0].finish_reason,
+            Some(crate::pipeline::respond::FinishReason::Stop)
+        );
+        assert_eq!(
+            calls(&engines),
+            3,
+            "each worker's cut answer (round robin), then a whole one"
+        );
+        assert!(generation.first_token_at.is_some());
+
+        // Streamed: the first event has gone to the client, so the failure
+        // ends the stream instead.
+        let (engines, router) = fleet();
+        let generation = router
+            .generate(Endpoint::Completions, spec(true), None)
+            .await
+            .expect("starts");
+        let events: Vec<Result<OutputEvent>> = generation.output.collect().await;
+        assert!(
+            matches!(events.first(), Some(Ok(OutputEvent::Started(_)))),
+            "{events:?}"
+        );
+        let last = events.last().expect("events");
+        assert!(
+            matches!(last, Err(err) if err.code == ErrorCode::WorkerError),
+            "{events:?}"
+        );
+        assert_eq!(calls(&engines), 1, "not run again");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_silent_worker_times_out_at_the_deadline_and_is_not_charged() {
         let engine = ScriptedEngine::new("grpc://a:1", Vec::new(), Script::Hang);
         let workers = WorkerSet::default();

@@ -74,6 +74,9 @@ pub struct Faults {
     pub stall_after_tokens: Option<u32>,
     /// Stop producing tokens after this many, until released.
     pub hold: Option<Hold>,
+    /// The token faults above play only on this sequence of a request
+    /// (`n` > 1); `None`: on every sequence.
+    pub faulty_sequence: Option<u32>,
     /// Answer `accepted: false` to this many more Encode calls.
     pub refuse_encodes: AtomicU32,
     /// Fail this many more Encode calls with UNAVAILABLE.
@@ -686,6 +689,8 @@ impl Engine {
         );
         let ignore_eos = sampling.ignore_eos || overrun;
         let wire_index = index.saturating_add(hostile.sequence_index);
+        let faulty = faults.faulty_sequence.is_none_or(|faulty| faulty == index);
+        let at = |fault: Option<u32>| fault.filter(|_| faulty);
         let mut script = match &context.scripted {
             Some(tokens) => Script::scripted(self, tokens),
             None => Script::new(self, &context.prompt_digest, index),
@@ -713,25 +718,25 @@ impl Engine {
             if produced >= max_new_tokens {
                 break complete(&output_ids, "length", None);
             }
-            if Some(produced) == faults.exit_after_tokens {
+            if Some(produced) == at(faults.exit_after_tokens) {
                 tracing::warn!("fault injection: exiting after {produced} tokens");
                 std::process::exit(17);
             }
-            if Some(produced) == faults.fail_after_tokens {
+            if Some(produced) == at(faults.fail_after_tokens) {
                 let status = Status::internal(format!("injected failure after {produced} tokens"));
                 let _ = context.sender.send(Err(status)).await;
                 return Err(Stop::Fault);
             }
-            if Some(produced) == faults.drop_after_tokens {
+            if Some(produced) == at(faults.drop_after_tokens) {
                 return Err(Stop::Fault);
             }
-            if Some(produced) == faults.stall_after_tokens {
+            if Some(produced) == at(faults.stall_after_tokens) {
                 tokio::select! {
                     () = context.cancel.cancelled() => {}
                     () = context.sender.closed() => return Err(Stop::ClientGone),
                 }
             }
-            if let Some(hold) = &faults.hold
+            if let Some(hold) = faults.hold.as_ref().filter(|_| faulty)
                 && produced == hold.after_tokens
             {
                 let mut released = hold.released.clone();

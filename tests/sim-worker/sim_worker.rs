@@ -162,6 +162,11 @@ struct Args {
     /// then held streams and every later one go on.
     #[arg(long, value_name = "N")]
     hold_after_tokens: Option<u32>,
+    /// The token faults (--fail/drop/exit/stall/hold-after-tokens) play
+    /// only on sequence INDEX of a request with n > 1; the others run
+    /// normally.
+    #[arg(long, value_name = "INDEX")]
+    faulty_sequence: Option<u32>,
     /// Fault: answer `accepted: false` to the first N Encode calls.
     #[arg(long, default_value_t = 0)]
     refuse_encodes: u32,
@@ -295,6 +300,7 @@ impl Args {
                 exit_after_tokens: self.exit_after_tokens,
                 stall_after_tokens: self.stall_after_tokens,
                 hold: None,
+                faulty_sequence: self.faulty_sequence,
                 refuse_encodes: AtomicU32::new(self.refuse_encodes),
                 fail_encodes: AtomicU32::new(self.fail_encodes),
                 exit_on_encode: self.exit_on_encode,

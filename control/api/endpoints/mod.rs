@@ -228,6 +228,7 @@ async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: Bytes) -
         tokenizer,
         output,
         stages: _,
+        first_token_at,
     } = generation;
     let info = GenerationInfo {
         id: request_id,
@@ -241,7 +242,12 @@ async fn run<D: Dialect>(state: SharedState, headers: &HeaderMap, body: Bytes) -
     }
     match collect(output, n).await {
         Ok(collected) => {
-            if let Some(ttft) = collected.first_token_after {
+            // An answer read whole by the router says when its first text
+            // came; the collection only replays it.
+            let first_token_after = first_token_at
+                .map(|at| at.into_std().saturating_duration_since(started))
+                .or(collected.first_token_after);
+            if let Some(ttft) = first_token_after {
                 metrics::record_ttft(router_label, ttft);
             }
             metrics::record_request(

@@ -1,0 +1,299 @@
+//! Issue 15's burst: N keep-alive clients (10,000 by default), one
+//! connection each, send one chat at the same moment to a gateway in front
+//! of zero-delay `smg-sim-worker`s. Reports the time to answer them all,
+//! p50/p99, the answers by status and code, and the gateway's resident
+//! memory: settled before the burst, at its peak, with the burst's
+//! connections still open and idle, and settled after they closed; the
+//! difference between the last two, divided by N, is what one idle client
+//! connection costs.
+//!
+//! Why it exists: the issue's burst used to take the gateway from 175 MiB
+//! to 865 MiB, and a test cannot say whether memory comes back or how
+//! much a connection costs; only a run can.
+//!
+//! Each clients' connection is its own TCP connection (HTTP/1.1
+//! keep-alive), so the process needs N + a few hundred file descriptors,
+//! and so does the gateway (`ulimit -n`; the gateway gets
+//! `--max-connections` N + 1000). RSS is read from `/proc/PID/status`
+//! (`VmRSS`, `VmHWM` for the peak), sampled every 20 ms. "Settled" is the
+//! lowest reading over `SMG_BENCH_SETTLE_SECS` (default 5) once the
+//! gateway reports its client connections closed.
+//!
+//! Run: `cargo bench --bench burst` (`SMG_BENCH_CLIENTS`, default 10000;
+//! `SMG_BENCH_WORKERS`, default 1; `SMG_BENCH_GATEWAY_ENV`, `KEY=VALUE`
+//! pairs separated by spaces set on the gateway, e.g. allocator options).
+//! Prints a table and writes `bench-results/burst.json`. Not a test:
+//! nothing here asserts a speed or a size.
+
+// The e2e harness (process start-up, ports, the fixtures); its digest unit
+// tests are not run here, so their imports look unused in this target.
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod support;
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{load_average, percentile};
+use serde_json::{Value, json};
+use support::{Gateway, SimWorker};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rss_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn chat_body() -> Value {
+    json!({
+        "model": "model",
+        "messages": [{"role": "user", "content": "Hello, burst."}],
+        "max_tokens": 4,
+    })
+}
+
+/// The gateway's open client connections (`smg_http_connections`, public
+/// listener).
+async fn open_connections(gateway: &Gateway) -> Option<f64> {
+    let text = reqwest::get(format!("http://{}/metrics", gateway.metrics))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .filter(|line| line.starts_with("smg_http_connections{") && line.contains("public"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(f64::max)
+}
+
+/// The lowest RSS over `window`, sampled every 20 ms.
+async fn settled_rss(pid: u32, window: Duration) -> u64 {
+    let until = Instant::now() + window;
+    let mut lowest = u64::MAX;
+    while Instant::now() < until {
+        lowest = lowest.min(rss_bytes(pid, "VmRSS:").unwrap_or(u64::MAX));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lowest
+}
+
+#[derive(Debug, Default)]
+struct Burst {
+    answers: BTreeMap<String, usize>,
+    latencies_ms: Vec<f64>,
+    elapsed: Duration,
+}
+
+/// `clients` clients, one connection each, released together; returns the
+/// answers and the client, whose connections stay open until it is
+/// dropped.
+async fn burst(gateway: &Gateway, clients: usize) -> (Burst, reqwest::Client) {
+    let client = reqwest::Client::builder()
+        .http1_only()
+        .pool_max_idle_per_host(clients)
+        .pool_idle_timeout(None)
+        .timeout(Duration::from_secs(300))
+        .build()
+        .expect("client");
+    let url = gateway.url("/v1/chat/completions");
+    let start = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, url, start) = (client.clone(), url.clone(), Arc::clone(&start));
+            tokio::spawn(async move {
+                start.wait().await;
+                let sent = Instant::now();
+                let answer = match client.post(url).json(&chat_body()).send().await {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let body: Value = response.json().await.unwrap_or(Value::Null);
+                        match body["error"]["code"].as_str() {
+                            Some(code) => format!("{status} {code}"),
+                            None => status.to_string(),
+                        }
+                    }
+                    Err(err) if err.is_connect() => "connect error".to_owned(),
+                    Err(_) => "transport error".to_owned(),
+                };
+                (answer, sent.elapsed())
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut result = Burst::default();
+    for task in tasks {
+        let Ok((answer, took)) = task.await else {
+            continue;
+        };
+        *result.answers.entry(answer).or_default() += 1;
+        result.latencies_ms.push(took.as_secs_f64() * 1000.0);
+    }
+    result.elapsed = began.elapsed();
+    result
+        .latencies_ms
+        .sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    (result, client)
+}
+
+async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str) -> Value {
+    let sims: Vec<SimWorker> = (0..workers)
+        .map(|_| SimWorker::start("tokenspeed", "regular", &["--zero-delay"]))
+        .collect();
+    let urls: Vec<String> = sims.iter().map(SimWorker::grpc_url).collect();
+    let max_connections = (clients + 1000).to_string();
+    let mut args = vec!["--worker-urls"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend(["--served-model-name", "model"]);
+    args.extend(["--max-connections", max_connections.as_str()]);
+    let gateway = Gateway::start(&args);
+    let pid = gateway.pid();
+
+    // Warm: a few hundred requests, so the baseline has its pools, caches
+    // and tokenizer state.
+    let (_, warm) = burst(&gateway, 200).await;
+    drop(warm);
+    let before = settled_rss(pid, settle).await;
+
+    let sampling = Arc::new(AtomicBool::new(true));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (sampling, peak) = (Arc::clone(&sampling), Arc::clone(&peak));
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                if let Some(rss) = rss_bytes(pid, "VmRSS:") {
+                    peak.fetch_max(rss, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let (result, client) = burst(&gateway, clients).await;
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.await;
+    let peak = peak
+        .load(Ordering::Relaxed)
+        .max(rss_bytes(pid, "VmHWM:").unwrap_or(0));
+    let open = open_connections(&gateway).await.unwrap_or(f64::NAN);
+    let held = settled_rss(pid, settle).await;
+
+    drop(client);
+    let closing = Instant::now();
+    while open_connections(&gateway).await.unwrap_or(0.0) > 1.0
+        && closing.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = settled_rss(pid, settle).await;
+
+    let (answered, p50, p99) = (
+        result.latencies_ms.len(),
+        percentile(&result.latencies_ms, 0.50),
+        percentile(&result.latencies_ms, 0.99),
+    );
+    let per_connection = held.saturating_sub(after) as f64 / clients.max(1) as f64;
+    println!(
+        "burst of {clients} on {workers} worker(s): {answered} answered in {:.2} s, p50 {p50:.0} ms, \
+         p99 {p99:.0} ms, {:?}; RSS {:.0} MiB before, {:.0} peak, {:.0} with {open} connections \
+         idle, {:.0} after they closed; {:.1} KiB per idle connection",
+        result.elapsed.as_secs_f64(),
+        result.answers,
+        mib(before),
+        mib(peak),
+        mib(held),
+        mib(after),
+        per_connection / 1024.0,
+    );
+    json!({
+        "clients": clients,
+        "workers": workers,
+        "gateway_env": gateway_env,
+        "seconds_to_answer_all": result.elapsed.as_secs_f64(),
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "answers": result.answers,
+        "rss_before_bytes": before,
+        "rss_peak_bytes": peak,
+        "rss_connections_idle_bytes": held,
+        "connections_open": open,
+        "rss_after_bytes": after,
+        "bytes_per_idle_connection": per_connection,
+    })
+}
+
+fn main() {
+    let clients: usize = env_or("SMG_BENCH_CLIENTS", 10_000);
+    let workers: usize = env_or("SMG_BENCH_WORKERS", 1);
+    let settle = Duration::from_secs(env_or("SMG_BENCH_SETTLE_SECS", 5));
+    // The gateway inherits this process's environment.
+    let gateway_env = std::env::var("SMG_BENCH_GATEWAY_ENV").unwrap_or_default();
+    for pair in gateway_env.split_whitespace() {
+        if let Some((key, value)) = pair.split_once('=') {
+            // SAFETY: no other thread exists yet (the runtime is built
+            // below), so nothing reads the environment meanwhile.
+            unsafe { std::env::set_var(key, value) };
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!(
+        "burst: {clients} clients, {workers} zero-delay worker(s), load {:.2}",
+        load_average().unwrap_or(f64::NAN)
+    );
+    let row = runtime.block_on(run(clients, workers, settle, &gateway_env));
+    println!();
+    println!(
+        "| clients | workers | all answered in | p50 | p99 | answers | RSS before | peak | connections idle | after close | per idle connection |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let answers = row["answers"]
+        .as_object()
+        .map(|answers| {
+            answers
+                .iter()
+                .map(|(answer, count)| format!("{answer} × {count}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let mib_of = |key: &str| mib(row[key].as_u64().unwrap_or(0));
+    println!(
+        "| {clients} | {workers} | {:.2} s | {:.0} ms | {:.0} ms | {answers} | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} KiB |",
+        row["seconds_to_answer_all"].as_f64().unwrap_or(f64::NAN),
+        row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+        row["p99_ms"].as_f64().unwrap_or(f64::NAN),
+        mib_of("rss_before_bytes"),
+        mib_of("rss_peak_bytes"),
+        mib_of("rss_connections_idle_bytes"),
+        mib_of("rss_after_bytes"),
+        row["bytes_per_idle_connection"]
+            .as_f64()
+            .unwrap_or(f64::NAN)
+            / 1024.0,
+    );
+    let _ = std::fs::create_dir_all("bench-results");
+    let _ = std::fs::write(
+        "bench-results/burst.json",
+        serde_json::to_string_pretty(&row).unwrap_or_default(),
+    );
+}
