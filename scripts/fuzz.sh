@@ -66,7 +66,10 @@ options() {
 start=$(date +%s)
 bins=()
 for target in "${targets[@]}"; do bins+=(--bin "$target"); done
-RUSTFLAGS="$flags ${RUSTFLAGS:-}" cargo build --locked --release --target "$triple" \
+# Not --locked: when the gateway's dependencies change, cargo adds what
+# fuzz/Cargo.lock lacks and keeps every version it already pins (commit
+# the result).
+RUSTFLAGS="$flags ${RUSTFLAGS:-}" cargo build --release --target "$triple" \
   --target-dir "$target_dir" "${bins[@]}"
 echo "fuzz build: $(( $(date +%s) - start )) s"
 
