@@ -36,6 +36,10 @@ pub fn client_request_id() -> Option<Arc<str>> {
 pub fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
     use tracing::Instrument;
     let id = client_request_id();
+    // Boxed: the block below holds `work` in two of its states, so inline it
+    // would make the spawned task twice the size of `work` (79 KB for a
+    // Responses request), all of it copied at every move.
+    let work = Box::pin(work);
     async move {
         match id {
             Some(id) => with_client_request_id(id, work).await,
