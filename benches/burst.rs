@@ -20,8 +20,9 @@
 //! gateway reports its client connections closed.
 //!
 //! Run: `cargo bench --bench burst` (`SMG_BENCH_CLIENTS`, default 10000;
-//! `SMG_BENCH_WORKERS`, default 1; `SMG_BENCH_GATEWAY_ENV`, `KEY=VALUE`
-//! pairs separated by spaces set on the gateway, e.g. allocator options).
+//! `SMG_BENCH_WORKERS`, default 1). The gateway inherits the bench's
+//! environment, so allocator options go on the command line
+//! (`MIMALLOC_PURGE_DELAY=0 cargo bench --bench burst`).
 //! Prints a table and writes `bench-results/burst.json`. Not a test:
 //! nothing here asserts a speed or a size.
 
@@ -242,15 +243,6 @@ fn main() {
     let clients: usize = env_or("SMG_BENCH_CLIENTS", 10_000);
     let workers: usize = env_or("SMG_BENCH_WORKERS", 1);
     let settle = Duration::from_secs(env_or("SMG_BENCH_SETTLE_SECS", 5));
-    // The gateway inherits this process's environment.
-    let gateway_env = std::env::var("SMG_BENCH_GATEWAY_ENV").unwrap_or_default();
-    for pair in gateway_env.split_whitespace() {
-        if let Some((key, value)) = pair.split_once('=') {
-            // SAFETY: no other thread exists yet (the runtime is built
-            // below), so nothing reads the environment meanwhile.
-            unsafe { std::env::set_var(key, value) };
-        }
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
