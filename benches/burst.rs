@@ -243,6 +243,12 @@ fn main() {
     let clients: usize = env_or("SMG_BENCH_CLIENTS", 10_000);
     let workers: usize = env_or("SMG_BENCH_WORKERS", 1);
     let settle = Duration::from_secs(env_or("SMG_BENCH_SETTLE_SECS", 5));
+    // The allocator options the gateway inherits, recorded with the row.
+    let gateway_env = std::env::vars()
+        .filter(|(key, _)| key.starts_with("MIMALLOC_"))
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(" ");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
