@@ -27,14 +27,17 @@
 //! arrivals, seeded; each request its own task on a pooled HTTP/1.1
 //! client, so a slow answer never delays the next send) for
 //! `SMG_BENCH_SECS` (default 20) at a multiple of that capacity: 0.5x
-//! (the unloaded baseline), 1x and 3x with admission on, 3x with a queue
-//! eight times as long (a queued request waits about queue / capacity,
-//! which is what separates an admitted p99 from the unloaded one), and 3x
-//! with admission off (no `--max-concurrent-requests`: what admission
-//! buys). Latency is timed from the moment a request's task starts
-//! sending it. RSS is `VmRSS` from `/proc/PID/status`, sampled every
-//! 100 ms: at the row's start, its highest sample, and once the row's last
-//! answer is in.
+//! (the unloaded baseline), 1x and 3x with admission on; then, each on a
+//! fresh gateway, 3x with a queue eight times as long and 3x with the
+//! default queue (100 requests, 60 s): under overload the queue stays
+//! full, so an admitted request waits about queue / capacity, which is
+//! what separates its p99 from the unloaded one; and 3x with admission off
+//! (no `--max-concurrent-requests`: what admission buys). Latency is timed
+//! from the moment a request's task starts sending it. RSS is `VmRSS` from
+//! `/proc/PID/status`, sampled every 100 ms: at the row's start, its
+//! highest sample, and once the row's last answer is in. Each row also
+//! keeps its ten slowest answers with the second they were sent at, so a
+//! stall of the shared machine (a cluster) can be told from a tail.
 //!
 //! Run: `cargo bench --bench overload` (the dev profile,
 //! `cargo bench --profile dev --bench overload`, builds much faster and is
@@ -195,6 +198,8 @@ struct RowSpec {
     name: &'static str,
     /// The admission queue length; `None`: admission off.
     queue: Option<usize>,
+    /// `--queue-timeout-secs`.
+    queue_timeout_secs: u64,
     /// Offered load as a multiple of the measured capacity.
     load: f64,
     seed: u64,
@@ -274,6 +279,7 @@ async fn row(
         "admission": spec.queue.is_some(),
         "max_concurrent_requests": spec.queue.map(|_| fleet.concurrency()),
         "queue_size": spec.queue,
+        "queue_timeout_secs": spec.queue.map(|_| spec.queue_timeout_secs),
         "load": spec.load,
         "offered_per_sec": rate,
         "sent": sent,
@@ -327,15 +333,17 @@ async fn row(
 }
 
 /// A gateway in front of `urls`; `queue: None` turns admission off.
-fn gateway(urls: &[String], fleet: Fleet, queue: Option<usize>) -> Gateway {
+fn gateway(urls: &[String], fleet: Fleet, spec: RowSpec) -> Gateway {
     let concurrency = fleet.concurrency().to_string();
-    let queue = queue.map(|queue| queue.to_string());
+    let queue = spec.queue.map(|queue| queue.to_string());
+    let timeout = spec.queue_timeout_secs.to_string();
     let mut args = vec!["--worker-urls"];
     args.extend(urls.iter().map(String::as_str));
     args.extend(["--served-model-name", "model", "--policy", "least_load"]);
     if let Some(queue) = &queue {
         args.extend(["--max-concurrent-requests", concurrency.as_str()]);
-        args.extend(["--queue-size", queue.as_str(), "--queue-timeout-secs", "1"]);
+        args.extend(["--queue-size", queue.as_str()]);
+        args.extend(["--queue-timeout-secs", timeout.as_str()]);
     }
     Gateway::start(&args)
 }
@@ -372,7 +380,14 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
     let urls: Vec<String> = sims.iter().map(SimWorker::grpc_url).collect();
 
     let mut rows = Vec::new();
-    let gateway_on = gateway(&urls, fleet, Some(fleet.queue));
+    let short = RowSpec {
+        name: "",
+        queue: Some(fleet.queue),
+        queue_timeout_secs: 1,
+        load: 0.0,
+        seed: 0,
+    };
+    let gateway_on = gateway(&urls, fleet, short);
     warm(&gateway_on, fleet).await;
     let (capacity, service_ms) = capacity(&gateway_on, fleet, capacity_for).await;
     println!(
@@ -383,21 +398,21 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
     let specs_on = [
         RowSpec {
             name: "unloaded (0.5x)",
-            queue: Some(fleet.queue),
             load: 0.5,
             seed: 1,
+            ..short
         },
         RowSpec {
             name: "1x",
-            queue: Some(fleet.queue),
             load: 1.0,
             seed: 2,
+            ..short
         },
         RowSpec {
             name: "3x",
-            queue: Some(fleet.queue),
             load: 3.0,
             seed: 3,
+            ..short
         },
     ];
     for spec in specs_on {
@@ -405,28 +420,36 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
     }
     drop(gateway_on);
 
-    let long_queue = fleet.queue * 8;
-    let gateway_long = gateway(&urls, fleet, Some(long_queue));
-    warm(&gateway_long, fleet).await;
-    let spec = RowSpec {
-        name: "3x, long queue",
-        queue: Some(long_queue),
-        load: 3.0,
-        seed: 3,
-    };
-    rows.push(row(&gateway_long, fleet, spec, capacity * 3.0, duration).await);
-    drop(gateway_long);
-
-    let gateway_off = gateway(&urls, fleet, None);
-    warm(&gateway_off, fleet).await;
-    let spec = RowSpec {
-        name: "3x, admission off",
-        queue: None,
-        load: 3.0,
-        seed: 3,
-    };
-    rows.push(row(&gateway_off, fleet, spec, capacity * 3.0, duration).await);
-    drop(gateway_off);
+    // Each on a gateway of its own, at 3x: a queue eight times as long,
+    // the default queue (100 requests, 60 s), and admission off.
+    let others = [
+        RowSpec {
+            name: "3x, long queue",
+            queue: Some(fleet.queue * 8),
+            queue_timeout_secs: 1,
+            load: 3.0,
+            seed: 3,
+        },
+        RowSpec {
+            name: "3x, default queue",
+            queue: Some(100),
+            queue_timeout_secs: 60,
+            load: 3.0,
+            seed: 3,
+        },
+        RowSpec {
+            name: "3x, admission off",
+            queue: None,
+            queue_timeout_secs: 0,
+            load: 3.0,
+            seed: 3,
+        },
+    ];
+    for spec in others {
+        let gateway = gateway(&urls, fleet, spec);
+        warm(&gateway, fleet).await;
+        rows.push(row(&gateway, fleet, spec, capacity * spec.load, duration).await);
+    }
 
     let unloaded_p99 = rows[0]["admitted_p99_ms"].as_f64().unwrap_or(f64::NAN);
     for row in &mut rows {
@@ -448,7 +471,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
 fn print_table(result: &Value) {
     println!();
     println!(
-        "| row | admission (max / queue) | offered | sent/s | answers | admitted/s | admitted p50 | admitted p99 | p99 / unloaded p99 | refused p50 | refused p99 | RSS start | max | end |"
+        "| row | admission (max / queue / timeout) | offered | sent/s | answers | admitted/s | admitted p50 | admitted p99 | p99 / unloaded p99 | refused p50 | refused p99 | RSS start | max | end |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let rows = result["rows"].as_array().cloned().unwrap_or_default();
@@ -456,7 +479,10 @@ fn print_table(result: &Value) {
         let number = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
         let mib_of = |key: &str| mib(row[key].as_u64().unwrap_or(0));
         let admission = match row["queue_size"].as_u64() {
-            Some(queue) => format!("{} / {queue}", row["max_concurrent_requests"]),
+            Some(queue) => format!(
+                "{} / {queue} / {} s",
+                row["max_concurrent_requests"], row["queue_timeout_secs"]
+            ),
             None => "off".to_owned(),
         };
         let answers = row["answers"]
