@@ -23,7 +23,8 @@
 //! the admitted requests spread over the workers' slots evenly).
 //!
 //! Capacity (requests/s) is measured first with a closed loop at exactly
-//! the fleet's concurrency. Then each row is an open loop (Poisson
+//! the fleet's concurrency for `SMG_BENCH_CAPACITY_SECS` (default 10).
+//! Then each row is an open loop (Poisson
 //! arrivals, seeded; each request its own task on a pooled HTTP/1.1
 //! client, so a slow answer never delays the next send) for
 //! `SMG_BENCH_SECS` (default 20) at a multiple of that capacity: 0.5x
