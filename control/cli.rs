@@ -820,8 +820,10 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "REQUESTS", default_value_t = 100, help_heading = heading::ADMISSION)]
     pub queue_size: usize,
     /// How long a request may wait for a slot; then 408 queue_timeout.
-    #[arg(long, value_name = "SECS", default_value_t = 60, help_heading = heading::ADMISSION)]
-    pub queue_timeout_secs: u64,
+    /// Fractions are taken (`0.25`): under overload every admitted request
+    /// waits about this long at most, so it bounds their latency.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0, help_heading = heading::ADMISSION)]
+    pub queue_timeout_secs: f64,
     /// Requests per second (a token bucket), per tenant when tenant keys
     /// are configured; unset: no rate limit.
     #[arg(long, value_name = "REQUESTS_PER_SEC", help_heading = heading::ADMISSION)]
@@ -1437,7 +1439,7 @@ fn admission(args: &LaunchArgs) -> Result<AdmissionConfig, ConfigError> {
             .ok()
             .filter(|&limit| limit > 0),
         queue_size: args.queue_size,
-        queue_timeout: seconds("queue-timeout-secs", args.queue_timeout_secs)?,
+        queue_timeout: fractional_seconds("queue-timeout-secs", args.queue_timeout_secs)?,
         rate,
         tenant_priorities: named_values("tenant-priority", &args.tenant_priority, |class| {
             class.parse::<Priority>()
@@ -1462,6 +1464,17 @@ fn private_hosts(
 
 fn seconds(flag: &'static str, secs: u64) -> Result<Duration, ConfigError> {
     at_least(flag, secs, 1).map(Duration::from_secs)
+}
+
+/// A duration given in seconds with a fraction, at least a millisecond.
+fn fractional_seconds(flag: &'static str, secs: f64) -> Result<Duration, ConfigError> {
+    if !(secs.is_finite() && secs >= 0.001) {
+        return Err(ConfigError::new(
+            flag,
+            format!("{secs} is not a duration of at least 0.001 seconds"),
+        ));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|err| ConfigError::new(flag, err.to_string()))
 }
 
 fn fraction(flag: &'static str, value: f64) -> Result<f64, ConfigError> {
@@ -2235,6 +2248,14 @@ mod tests {
                 "smg launch --worker-urls grpc://a:1 --dp-aware --max-dp-ranks 0",
                 "max-dp-ranks",
             ),
+            (
+                "smg launch --worker-urls grpc://a:1 --queue-timeout-secs 0",
+                "queue-timeout-secs",
+            ),
+            (
+                "smg launch --worker-urls grpc://a:1 --queue-timeout-secs NaN",
+                "queue-timeout-secs",
+            ),
         ];
         for (line, flag) in cases {
             let err = refusal(line);
@@ -2345,6 +2366,24 @@ mod tests {
             super::tests::config("smg launch --worker-urls grpc://a:1 --cors-allowed-origins *")
                 .expect("valid");
         assert_eq!(any.front.cors, CorsPolicy::AnyOrigin);
+    }
+
+    #[test]
+    fn the_queue_timeout_takes_fractions_of_a_second() {
+        let timeout = |line: &str| config(line).expect("valid").admission.queue_timeout;
+        assert_eq!(
+            timeout("smg launch --worker-urls grpc://a:1"),
+            Duration::from_secs(60),
+            "as in SMG"
+        );
+        assert_eq!(
+            timeout("smg launch --worker-urls grpc://a:1 --queue-timeout-secs 5"),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            timeout("smg launch --worker-urls grpc://a:1 --queue-timeout-secs 0.25"),
+            Duration::from_millis(250)
+        );
     }
 
     #[test]
