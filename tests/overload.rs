@@ -2,7 +2,8 @@
 //! `smg-sim-worker` processes: a burst of keep-alive clients, workers that
 //! end their HTTP/2 connections (GOAWAY, graceful or not), a worker killed
 //! and restarted under load, a black-holed worker behind the fault proxy,
-//! panic mode with every circuit open, and memory after a burst.
+//! panic mode with every circuit open, calls a dead connection never sent,
+//! and memory after a burst.
 //!
 //! Events are ordered by what the processes show (`/metrics`, the admin
 //! API, responses), never by sleeps; nothing asserts on how long anything
@@ -1111,4 +1112,124 @@ async fn requests_cut_mid_answer_by_a_connection_reset_are_run_again_unless_stre
         status["circuit"], "closed",
         "one death, counted once: {status}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_a_dead_connection_never_sent_go_to_the_other_worker_and_charge_nobody() {
+    // The hidden worker (behind the proxy) takes one stream at a time and
+    // holds each after its first token; the gateway keeps one connection to
+    // each worker. A stream holds the hidden worker's one slot, and the
+    // whole-answer requests round robin gives it wait behind that stream in
+    // the gateway's HTTP/2 client, never written. Then the proxy black-holes
+    // the connection: its keep-alive ping goes unanswered and closes it.
+    // The held stream fails (one connection death: one failure); the calls
+    // never sent fail too, and must go to the other worker, not back into
+    // the hole, where they would die with the next connection and charge
+    // the worker a second time (the threshold is two).
+    let hidden = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--zero-delay",
+            "--stall-after-tokens",
+            "1",
+            "--max-concurrent-streams",
+            "1",
+        ],
+    );
+    let direct = SimWorker::start("tokenspeed", "regular", &["--zero-delay"]);
+    let proxy = FaultProxy::start(hidden.grpc).await;
+    let (hidden_url, direct_url) = (proxy.grpc_url(), direct.grpc_url());
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &hidden_url,
+        &direct_url,
+        "--served-model-name",
+        "model",
+        "--policy",
+        "round_robin",
+        "--worker-connections",
+        "1",
+        "--disable-health-check",
+        "--cb-failure-threshold",
+        "2",
+        "--cb-probe-interval-ms",
+        "0",
+        "--panic-threshold",
+        "0",
+        "--request-timeout-secs",
+        "600",
+        "--worker-keepalive-interval-secs",
+        "1",
+        "--worker-keepalive-timeout-secs",
+        "1",
+    ]);
+    // Two streams: round robin gives each worker one; the hidden one's
+    // holds after its first event.
+    let (started, mut heads) = tokio::sync::mpsc::unbounded_channel();
+    let streams = chats_in_flight(&gateway, 2, &streamed(), &started);
+    for _ in 0..streams.len() {
+        bounded("a stream's head", heads.recv()).await.unwrap();
+    }
+    until_worker(&gateway, &hidden_url, "one stream held", |w| {
+        w["in_flight"] == 1
+    })
+    .await;
+    let whole = chats_in_flight(&gateway, 8, &chat_body(), &started);
+    let waiting = poll_until(
+        "the other worker answered its share, the rest wait for the hidden one",
+        async || {
+            let finished = whole.iter().filter(|r| r.is_finished()).count();
+            let waiting = worker_status(&gateway, &hidden_url).await["in_flight"]
+                .as_u64()
+                .unwrap()
+                - 1;
+            (waiting > 0 && finished + waiting as usize == whole.len()).then_some(waiting)
+        },
+    )
+    .await;
+    let selected = async || {
+        let label = format!("worker=\"{hidden_url}\"");
+        metric_sum(&gateway, "smg_worker_selection_total", &[label.as_str()]).await
+    };
+    let selected_before = selected().await;
+
+    proxy.black_hole(true);
+    for request in whole {
+        let (status, body) = bounded("a request behind the hole ends", request)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            body["choices"][0]["message"]["content"].is_string(),
+            "{body}"
+        );
+    }
+    for stream in streams {
+        let (status, text) = bounded("a stream ends", stream).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        assert!(sse_frames(&text).1, "{text}");
+    }
+    let resent = {
+        let label = format!("worker=\"{hidden_url}\"");
+        metric_sum(&gateway, "smg_worker_resends_total", &[label.as_str()]).await
+    };
+    let status = worker_status(&gateway, &hidden_url).await;
+    println!(
+        "{waiting} calls never sent when the connection died; {resent} resent; {} proxy \
+         connections; hidden worker {status}",
+        proxy.accepted()
+    );
+    assert_eq!(
+        selected().await,
+        selected_before,
+        "nothing more was sent into the hole"
+    );
+    assert_eq!(status["in_flight"], 0, "{status}");
+    assert_eq!(
+        status["circuit"], "closed",
+        "one connection death, one failure: {status}"
+    );
+    assert_eq!(circuits_opened(&gateway).await, 0.0);
 }
