@@ -4,8 +4,13 @@
 //! p50/p99, the answers by status and code, and the gateway's resident
 //! memory: settled before the burst, at its peak, with the burst's
 //! connections still open and idle, and settled after they closed; the
-//! difference between the last two, divided by N, is what one idle client
-//! connection costs.
+//! difference between the last two, divided by the connections the
+//! gateway reported open (the client's pool may carry two requests on one
+//! connection, so there can be fewer than N), is what one idle client
+//! connection costs. For requests that got no answer, the row names the
+//! innermost error (reset, closed before the answer, ...), and it records
+//! the connections the gateway closed or refused meanwhile and the
+//! kernel's listen-queue and reset counters (`nstat`).
 //!
 //! Why it exists: the issue's burst used to take the gateway from 175 MiB
 //! to 865 MiB, and a test cannot say whether memory comes back or how
@@ -22,7 +27,8 @@
 //! Run: `cargo bench --bench burst` (`SMG_BENCH_CLIENTS`, default 10000;
 //! `SMG_BENCH_WORKERS`, default 1). The gateway inherits the bench's
 //! environment, so allocator options go on the command line
-//! (`MIMALLOC_PURGE_DELAY=0 cargo bench --bench burst`).
+//! (`MIMALLOC_PURGE_DELAY=0 cargo bench --bench burst`), and extra gateway
+//! flags in `SMG_BENCH_GATEWAY_ARGS`.
 //! Prints a table and writes `bench-results/burst.json`. Not a test:
 //! nothing here asserts a speed or a size.
 
@@ -84,6 +90,77 @@ async fn open_connections(gateway: &Gateway) -> Option<f64> {
         .reduce(f64::max)
 }
 
+/// The gateway's counts of connections it closed or refused
+/// (`smg_http_connections_closed_total`, `smg_http_refusals_total`), one
+/// entry per labelled sample: whether a failure the clients saw was the
+/// gateway's doing (a timer, `--max-connections`).
+async fn gateway_closures(gateway: &Gateway) -> BTreeMap<String, f64> {
+    let Ok(response) = reqwest::get(format!("http://{}/metrics", gateway.metrics)).await else {
+        return BTreeMap::new();
+    };
+    let text = response.text().await.unwrap_or_default();
+    text.lines()
+        .filter(|line| {
+            line.starts_with("smg_http_connections_closed_total")
+                || line.starts_with("smg_http_refusals_total")
+        })
+        .filter_map(|line| {
+            let (sample, value) = line.rsplit_once(' ')?;
+            Some((sample.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Counters of the kernel's TCP stack (`nstat -az`) that tell whether
+/// connections were lost before the gateway accepted them: the listen
+/// queue overflowing (`TcpExtListenOverflows`, `TcpExtListenDrops`), SYN
+/// cookies sent, resets. `None` without `nstat`.
+fn tcp_counters() -> Option<BTreeMap<String, u64>> {
+    const WANTED: [&str; 7] = [
+        "TcpExtListenOverflows",
+        "TcpExtListenDrops",
+        "TcpExtSyncookiesSent",
+        "TcpExtTCPReqQFullDrop",
+        "TcpExtTCPAbortOnData",
+        "TcpOutRsts",
+        "TcpExtTCPTimeouts",
+    ];
+    let output = std::process::Command::new("nstat")
+        .args(["-asz", "--json"])
+        .output()
+        .ok()?;
+    let json: Value = serde_json::from_slice(&output.stdout).ok()?;
+    let counters = json["kernel"].as_object()?;
+    Some(
+        WANTED
+            .iter()
+            .map(|name| {
+                (
+                    name.to_string(),
+                    counters.get(*name).and_then(Value::as_u64).unwrap_or(0),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// `after - before`, per counter.
+fn counter_delta(
+    before: &Option<BTreeMap<String, u64>>,
+    after: &Option<BTreeMap<String, u64>>,
+) -> BTreeMap<String, u64> {
+    let (Some(before), Some(after)) = (before, after) else {
+        return BTreeMap::new();
+    };
+    after
+        .iter()
+        .map(|(name, value)| {
+            let was = before.get(name).copied().unwrap_or(0);
+            (name.clone(), value.saturating_sub(was))
+        })
+        .collect()
+}
+
 /// The lowest RSS over `window`, sampled every 20 ms.
 async fn settled_rss(pid: u32, window: Duration) -> u64 {
     let until = Instant::now() + window;
@@ -93,6 +170,25 @@ async fn settled_rss(pid: u32, window: Duration) -> u64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     lowest
+}
+
+/// What a request that got no answer met, as its answer's key: the stage
+/// (`connect`, `timeout`, else `transport`) and the innermost cause in the
+/// error's chain (`Connection reset by peer (os error 104)`, `connection
+/// closed before message completed`, ...), so a row says which it was.
+fn transport_failure(err: &reqwest::Error) -> String {
+    let stage = if err.is_connect() {
+        "connect"
+    } else if err.is_timeout() {
+        "timeout"
+    } else {
+        "transport"
+    };
+    let mut innermost: &dyn std::error::Error = err;
+    while let Some(cause) = innermost.source() {
+        innermost = cause;
+    }
+    format!("{stage} error: {innermost}")
 }
 
 #[derive(Debug, Default)]
@@ -130,8 +226,7 @@ async fn burst(gateway: &Gateway, clients: usize) -> (Burst, reqwest::Client) {
                             None => status.to_string(),
                         }
                     }
-                    Err(err) if err.is_connect() => "connect error".to_owned(),
-                    Err(_) => "transport error".to_owned(),
+                    Err(err) => transport_failure(&err),
                 };
                 (answer, sent.elapsed())
             })
@@ -154,7 +249,13 @@ async fn burst(gateway: &Gateway, clients: usize) -> (Burst, reqwest::Client) {
     (result, client)
 }
 
-async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str) -> Value {
+async fn run(
+    clients: usize,
+    workers: usize,
+    settle: Duration,
+    gateway_env: &str,
+    gateway_args: &str,
+) -> Value {
     let sims: Vec<SimWorker> = (0..workers)
         .map(|_| SimWorker::start("tokenspeed", "regular", &["--zero-delay"]))
         .collect();
@@ -164,6 +265,7 @@ async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str
     args.extend(urls.iter().map(String::as_str));
     args.extend(["--served-model-name", "model"]);
     args.extend(["--max-connections", max_connections.as_str()]);
+    args.extend(gateway_args.split_whitespace());
     let gateway = Gateway::start(&args);
     let pid = gateway.pid();
 
@@ -186,7 +288,19 @@ async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str
             }
         })
     };
+    let tcp_before = tcp_counters();
+    let closures_before = gateway_closures(&gateway).await;
     let (result, client) = burst(&gateway, clients).await;
+    let tcp = counter_delta(&tcp_before, &tcp_counters());
+    let closures: BTreeMap<String, f64> = gateway_closures(&gateway)
+        .await
+        .into_iter()
+        .map(|(sample, value)| {
+            let was = closures_before.get(&sample).copied().unwrap_or(0.0);
+            (sample, value - was)
+        })
+        .filter(|(_, delta)| *delta > 0.0)
+        .collect();
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.await;
     let peak = peak
@@ -209,7 +323,15 @@ async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str
         percentile(&result.latencies_ms, 0.50),
         percentile(&result.latencies_ms, 0.99),
     );
-    let per_connection = held.saturating_sub(after) as f64 / clients.max(1) as f64;
+    // Per connection the gateway held open: the client's pool may carry
+    // some requests on a connection another request already used, so there
+    // can be fewer connections than clients.
+    let connections = if open.is_finite() && open >= 1.0 {
+        open
+    } else {
+        clients.max(1) as f64
+    };
+    let per_connection = held.saturating_sub(after) as f64 / connections;
     println!(
         "burst of {clients} on {workers} worker(s): {answered} answered in {:.2} s, p50 {p50:.0} ms, \
          p99 {p99:.0} ms, {:?}; RSS {:.0} MiB before, {:.0} peak, {:.0} with {open} connections \
@@ -222,10 +344,12 @@ async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str
         mib(after),
         per_connection / 1024.0,
     );
+    println!("during the burst: gateway closed/refused {closures:?}; kernel TCP {tcp:?}");
     json!({
         "clients": clients,
         "workers": workers,
         "gateway_env": gateway_env,
+        "gateway_args": gateway_args,
         "seconds_to_answer_all": result.elapsed.as_secs_f64(),
         "p50_ms": p50,
         "p99_ms": p99,
@@ -236,6 +360,8 @@ async fn run(clients: usize, workers: usize, settle: Duration, gateway_env: &str
         "connections_open": open,
         "rss_after_bytes": after,
         "bytes_per_idle_connection": per_connection,
+        "gateway_closed_or_refused": closures,
+        "kernel_tcp": tcp,
     })
 }
 
@@ -249,6 +375,9 @@ fn main() {
         .map(|(key, value)| format!("{key}={value}"))
         .collect::<Vec<_>>()
         .join(" ");
+    // Extra gateway flags, whitespace-separated (an experiment's
+    // `--header-read-timeout-secs 2`), recorded with the row.
+    let gateway_args = std::env::var("SMG_BENCH_GATEWAY_ARGS").unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -258,7 +387,7 @@ fn main() {
         "burst: {clients} clients, {workers} zero-delay worker(s), load {:.2}",
         load_average().unwrap_or(f64::NAN)
     );
-    let row = runtime.block_on(run(clients, workers, settle, &gateway_env));
+    let row = runtime.block_on(run(clients, workers, settle, &gateway_env, &gateway_args));
     println!();
     println!(
         "| clients | workers | all answered in | p50 | p99 | answers | RSS before | peak | connections idle | after close | per idle connection |"

@@ -288,8 +288,10 @@ pub enum Reach {
     /// streams it took down.
     Connection { first: bool },
     /// The worker never saw the request: its connection was closing
-    /// (HTTP/2 GOAWAY, the stream above its last stream id) or refused the
-    /// stream (REFUSED_STREAM). Never counts; always safe to send again.
+    /// (HTTP/2 GOAWAY, the stream above its last stream id), refused the
+    /// stream (REFUSED_STREAM), or closed before the request was written
+    /// (a keep-alive ping unanswered, a reset). Never counts; always safe
+    /// to send again, to any worker.
     Unsent,
 }
 

@@ -181,7 +181,10 @@ async fn serve_with(
 
     let listen = &config.listen;
     let front = &config.front;
-    let http = TcpListener::bind((listen.host.as_str(), listen.port))
+    // The public listener's backlog holds a burst of up to
+    // --max-connections while the accept loop catches up.
+    let backlog = u32::try_from(front.limits.max_connections).unwrap_or(u32::MAX);
+    let http = api::bind(listen.host.as_str(), listen.port, backlog)
         .await
         .with_context(|| format!("cannot listen on {}:{}", listen.host, listen.port))?;
     let metrics_listener = TcpListener::bind((listen.metrics_host.as_str(), listen.metrics_port))

@@ -24,6 +24,6 @@ pub mod types;
 
 pub use auth::{ANONYMOUS, AUDIT_TARGET, Operator, Tenant};
 pub use http::{AppState, SharedState, admin_app, admin_on_public, app, serve_metrics};
-pub use listener::{ListenerSettings, serve};
+pub use listener::{ListenerSettings, bind, serve};
 pub use request_id::{MAX_REQUEST_ID_LEN, RequestId};
 pub use state::Fleet;

@@ -12,11 +12,14 @@
 //!
 //! Calls go over the worker's connection pool (`pool`): connections open
 //! lazily and reconnect with backoff, so creating a client does no I/O and
-//! a restarted worker needs no new client. A call the worker never saw
-//! (HTTP/2 GOAWAY above its last stream id, REFUSED_STREAM, or a
-//! connection hyper closed before sending) is sent again at once on a fresh
-//! connection: the worker cannot have started it, so this is safe even
-//! while the request's other legs run. `grpcs://` workers are dialled over
+//! a restarted worker needs no new client. A call the worker refused
+//! unseen (HTTP/2 GOAWAY above its last stream id, REFUSED_STREAM) is sent
+//! again at once on a fresh connection: the worker is up (it just said so)
+//! and cannot have started the call, so this is safe even while the
+//! request's other legs run. A call whose connection closed before it was
+//! written (a keep-alive ping that went unanswered, a reset, a crash) is
+//! not: the path to that worker is what failed, so the call is given back
+//! unsent ([`Reach::Unsent`]) for the router to send to another worker. `grpcs://` workers are dialled over
 //! TLS as [`WorkerTls`] says (with a client certificate for workers that
 //! ask for one): every pooled connection makes its own TLS session.
 
@@ -48,9 +51,10 @@ use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEnco
 use crate::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use crate::proto::{self, common, sglang_scheduler as sg, tokenspeed_scheduler as ts};
 
-/// How many times a call the worker never saw is sent again, each time on
-/// a fresh connection, before it fails (as `worker_unavailable`, charging
-/// nobody).
+/// How many times a call the worker refused unseen (GOAWAY,
+/// REFUSED_STREAM) is sent again, each time on a fresh connection, before
+/// it fails (as `worker_unavailable`, charging nobody, unsent: the router
+/// may send it elsewhere).
 const MAX_RESENDS: u32 = 3;
 
 /// The largest tokenizer archive the gateway downloads from a worker. Real
@@ -119,7 +123,13 @@ enum Failure {
     Answered,
     /// The connection broke under the call (or could not be made).
     Connection,
-    /// The worker never saw the call.
+    /// The worker refused the call unseen on this connection (GOAWAY above
+    /// its last stream id, REFUSED_STREAM): it is up; a fresh connection
+    /// to it may take the call.
+    Refused,
+    /// The connection closed before the call was written (hyper gave it
+    /// back): the worker never saw it, and the path to the worker is what
+    /// failed.
     Unsent,
 }
 
@@ -138,7 +148,7 @@ fn classify(status: &Status) -> Failure {
             if h2.reason() == Some(h2::Reason::REFUSED_STREAM)
                 || (h2.is_go_away() && h2.is_remote())
             {
-                return Failure::Unsent;
+                return Failure::Refused;
             }
             if h2.is_reset() {
                 return Failure::Answered;
@@ -260,8 +270,9 @@ impl EngineClient {
     }
 
     /// Makes one call on a pooled connection, sending it again on a fresh
-    /// connection when the worker never saw it. Returns the answer and the
-    /// lease, which counts the call's stream until dropped.
+    /// connection when the worker refused it unseen ([`Failure::Refused`]).
+    /// Returns the answer and the lease, which counts the call's stream
+    /// until dropped.
     async fn call_leased<T, F, Fut>(&self, rpc: F) -> Result<(T, Lease)>
     where
         F: Fn(Channel) -> Fut,
@@ -288,9 +299,9 @@ impl EngineClient {
                 Err(status) => status,
             };
             let failure = classify(&status);
-            if failure == Failure::Unsent {
+            if matches!(failure, Failure::Refused | Failure::Unsent) {
                 self.pool.retire(&lease);
-                if resent < MAX_RESENDS {
+                if failure == Failure::Refused && resent < MAX_RESENDS {
                     resent += 1;
                     crate::metrics::record_resend(&self.url);
                     tracing::debug!(worker = %self.url, %status, resent, "resending a call the worker never saw");
@@ -327,7 +338,7 @@ impl EngineClient {
         }
         let reach = match failure {
             Failure::Answered => Reach::Worker,
-            Failure::Unsent => Reach::Unsent,
+            Failure::Refused | Failure::Unsent => Reach::Unsent,
             Failure::Connection => Reach::Connection {
                 first: self.pool.first_failure_since(lease),
             },
@@ -647,7 +658,7 @@ impl EngineClient {
 /// "unsent".
 fn stream_failure(status: &Status) -> Failure {
     match classify(status) {
-        Failure::Unsent => Failure::Connection,
+        Failure::Refused | Failure::Unsent => Failure::Connection,
         other => other,
     }
 }
@@ -1045,7 +1056,7 @@ mod tests {
         assert_eq!(classify(&Status::internal("scripted")), Failure::Answered);
         // A refused stream was never processed (RFC 9113 §8.7).
         let refused = Status::from_error(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
-        assert_eq!(classify(&refused), Failure::Unsent);
+        assert_eq!(classify(&refused), Failure::Refused);
         // Any other transport failure broke the connection under the call.
         let reset = Status::from_error(Box::new(std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,

@@ -44,6 +44,9 @@ pub struct AttemptContext<'a> {
     pub tasks: &'a RequestTasks,
     /// The engine calls' id for this attempt: `<request id>-<attempt>`.
     pub engine_request_id: String,
+    /// Workers selection passes over when another can take the request
+    /// (their connections failed under an earlier attempt).
+    pub avoid: Vec<Arc<str>>,
     /// When the whole request (all attempts) must be done.
     pub deadline: Instant,
 }
@@ -152,8 +155,9 @@ async fn run_stage(
         // Request-scoped: ran once before the first attempt.
         StageKind::Preparation => {}
         StageKind::WorkerSelection => {
-            state.selection =
-                Some(select_workers(cx.mode, cx.request, cx.workers, cx.policies).await?);
+            state.selection = Some(
+                select_workers(cx.mode, cx.request, cx.workers, cx.policies, &cx.avoid).await?,
+            );
         }
         StageKind::ClientAcquisition => {
             let selection = state

@@ -88,15 +88,19 @@ pub enum Picked {
 /// or circuit says: a fleet that is mostly out, or a lone worker whose
 /// circuit opened, serves what it can instead of refusing everything.
 /// In-flight limits hold in panic mode too.
+///
+/// Workers in `avoid` (a retry's: their connections failed under the
+/// request) are chosen only when no other could take it.
 pub fn try_pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
     request: &SelectionRequest<'_>,
+    avoid: &[Arc<str>],
 ) -> Result<Picked> {
     let (members, generation) = workers.members(role);
     let Selectable {
-        mut available,
+        available,
         mut full,
         panic,
     } = selectable(&members, policies.panic_threshold);
@@ -105,28 +109,38 @@ pub fn try_pick(
         metrics::record_panic_routing(role.name());
     }
     let policy = policies.of(role);
-    while !available.is_empty() {
-        let pool = Pool::new(&members, &available, generation);
-        let mut index = policy.select(&pool, request);
-        if !pool.is_available(index) {
-            tracing::error!(
-                policy = policy.name(),
-                index,
-                "a policy chose an unavailable worker"
-            );
-            index = available[0];
-        }
-        let worker: &Arc<Worker> = &members[index];
-        let guard = match worker.try_hold(request.input_ids.len() as u64, !panic) {
-            Ok(guard) => guard,
-            Err(refusal) => {
-                full |= refusal == Refusal::Full;
-                available.retain(|&i| i != index);
-                continue;
+    // Asks the policy for one of `available` until one is held.
+    let mut hold = |mut available: Vec<usize>| -> Option<LoadGuard> {
+        while !available.is_empty() {
+            let pool = Pool::new(&members, &available, generation);
+            let mut index = policy.select(&pool, request);
+            if !pool.is_available(index) {
+                tracing::error!(
+                    policy = policy.name(),
+                    index,
+                    "a policy chose an unavailable worker"
+                );
+                index = available[0];
             }
-        };
-        policy.on_routed(worker, request);
-        metrics::record_selection(worker.label(), role.name(), policy.name());
+            let worker: &Arc<Worker> = &members[index];
+            let guard = match worker.try_hold(request.input_ids.len() as u64, !panic) {
+                Ok(guard) => guard,
+                Err(refusal) => {
+                    full |= refusal == Refusal::Full;
+                    available.retain(|&i| i != index);
+                    continue;
+                }
+            };
+            policy.on_routed(worker, request);
+            metrics::record_selection(worker.label(), role.name(), policy.name());
+            return Some(guard);
+        }
+        None
+    };
+    let (avoided, preferred): (Vec<usize>, Vec<usize>) = available
+        .into_iter()
+        .partition(|&i| avoid.iter().any(|url| **url == *members[i].url()));
+    if let Some(guard) = hold(preferred).or_else(|| hold(avoided)) {
         return Ok(Picked::Held(guard));
     }
     if full {
@@ -185,9 +199,10 @@ pub async fn pick(
     policies: &RolePolicies,
     role: WorkerRole,
     request: &SelectionRequest<'_>,
+    avoid: &[Arc<str>],
 ) -> Result<LoadGuard> {
     with_room(workers, &[role], || {
-        Ok(match try_pick(workers, policies, role, request)? {
+        Ok(match try_pick(workers, policies, role, request, avoid)? {
             Picked::Held(guard) => Some(guard),
             Picked::Full => None,
         })
@@ -242,6 +257,7 @@ pub async fn select_workers(
     request: &PreparedRequest,
     workers: &WorkerSet,
     policies: &RolePolicies,
+    avoid: &[Arc<str>],
 ) -> Result<Selection> {
     let mut roles = match mode.spec().plan {
         PlanShape::Single => vec![WorkerRole::Regular],
@@ -251,7 +267,7 @@ pub async fn select_workers(
         roles.push(WorkerRole::Encode);
     }
     with_room(workers, &roles, || {
-        try_select(mode, request, workers, policies, &roles)
+        try_select(mode, request, workers, policies, &roles, avoid)
     })
     .await
 }
@@ -266,6 +282,7 @@ fn try_select(
     workers: &WorkerSet,
     policies: &RolePolicies,
     roles: &[WorkerRole],
+    avoid: &[Arc<str>],
 ) -> Result<Option<Selection>> {
     if roles.iter().any(|&role| only_full(workers, policies, role)) {
         return Ok(None);
@@ -276,7 +293,7 @@ fn try_select(
         content_hash: None,
     };
     let pick = |role: WorkerRole, request: &SelectionRequest<'_>| {
-        try_pick(workers, policies, role, request).map(|picked| match picked {
+        try_pick(workers, policies, role, request, avoid).map(|picked| match picked {
             Picked::Held(guard) => Some(guard),
             Picked::Full => None,
         })

@@ -19,6 +19,13 @@
 //!   token or the last, is retried like a failure before it; the client
 //!   sees only the answer of the attempt that completed.
 //!
+//! Where a retry goes: a failure of the connection to a worker (a call it
+//! never saw, one the connection broke under) passes that worker over in
+//! the request's later attempts whenever another worker of its role can
+//! take them; the path to it is what failed. A call the worker never saw
+//! is sent again at once, without a pause and outside the retry budget (up
+//! to [`MAX_RESENDS`] times): nothing ran, so nothing is retried.
+//!
 //! It also feeds the circuit breakers: a success once an attempt's first
 //! event arrives; a failure only for the worker the error blames, only if
 //! the error counts against workers (`Error::charges`: not the gateway's
@@ -35,7 +42,7 @@ use tokio::time::Instant;
 
 use crate::engine::Embedding;
 use crate::engine::Runtime;
-use crate::error::{Error, ErrorCode, Result};
+use crate::error::{Error, ErrorCode, Reach, Result};
 use crate::lanes::LaneDecision;
 use crate::metrics;
 use crate::mode::Mode;
@@ -53,6 +60,10 @@ use crate::policies::SelectionRequest;
 use crate::shutdown::RequestTasks;
 use crate::tokenizer::Tokenizer;
 use crate::workers::{Worker, WorkerRole, WorkerSet};
+
+/// How many times one request's calls that a worker never saw
+/// ([`Reach::Unsent`]) are sent again, outside the retry budget.
+const MAX_RESENDS: u32 = 3;
 
 /// Retries with exponential backoff and jitter (SMG's `--retry-*` flags).
 #[derive(Debug, Clone, Copy)]
@@ -247,8 +258,8 @@ impl Router {
             created,
             first_token_at,
         } = self
-            .with_retries(&request.request_id, deadline, |attempt| {
-                self.attempt(pipeline, &request, attempt, deadline, &charged)
+            .with_retries(&request.request_id, deadline, |attempt, avoid| {
+                self.attempt(pipeline, &request, attempt, avoid, deadline, &charged)
             })
             .await?;
         let mut stages = Vec::with_capacity(ran.len() + 1);
@@ -266,10 +277,15 @@ impl Router {
         })
     }
 
-    /// The one retry loop: runs `attempt(1)`, `attempt(2)`, ... until one
-    /// succeeds, fails for good (not retryable), the attempts run out or
-    /// `deadline` passes; every attempt runs under the deadline, and the
-    /// pause between attempts follows the retry settings.
+    /// The one retry loop: runs `attempt(1, avoid)`, `attempt(2, avoid)`,
+    /// ... until one succeeds, fails for good (not retryable), the attempts
+    /// run out or `deadline` passes; every attempt runs under the deadline,
+    /// and the pause between attempts follows the retry settings.
+    ///
+    /// `avoid` lists the workers whose connections failed under this
+    /// request's earlier attempts (selection passes them over when it can).
+    /// A failure the worker never saw ([`Reach::Unsent`]) is sent again at
+    /// once and does not count as a retry, up to [`MAX_RESENDS`] times.
     async fn with_retries<T, F, Fut>(
         &self,
         request_id: &str,
@@ -277,14 +293,17 @@ impl Router {
         mut attempt: F,
     ) -> Result<T>
     where
-        F: FnMut(u32) -> Fut,
+        F: FnMut(u32, Vec<Arc<str>>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let attempts = self.parts.retry.attempts();
-        let mut number = 0;
+        // Attempts made (each gets its own engine request id), retries
+        // among them, and resends of calls never seen.
+        let (mut number, mut retries, mut resends) = (0, 0, 0);
+        let mut avoid: Vec<Arc<str>> = Vec::new();
         loop {
             number += 1;
-            let outcome = tokio::time::timeout_at(deadline, attempt(number))
+            let outcome = tokio::time::timeout_at(deadline, attempt(number, avoid.clone()))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Error::new(
@@ -292,15 +311,36 @@ impl Router {
                         "the request exceeded --request-timeout-secs",
                     ))
                 });
-            match outcome {
-                Err(err) if err.retryable() && number < attempts && Instant::now() < deadline => {
-                    let pause = self.parts.retry.backoff(number);
-                    tracing::info!(request_id, attempt = number, code = %err.code, ?pause, "retrying");
-                    metrics::record_retry(self.parts.mode.metrics_label(), err.code.as_str());
-                    tokio::time::sleep(pause).await;
-                }
-                other => return other,
+            let err = match outcome {
+                Ok(done) => return Ok(done),
+                Err(err) if Instant::now() >= deadline => return Err(err),
+                Err(err) => err,
+            };
+            if let Some(worker) = avoided_after(&err)
+                && !avoid.contains(worker)
+            {
+                avoid.push(Arc::clone(worker));
             }
+            if err.reach == Reach::Unsent && resends < MAX_RESENDS {
+                resends += 1;
+                let worker = err.worker.as_deref().unwrap_or("-");
+                tracing::debug!(
+                    request_id,
+                    attempt = number,
+                    worker,
+                    "sending a call no worker saw again"
+                );
+                metrics::record_resend(worker);
+                continue;
+            }
+            if !err.retryable() || retries + 1 >= attempts {
+                return Err(err);
+            }
+            retries += 1;
+            let pause = self.parts.retry.backoff(retries);
+            tracing::info!(request_id, attempt = number, code = %err.code, ?pause, "retrying");
+            metrics::record_retry(self.parts.mode.metrics_label(), err.code.as_str());
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -366,7 +406,7 @@ impl Router {
     async fn embed_one(&self, engine_id: &str, ids: &[u32]) -> Result<Embedding> {
         let deadline = Instant::now() + self.parts.request_timeout;
         let charged = &Charged::default();
-        self.with_retries(engine_id, deadline, |attempt| async move {
+        self.with_retries(engine_id, deadline, |attempt, avoid| async move {
             let selection = SelectionRequest {
                 input_ids: ids,
                 ..Default::default()
@@ -376,6 +416,7 @@ impl Router {
                 &self.parts.policies,
                 WorkerRole::Regular,
                 &selection,
+                &avoid,
             )
             .await?;
             let worker = Arc::clone(guard.worker());
@@ -404,6 +445,7 @@ impl Router {
         pipeline: &RequestPipeline,
         request: &PreparedRequest,
         attempt: u32,
+        avoid: Vec<Arc<str>>,
         deadline: Instant,
         charged: &Charged,
     ) -> Result<Attempted> {
@@ -419,6 +461,7 @@ impl Router {
                 &request.request_id,
                 attempt,
             ),
+            avoid,
             deadline,
         };
         let AttemptOutcome {
@@ -489,6 +532,17 @@ async fn read_whole(mut output: OutputStream) -> Result<(Vec<OutputEvent>, Optio
         events.push(event);
     }
     Ok((events, first_token_at))
+}
+
+/// The worker a later attempt should pass over after `err`: the one it
+/// blames, when its connection failed (the call never reached it, or the
+/// connection broke under it). A worker that answered with an error is
+/// left to the policy and its circuit breaker.
+fn avoided_after(err: &Error) -> Option<&Arc<str>> {
+    match err.reach {
+        Reach::Unsent | Reach::Connection { .. } => err.worker.as_ref(),
+        Reach::Worker => None,
+    }
 }
 
 /// Charges a failure to the chosen worker it blames, if it counts against

@@ -327,6 +327,35 @@ mod in_process {
         panicking_router(mode, workers, retry, timeout, 0)
     }
 
+    /// A policy that always picks the first worker it may: a retry goes
+    /// elsewhere only if selection passes that one over.
+    #[derive(Debug)]
+    struct First;
+
+    impl crate::policies::Policy for First {
+        fn name(&self) -> &'static str {
+            "first"
+        }
+
+        fn select(&self, pool: &crate::policies::Pool<'_>, _: &SelectionRequest<'_>) -> usize {
+            pool.available()[0]
+        }
+    }
+
+    /// [`router`] whose every role picks with [`First`].
+    fn sticky_router(workers: WorkerSet, retry: RetryConfig) -> Router {
+        let mut router = router(Mode::Regular, workers, retry, Duration::from_secs(30));
+        let first: Arc<dyn crate::policies::Policy> = Arc::new(First);
+        router.parts.policies = RolePolicies {
+            regular: Arc::clone(&first),
+            prefill: Arc::clone(&first),
+            decode: Arc::clone(&first),
+            encode: first,
+            panic_threshold: 0,
+        };
+        router
+    }
+
     /// A router whose selection panics below `panic_threshold` percent.
     fn panicking_router(
         mode: Mode,
@@ -817,6 +846,82 @@ mod in_process {
             members[0].is_available(),
             "a worker that never saw the call is not charged (threshold 1)"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_never_sent_goes_to_another_worker_outside_the_retry_budget() {
+        // The policy would pick the first worker again, and retries are off:
+        // only the resend rule can take the call to the second.
+        let ids = hello_ids();
+        let dying = ScriptedEngine::new(
+            "grpc://a:1",
+            vec![Script::Break(Reach::Unsent)],
+            Script::Answer(answer(&ids)),
+        );
+        let healthy = ScriptedEngine::answering("grpc://b:1", &ids);
+        let workers = WorkerSet::default();
+        workers.add(worker_opening_at(&dying, 2));
+        workers.add(worker_opening_at(&healthy, 2));
+        let router = sticky_router(workers, no_retries());
+        let generation = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("resent to the other worker");
+        assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        assert_eq!(dying.generated().len(), 1, "not sent to the first again");
+        assert_eq!(healthy.generated().len(), 1);
+        let members = router.workers().members(WorkerRole::Regular).0;
+        assert_eq!(members[0].breaker().failures(), 0, "charged nobody");
+        // The next request is the policy's again: the first worker.
+        let next = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("answered");
+        assert_eq!(text_of(next.output).await.expect("answers"), "Hello");
+        assert_eq!(dying.generated().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_worker_gets_a_call_it_never_saw_again() {
+        let ids = hello_ids();
+        let dying = ScriptedEngine::new(
+            "grpc://a:1",
+            vec![Script::Break(Reach::Unsent)],
+            Script::Answer(answer(&ids)),
+        );
+        let workers = WorkerSet::default();
+        workers.add(worker_opening_at(&dying, 2));
+        let router = sticky_router(workers, no_retries());
+        let generation = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("resent to the same worker");
+        assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        assert_eq!(dying.generated().len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_a_broken_connection_passes_its_worker_over() {
+        let ids = hello_ids();
+        let broken = ScriptedEngine::new(
+            "grpc://a:1",
+            vec![Script::Break(Reach::Connection { first: true })],
+            Script::Answer(answer(&ids)),
+        );
+        let healthy = ScriptedEngine::answering("grpc://b:1", &ids);
+        let workers = WorkerSet::default();
+        workers.add(worker_opening_at(&broken, 2));
+        workers.add(worker_opening_at(&healthy, 2));
+        let router = sticky_router(workers, retry());
+        let generation = router
+            .generate(Endpoint::Completions, spec(false), None)
+            .await
+            .expect("retried on the other worker");
+        assert_eq!(text_of(generation.output).await.expect("answers"), "Hello");
+        assert_eq!(broken.generated().len(), 1);
+        assert_eq!(healthy.generated().len(), 1);
+        let members = router.workers().members(WorkerRole::Regular).0;
+        assert_eq!(members[0].breaker().failures(), 1, "the death, once");
     }
 
     #[tokio::test(start_paused = true)]

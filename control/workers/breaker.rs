@@ -249,6 +249,15 @@ impl CircuitBreaker {
             .state
     }
 
+    /// The failures counted toward opening the circuit (in a row, within
+    /// the window) while it is closed.
+    pub fn failures(&self) -> u32 {
+        self.core
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .failures
+    }
+
     /// Records an RPC outcome now; returns the new state if it changed.
     pub fn record(&self, success: bool) -> Option<BreakerState> {
         self.record_at(success, Instant::now())
