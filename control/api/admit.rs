@@ -1,48 +1,50 @@
-//! The admission layer of the inference routes: a request is admitted
-//! ([`Admission::admit`]) before its body is read and keeps its permit
-//! until its response body (a stream included) has been sent or dropped.
+//! Admission of the inference routes, as the front door runs it: a request
+//! is admitted ([`admit`]) before its body is read and keeps its permit
+//! until its response body (a stream included) has been sent or dropped
+//! ([`hold_until_sent`]).
 //!
-//! Why a layer: every inference route is admitted by the same rule, and
-//! the permit must outlive the handler (a stream is still being written
-//! when the handler has returned), which only the response body can carry.
+//! Why the front door does it: every inference route is admitted by the
+//! same rule, and the permit must outlive the handler (a stream is still
+//! being written when the handler has returned), which only the response
+//! body can carry.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http_body::{Frame, SizeHint};
 
 use super::auth::Tenant;
-use super::http::SharedState;
+use super::state::AppState;
 use crate::admission::Permit;
 
-/// Admits the request, runs it, and ties the permit to its response body.
+/// Admits `request` for `tenant`: waits for a slot (or answers the
+/// refusal), then hands the permit to the handler as a [`HeldPermit`]
+/// extension, which [`hold_until_sent`] reads back after the handler.
 pub(super) async fn admit(
-    State(state): State<SharedState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let tenant = request.extensions().get::<Tenant>().cloned();
-    let permit = match state
+    state: &AppState,
+    tenant: &Tenant,
+    request: &mut Request,
+) -> Result<HeldPermit, Response> {
+    let permit = state
         .admission
-        .admit(tenant.as_ref().map(Tenant::name))
+        .admit(Some(tenant.name()))
         .await
-    {
-        Ok(permit) => permit,
-        Err(err) => return err.into_response(),
-    };
+        .map_err(IntoResponse::into_response)?;
     let held = HeldPermit::default();
     if let Ok(mut slot) = held.0.lock() {
         *slot = Some(permit);
     }
-    let mut request = request;
     request.extensions_mut().insert(held.clone());
-    let response = next.run(request).await;
-    // A handler that runs on past its response took the permit with it.
+    Ok(held)
+}
+
+/// `response`, holding the request's permit until its body has been sent
+/// or dropped (unless the handler took the permit into work of its own).
+pub(super) fn hold_until_sent(held: &HeldPermit, response: Response) -> Response {
     let Some(permit) = held.take() else {
         return response;
     };

@@ -29,8 +29,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::Next;
+use axum::extract::{ConnectInfo, Request};
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, Method, header};
 
@@ -164,21 +163,19 @@ impl InferenceGate {
     }
 }
 
-/// Admits inference requests by key, naming their tenant.
-pub async fn inference(
-    State(gate): State<Arc<InferenceGate>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let tenant = match gate.admit(request.headers()) {
-        Ok(tenant) => tenant,
-        Err(err) => return unauthorized(&err, request).await,
-    };
-    tracing::Span::current().record("tenant", tenant.name());
-    request.extensions_mut().insert(tenant.clone());
-    let mut response = next.run(request).await;
-    response.extensions_mut().insert(tenant);
-    response
+impl InferenceGate {
+    /// Lets `request` through by its key, naming its tenant in its
+    /// extensions and on the current (the request's) log span; or its
+    /// refusal.
+    pub(super) async fn pass(&self, mut request: Request) -> Result<(Request, Tenant), Response> {
+        let tenant = match self.admit(request.headers()) {
+            Ok(tenant) => tenant,
+            Err(err) => return Err(unauthorized(&err, request).await),
+        };
+        tracing::Span::current().record("tenant", tenant.name());
+        request.extensions_mut().insert(tenant.clone());
+        Ok((request, tenant))
+    }
 }
 
 /// Where admin routes are served, and so who may call them.
@@ -252,36 +249,61 @@ impl AdminGate {
     }
 }
 
-/// Admits admin requests by control-plane key (or by listener), and writes
-/// the audit line of each change and each refusal.
-pub async fn admin(
-    State(gate): State<Arc<AdminGate>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
-    let operator = match gate.admit(&request) {
-        Ok(operator) => operator,
-        Err(err) => {
-            let who = match gate.access {
-                AdminAccess::Keys => "an unknown caller".to_owned(),
-                AdminAccess::Listener => "admin listener client".to_owned(),
-            };
-            tracing::warn!(
-                target: AUDIT_TARGET,
-                who = %who,
-                action = %format!("{method} {path}"),
-                outcome = "denied",
-                code = err.code.as_str(),
-                "admin request refused"
-            );
-            return unauthorized(&err, request).await;
+/// An admin request let through: who made it, and what it asks, for its
+/// audit line.
+pub(super) struct AdminCall {
+    operator: Operator,
+    method: Method,
+    path: String,
+}
+
+impl AdminGate {
+    /// Lets `request` through by its control-plane key (or its listener),
+    /// naming its [`Operator`] in its extensions; or its refusal, with the
+    /// refusal's audit line written.
+    pub(super) async fn pass(
+        &self,
+        mut request: Request,
+    ) -> Result<(Request, AdminCall), Response> {
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        match self.admit(&request) {
+            Ok(operator) => {
+                request.extensions_mut().insert(operator.clone());
+                Ok((
+                    request,
+                    AdminCall {
+                        operator,
+                        method,
+                        path,
+                    },
+                ))
+            }
+            Err(err) => {
+                let who = match self.access {
+                    AdminAccess::Keys => "an unknown caller",
+                    AdminAccess::Listener => "admin listener client",
+                };
+                tracing::warn!(
+                    target: AUDIT_TARGET,
+                    who = %who,
+                    action = %format!("{method} {path}"),
+                    outcome = "denied",
+                    code = err.code.as_str(),
+                    "admin request refused"
+                );
+                Err(unauthorized(&err, request).await)
+            }
         }
-    };
-    request.extensions_mut().insert(operator.clone());
-    let response = next.run(request).await;
-    if !reads_only(&method) {
+    }
+}
+
+impl AdminCall {
+    /// Writes the audit line of a change (reads are not audited).
+    pub(super) fn audit(&self, response: &Response) {
+        if reads_only(&self.method) {
+            return;
+        }
         let status = response.status();
         let outcome = if status.is_success() {
             "done"
@@ -290,14 +312,13 @@ pub async fn admin(
         };
         tracing::info!(
             target: AUDIT_TARGET,
-            who = %operator,
-            action = %format!("{method} {path}"),
+            who = %self.operator,
+            action = %format!("{} {}", self.method, self.path),
             outcome,
             status = status.as_u16(),
             "admin change"
         );
     }
-    response
 }
 
 /// The key in `Authorization: Bearer <key>`.

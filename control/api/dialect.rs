@@ -9,10 +9,11 @@
 //! framework's own extractor rejections (plain text), as well as the
 //! handlers. Only the route knows the dialect.
 //!
-//! So there is one renderer, [`render`], and one layer, [`speak`], outside
-//! every other: an error response carries the [`Error`] it was made from
-//! (a response extension, [`Rendered`]), and the layer renders it again
-//! for the route's dialect when it was rendered in another. A failure that
+//! So there is one renderer, [`render`], and one step, [`Speaker`], that
+//! the front door's envelope runs outside every other layer (and [`speak`]
+//! on the metrics listener): an error response carries the [`Error`] it
+//! was made from (a response extension, [`Rendered`]), and the step renders
+//! it again for the route's dialect when it was rendered in another. A failure that
 //! carries no `Error` and no JSON (the framework's plain-text rejections,
 //! its empty 405) gets one from its status, so every error leaving the
 //! gateway is JSON, in the route's dialect. (JSON answers made on purpose,
@@ -20,7 +21,7 @@
 
 use axum::body::{Body, to_bytes};
 use axum::extract::Request;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -92,56 +93,84 @@ pub fn render(err: &Error, dialect: ErrorDialect) -> Response {
 /// The most of a plain-text rejection that becomes the error's message.
 const REJECTION_TEXT_BYTES: usize = 4096;
 
-/// The outermost error layer: renders every error response in the dialect
-/// of the request's route.
+/// The outermost error layer of a router with no other front door (the
+/// metrics listener): renders every error response in the dialect of the
+/// request's route.
 pub async fn speak(request: Request, next: Next) -> Response {
-    let dialect = ErrorDialect::of_path(request.uri().path());
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
-    let response = next.run(request).await;
-    if let Some(rendered) = response.extensions().get::<Rendered>() {
-        if rendered.dialect == dialect {
+    let speaker = Speaker::of(&request);
+    speaker.answer(next.run(request).await).await
+}
+
+/// What rendering an error in a request's dialect needs to know of the
+/// request, read before the request is handed on.
+pub(super) struct Speaker {
+    dialect: ErrorDialect,
+    method: Method,
+    uri: Uri,
+}
+
+impl Speaker {
+    pub(super) fn of(request: &Request) -> Self {
+        Self {
+            dialect: ErrorDialect::of_path(request.uri().path()),
+            method: request.method().clone(),
+            // Cheap: a URI's parts are shared buffers.
+            uri: request.uri().clone(),
+        }
+    }
+
+    /// `response`, an error in it rendered in the request's dialect.
+    pub(super) async fn answer(self, response: Response) -> Response {
+        let Speaker {
+            dialect,
+            method,
+            uri,
+        } = self;
+        let path = uri.path();
+        if let Some(rendered) = response.extensions().get::<Rendered>() {
+            if rendered.dialect == dialect {
+                return response;
+            }
+            let error = rendered.error.clone();
+            return again(response, &error, dialect);
+        }
+        let failed = response.status().is_client_error() || response.status().is_server_error();
+        if !failed || is_json(&response) {
+            // A success, or an answer made on purpose (readiness's 503).
             return response;
         }
-        let error = rendered.error.clone();
-        return again(response, &error, dialect);
-    }
-    let failed = response.status().is_client_error() || response.status().is_server_error();
-    if !failed || is_json(&response) {
-        // A success, or an answer made on purpose (readiness's 503).
-        return response;
-    }
-    // A failure without an Error or JSON: the framework's own answer.
-    let (parts, body) = response.into_parts();
-    let text = to_bytes(body, REJECTION_TEXT_BYTES)
-        .await
-        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
-        .unwrap_or_default();
-    let error = match parts.status {
-        StatusCode::NOT_FOUND => {
-            Error::new(ErrorCode::NotFound, format!("no route {}", excerpt(&path)))
-        }
-        // The router adds `Allow` on the way out.
-        StatusCode::METHOD_NOT_ALLOWED => Error::new(
-            ErrorCode::MethodNotAllowed,
-            format!(
-                "{} does not take {method} (`Allow` lists the methods it takes)",
-                excerpt(&path)
+        // A failure without an Error or JSON: the framework's own answer.
+        let (parts, body) = response.into_parts();
+        let text = to_bytes(body, REJECTION_TEXT_BYTES)
+            .await
+            .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+            .unwrap_or_default();
+        let error = match parts.status {
+            StatusCode::NOT_FOUND => {
+                Error::new(ErrorCode::NotFound, format!("no route {}", excerpt(path)))
+            }
+            // The router adds `Allow` on the way out.
+            StatusCode::METHOD_NOT_ALLOWED => Error::new(
+                ErrorCode::MethodNotAllowed,
+                format!(
+                    "{} does not take {method} (`Allow` lists the methods it takes)",
+                    excerpt(path)
+                ),
             ),
-        ),
-        StatusCode::PAYLOAD_TOO_LARGE => Error::new(ErrorCode::PayloadTooLarge, text),
-        status if status.is_client_error() => Error::invalid_request(if text.is_empty() {
-            status.to_string()
-        } else {
-            text
-        }),
-        status => Error::internal(if text.is_empty() {
-            status.to_string()
-        } else {
-            text
-        }),
-    };
-    again(Response::from_parts(parts, Body::empty()), &error, dialect)
+            StatusCode::PAYLOAD_TOO_LARGE => Error::new(ErrorCode::PayloadTooLarge, text),
+            status if status.is_client_error() => Error::invalid_request(if text.is_empty() {
+                status.to_string()
+            } else {
+                text
+            }),
+            status => Error::internal(if text.is_empty() {
+                status.to_string()
+            } else {
+                text
+            }),
+        };
+        again(Response::from_parts(parts, Body::empty()), &error, dialect)
+    }
 }
 
 fn is_json(response: &Response) -> bool {

@@ -1,13 +1,11 @@
 //! The HTTP server's routes and their front door, shared state, error
 //! responses and SSE framing. (Connections are served by `listener`.)
 //!
-//! Every router built here passes requests through the same front door,
-//! outermost first: a request id and log span (`request_id`), the error
-//! renderer that answers every failure in the route's dialect
-//! (`dialect`), the head size limit (`limits`), CORS when configured, then
-//! per route the key gate (`auth`), admission (`admit`) and the body limit
-//! (`limits`) before the handler. The body limit sits behind the gate so a
-//! caller without a key cannot make the gateway buffer a body.
+//! Every router built here passes requests through the same front door
+//! (`front_door`): its envelope outermost (request id and log span, head
+//! limit, errors in the route's dialect), CORS when configured, then per
+//! group of routes its guard (key gate, admission, body limit) before the
+//! handler.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,11 +25,12 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
 pub use super::state::AppState;
 
-use super::auth::{self, AdminAccess, AdminGate, InferenceGate};
+use super::auth::{AdminAccess, AdminGate, InferenceGate};
 use super::dialect::{self, ErrorDialect};
 use super::endpoints;
-use super::limits::{self, BodyLimit, HeadLimit};
-use super::request_id::{self, RequestIds, X_REQUEST_ID};
+use super::front_door::{self, Envelope, Gate, Guard};
+use super::limits::{BodyLimit, HeadLimit};
+use super::request_id::{RequestIds, X_REQUEST_ID};
 use crate::config::{CorsPolicy, FrontDoorConfig};
 use crate::error::Error;
 
@@ -41,18 +40,15 @@ pub type SharedState = Arc<AppState>;
 /// routes open, and the admin routes behind control-plane keys when keys
 /// are configured (see [`admin_on_public`]).
 pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
-    let body = from_fn_with_state(
-        BodyLimit(front.limits.max_payload_bytes),
-        limits::limit_body,
-    );
-    // Inner to the key gate (whose tenant it reads), outer to the body
-    // limit (which reads the whole body): a queued request waits for its
-    // slot with its body still in the socket, not in the gateway's memory.
-    let admission = from_fn_with_state(Arc::clone(&state), super::admit::admit);
-    let gate = |x_api_key| {
+    let body = BodyLimit(front.limits.max_payload_bytes);
+    let guard = |x_api_key, admitted: bool| {
         from_fn_with_state(
-            Arc::new(InferenceGate::new(&front.auth, x_api_key)),
-            auth::inference,
+            Arc::new(Guard {
+                gate: Gate::Inference(InferenceGate::new(&front.auth, x_api_key)),
+                admission: admitted.then(|| Arc::clone(&state)),
+                body,
+            }),
+            front_door::guard,
         )
     };
     let inference = HttpRouter::new()
@@ -64,10 +60,9 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
         .route("/v1/tokenize", post(endpoints::tokenize))
         .route("/v1/detokenize", post(endpoints::detokenize))
         .route("/v1/responses", post(endpoints::create_response))
-        .route_layer(body.clone())
-        .route_layer(admission.clone())
-        .route_layer(gate(false));
-    // Stored responses and conversations: storage only, not admitted.
+        .route_layer(guard(false, true));
+    // Stored responses and conversations, and the model list: not
+    // admitted.
     let history = HttpRouter::new()
         .route(
             "/v1/responses/{id}",
@@ -96,36 +91,26 @@ pub fn app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
             "/v1/conversations/{id}/items/{item_id}",
             get(endpoints::get_conversation_item).delete(endpoints::delete_conversation_item),
         )
-        .route_layer(body.clone())
-        .route_layer(gate(false));
-    // Not admitted, and without a body.
-    let models = HttpRouter::new()
         .route("/v1/models", get(endpoints::models))
-        .route_layer(gate(false));
+        .route_layer(guard(false, false));
     // Anthropic clients send their key in `x-api-key`.
     let messages = HttpRouter::new()
         .route("/v1/messages", post(endpoints::messages))
-        .route_layer(body)
-        .route_layer(admission)
-        .route_layer(gate(true));
+        .route_layer(guard(true, true));
     let open = HttpRouter::new()
         .route("/health", get(health))
         .route("/liveness", get(liveness))
         .route("/readiness", get(readiness));
-    let mut router = inference
-        .merge(history)
-        .merge(models)
-        .merge(messages)
-        .merge(open);
+    let mut router = inference.merge(history).merge(messages).merge(open);
     if admin_on_public(front) {
         router = router.merge(admin_routes(front, AdminAccess::Keys));
     }
-    front_door(router.fallback(not_found), front).with_state(state)
+    with_front_door(router.fallback(not_found), front).with_state(state)
 }
 
 /// The admin listener's API: the admin routes, to whoever reaches it.
 pub fn admin_app(state: SharedState, front: &FrontDoorConfig) -> HttpRouter {
-    front_door(
+    with_front_door(
         admin_routes(front, AdminAccess::Listener).fallback(not_found),
         front,
     )
@@ -139,35 +124,34 @@ pub fn admin_on_public(front: &FrontDoorConfig) -> bool {
 }
 
 fn admin_routes(front: &FrontDoorConfig, access: AdminAccess) -> HttpRouter<SharedState> {
-    super::admin::routes()
-        .route_layer(from_fn_with_state(
-            BodyLimit(front.limits.max_payload_bytes),
-            limits::limit_body,
-        ))
-        .route_layer(from_fn_with_state(
-            Arc::new(AdminGate::new(&front.auth, access)),
-            auth::admin,
-        ))
+    super::admin::routes().route_layer(from_fn_with_state(
+        Arc::new(Guard {
+            gate: Gate::Admin(AdminGate::new(&front.auth, access)),
+            admission: None,
+            body: BodyLimit(front.limits.max_payload_bytes),
+        }),
+        front_door::guard,
+    ))
 }
 
-/// The layers every route and the fallback go through.
-fn front_door(router: HttpRouter<SharedState>, front: &FrontDoorConfig) -> HttpRouter<SharedState> {
-    // Bodies are bounded by `limits::limit_body`, not the extractors' 2 MB.
+/// The layers every route and the fallback go through: the envelope
+/// outermost, CORS inside it (preflights are answered before any gate).
+fn with_front_door(
+    router: HttpRouter<SharedState>,
+    front: &FrontDoorConfig,
+) -> HttpRouter<SharedState> {
+    // Bodies are bounded by the guard, not the extractors' 2 MB.
     let mut router = router.layer(DefaultBodyLimit::disable());
     if let Some(cors) = cors(&front.cors) {
         router = router.layer(cors);
     }
-    router
-        .layer(from_fn_with_state(
-            HeadLimit(front.limits.max_header_bytes),
-            limits::limit_head,
-        ))
-        // Outside every layer that can fail a request.
-        .layer(axum::middleware::from_fn(dialect::speak))
-        .layer(from_fn_with_state(
-            RequestIds::new(&front.request_id_headers),
-            request_id::assign,
-        ))
+    router.layer(from_fn_with_state(
+        Arc::new(Envelope {
+            ids: RequestIds::new(&front.request_id_headers),
+            head: HeadLimit(front.limits.max_header_bytes),
+        }),
+        front_door::envelope,
+    ))
 }
 
 /// The CORS layer of `policy`: preflights are answered before any key is
@@ -236,7 +220,7 @@ pub async fn serve_metrics(
 }
 
 /// An error response with the code's status, OpenAI-shaped; the
-/// `dialect::speak` layer renders it again on a route of another dialect.
+/// front door renders it again on a route of another dialect.
 pub fn error_response(err: &Error) -> Response {
     dialect::render(err, ErrorDialect::OpenAi)
 }

@@ -14,8 +14,7 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, header};
 use http_body_util::BodyExt;
@@ -50,14 +49,14 @@ pub fn head_size(method: &http::Method, uri: &http::Uri, headers: &HeaderMap) ->
     method.as_str().len() + target + LINE_FRAMING + fields
 }
 
-/// Refuses requests whose head is over the limit.
-pub async fn limit_head(
-    State(HeadLimit(max)): State<HeadLimit>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let size = head_size(request.method(), request.uri(), request.headers());
-    if size > max {
+impl HeadLimit {
+    /// The refusal of a request whose head is over the limit.
+    pub(super) fn refusal(self, request: &Request) -> Option<Response> {
+        let HeadLimit(max) = self;
+        let size = head_size(request.method(), request.uri(), request.headers());
+        if size <= max {
+            return None;
+        }
         let mut response = refusal(&Error::new(
             ErrorCode::HeadersTooLarge,
             format!(
@@ -66,35 +65,30 @@ pub async fn limit_head(
             ),
         ));
         close_after(&mut response);
-        return response;
+        Some(response)
     }
-    next.run(request).await
 }
 
-/// Reads the body whole, refusing it past the limit.
-pub async fn limit_body(
-    State(BodyLimit(max)): State<BodyLimit>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let (parts, body) = request.into_parts();
-    let declared = declared_length(&parts.headers);
-    if let Some(declared) = declared.filter(|&declared| declared > max) {
-        let drained = discard(body).await;
-        return too_large(max, Some(declared), drained);
-    }
-    match read_body(body, max, declared).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+impl BodyLimit {
+    /// `request` with its body read whole, or its refusal past the limit.
+    pub(super) async fn read(self, request: Request) -> Result<Request, Response> {
+        let BodyLimit(max) = self;
+        let (parts, body) = request.into_parts();
+        let declared = declared_length(&parts.headers);
+        if let Some(declared) = declared.filter(|&declared| declared > max) {
+            let drained = discard(body).await;
+            return Err(too_large(max, Some(declared), drained));
         }
-        Err(Unread::TooLarge(rest)) => {
-            let drained = discard(rest).await;
-            too_large(max, None, drained)
+        match read_body(body, max, declared).await {
+            Ok(bytes) => Ok(Request::from_parts(parts, Body::from(bytes))),
+            Err(Unread::TooLarge(rest)) => {
+                let drained = discard(rest).await;
+                Err(too_large(max, None, drained))
+            }
+            Err(Unread::Broken(err)) => Err(refusal(&Error::invalid_request(format!(
+                "the request body could not be read: {err}"
+            )))),
         }
-        Err(Unread::Broken(err)) => refusal(&Error::invalid_request(format!(
-            "the request body could not be read: {err}"
-        ))),
     }
 }
 

@@ -1,7 +1,7 @@
 //! smg's public HTTP API: the wire types clients send and receive (`types`),
 //! the handlers that run them through the router (`endpoints`, `admin`),
-//! the front door every request passes first (`auth`, `limits`,
-//! `request_id`), errors in each route's dialect (`dialect`), and the
+//! the front door every request passes first (`front_door`, ordering the
+//! steps of `auth`, `admit`, `limits`, `request_id`), errors in each route's dialect (`dialect`), and the
 //! server plumbing (`http`: routes, SSE framing; `listener`: connections,
 //! their limits and timers; `head`: each HTTP/1 request head scanned on its
 //! way to hyper, so heads hyper would refuse without a body are answered
@@ -12,6 +12,7 @@ mod admit;
 mod auth;
 mod dialect;
 mod endpoints;
+mod front_door;
 mod head;
 mod http;
 mod limits;

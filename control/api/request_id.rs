@@ -16,15 +16,12 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use http::{HeaderName, HeaderValue};
-use tracing::Instrument;
 
 use super::auth::Tenant;
 use crate::metrics;
-use crate::pipeline::request_context::with_client_request_id;
 
 /// The header the id is returned in (and handed to handlers in).
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -77,31 +74,46 @@ fn mint() -> Arc<str> {
     Arc::from(format!("{:032x}", rand::random::<u128>()))
 }
 
-/// Gives the request its id and span, runs it, and returns the id.
-pub async fn assign(State(ids): State<RequestIds>, mut request: Request, next: Next) -> Response {
-    let id = ids.client_id(&request).unwrap_or_else(mint);
-    let value = HeaderValue::from_str(&id).ok();
-    if let Some(value) = &value {
-        request.headers_mut().insert(X_REQUEST_ID, value.clone());
+/// A request's id as the front door assigned it: the id, its header value
+/// and the request's log span.
+pub(super) struct Assigned {
+    pub id: Arc<str>,
+    value: Option<HeaderValue>,
+    pub span: tracing::Span,
+}
+
+impl RequestIds {
+    /// Gives `request` its id (the client's, or a fresh one), puts it in
+    /// the request's headers and extensions, and opens its span.
+    pub(super) fn assign(&self, request: &mut Request) -> Assigned {
+        let id = self.client_id(request).unwrap_or_else(mint);
+        let value = HeaderValue::from_str(&id).ok();
+        if let Some(value) = &value {
+            request.headers_mut().insert(X_REQUEST_ID, value.clone());
+        }
+        request.extensions_mut().insert(RequestId(Arc::clone(&id)));
+        let span = tracing::info_span!(
+            "request",
+            request_id = %id,
+            method = %request.method(),
+            path = %request.uri().path(),
+            tenant = tracing::field::Empty,
+        );
+        Assigned { id, value, span }
     }
-    request.extensions_mut().insert(RequestId(Arc::clone(&id)));
-    let span = tracing::info_span!(
-        "request",
-        request_id = %id,
-        method = %request.method(),
-        path = %request.uri().path(),
-        tenant = tracing::field::Empty,
-    );
-    let mut response = with_client_request_id(id, next.run(request))
-        .instrument(span)
-        .await;
-    if let Some(value) = value {
-        response.headers_mut().insert(X_REQUEST_ID, value);
+}
+
+impl Assigned {
+    /// Returns the id on `response`, and counts the request for the
+    /// tenant the gate put on it.
+    pub(super) fn answer(self, response: &mut Response) {
+        if let Some(value) = self.value {
+            response.headers_mut().insert(X_REQUEST_ID, value);
+        }
+        if let Some(tenant) = response.extensions().get::<Tenant>() {
+            metrics::record_tenant_request(tenant.name(), response.status().as_u16());
+        }
     }
-    if let Some(tenant) = response.extensions().get::<Tenant>() {
-        metrics::record_tenant_request(tenant.name(), response.status().as_u16());
-    }
-    response
 }
 
 #[cfg(test)]
