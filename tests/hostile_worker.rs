@@ -339,6 +339,52 @@ async fn a_whole_answer_past_max_tokens_is_truncated_for_every_sequence() {
 }
 
 #[tokio::test]
+async fn a_worker_overrunning_every_request_gets_one_log_line_and_every_violation_counted() {
+    // Each request's overrun is repaired (cut at max_tokens) and counted,
+    // and used to be logged as a WARN line per request: a hostile worker
+    // wrote the gateway's log at request rate. Now its first violation is
+    // logged, later ones within the interval (10 s) only counted.
+    const REQUESTS: usize = 10;
+    let worker = SimWorker::start(
+        "sglang",
+        "regular",
+        &["--hostile", "overrun-tokens=1000", "--zero-delay"],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("gateway.log");
+    let gateway = Gateway::start_logged(&["--worker-urls", &worker.grpc_url()], "warn", &log);
+    for _ in 0..REQUESTS {
+        let body = json!({
+            "text": "Count to a thousand.",
+            "sampling_params": {"max_new_tokens": 4},
+        });
+        let (status, answer) = post(&gateway, "/generate", body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["meta_info"]["completion_tokens"], 4, "{answer}");
+    }
+    let text = metrics_text(&gateway).await;
+    let overruns = metric(&text, VIOLATIONS, &["kind=\"token_overrun\""]);
+    assert!(overruns >= REQUESTS as f64, "{overruns}: {text}");
+    let overrun_lines = || {
+        std::fs::read_to_string(&log)
+            .expect("the gateway's log")
+            .lines()
+            .filter(|line| line.contains("token_overrun"))
+            .count()
+    };
+    let lines = support::poll_until("the first violation is logged", async || {
+        Some(overrun_lines()).filter(|&lines| lines > 0)
+    })
+    .await;
+    // One line, or two should the requests have straddled an interval on
+    // a very slow machine; never one per request.
+    assert!(
+        lines < REQUESTS / 2,
+        "{lines} lines for {REQUESTS} requests"
+    );
+}
+
+#[tokio::test]
 async fn logprob_alternatives_are_cut_to_what_was_asked() {
     let worker = SimWorker::start(
         "tokenspeed",

@@ -27,7 +27,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use futures::Stream;
 use futures::future::BoxFuture;
@@ -45,6 +46,7 @@ use super::{
     ServerInfo,
 };
 use crate::error::{Error, ErrorCode, Reach, Result, excerpt};
+use crate::log_throttle::{LogThrottle, Verdict};
 use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
@@ -62,6 +64,40 @@ const MAX_RESENDS: u32 = 3;
 /// small JSON files) stay far below; the cap stops a worker from streaming
 /// an archive of any size into the gateway's memory.
 pub const MAX_TOKENIZER_ARCHIVE_BYTES: usize = 128 * 1024 * 1024;
+
+/// The least time between two log lines about one worker's protocol
+/// violations; the metric counts every violation.
+const VIOLATION_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps a hostile worker from writing the gateway's log at request rate:
+/// every violation is counted, but at most one line per worker per
+/// [`VIOLATION_LOG_INTERVAL`] is logged, saying how many were left out.
+static VIOLATION_LOG: LazyLock<LogThrottle> =
+    LazyLock::new(|| LogThrottle::new(VIOLATION_LOG_INTERVAL));
+
+/// Logs `violation` by `worker` (during `request_id`, when there is one)
+/// unless the worker's line for this interval was logged already.
+fn warn_violation(worker: &str, request_id: Option<&str>, violation: &Violation) {
+    let Verdict::Log { suppressed } = VIOLATION_LOG.admit(worker) else {
+        return;
+    };
+    let interval = VIOLATION_LOG_INTERVAL.as_secs();
+    tracing::warn!(
+        worker,
+        request_id = request_id.unwrap_or("-"),
+        kind = violation.kind.label(),
+        suppressed,
+        "{}{}",
+        violation.detail,
+        match suppressed {
+            0 => String::new(),
+            n => format!(
+                " ({n} earlier violations by this worker were not logged: \
+                 one line per worker every {interval} s)"
+            ),
+        }
+    );
+}
 
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
@@ -628,12 +664,7 @@ impl EngineClient {
     /// Counts `violation` against this worker and makes it the error.
     fn violation(&self, violation: &Violation) -> Error {
         crate::metrics::record_protocol_violation(&self.url, violation.kind);
-        tracing::warn!(
-            worker = %self.url,
-            kind = violation.kind.label(),
-            "{}",
-            violation.detail
-        );
+        warn_violation(&self.url, None, violation);
         Error::new(
             ErrorCode::WorkerProtocolViolation,
             format!("worker {}: {}", self.url, violation.detail),
@@ -840,8 +871,9 @@ struct Watch {
     client: EngineClient,
     request_id: String,
     bounds: OutputBounds,
-    /// Whether a repaired violation was logged already (one line per call,
-    /// however many messages repeat it; the metric counts every one).
+    /// Whether a repaired violation was logged already (at most one line
+    /// per call, however many messages repeat it, and at most one per
+    /// worker per [`VIOLATION_LOG_INTERVAL`]; the metric counts every one).
     warned: bool,
 }
 
@@ -857,13 +889,7 @@ impl Watch {
                 if let Some(violation) = &admitted.repaired {
                     crate::metrics::record_protocol_violation(self.worker(), violation.kind);
                     if !std::mem::replace(&mut self.warned, true) {
-                        tracing::warn!(
-                            worker = %self.worker(),
-                            request_id = %self.request_id,
-                            kind = violation.kind.label(),
-                            "{}",
-                            violation.detail
-                        );
+                        warn_violation(self.worker(), Some(&self.request_id), violation);
                     }
                 }
                 Ok(admitted)
