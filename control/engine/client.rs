@@ -113,26 +113,25 @@ pub struct EngineClient {
     pool: Arc<Pool>,
 }
 
-/// The stubs, on one pooled channel.
+/// The stubs, on one pooled channel. Their answers are decoded up to
+/// [`decode_limit::CONTROL_MESSAGE_BYTES`] unless a call sets its own
+/// limit (Generate, Embed, GetTokenizer's chunks).
 fn ts_scheduler(channel: Channel) -> TokenSpeedSchedulerClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     TokenSpeedSchedulerClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 fn ts_encoder(channel: Channel) -> TokenSpeedEncoderClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     TokenSpeedEncoderClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 fn sg_scheduler(channel: Channel) -> SglangSchedulerClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     SglangSchedulerClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 /// The start of the status tonic makes when a message's length prefix is
@@ -586,12 +585,14 @@ impl EngineClient {
 
     /// The worker's tokenizer files as one zip archive, checked against the
     /// sha256 the worker sends on the last chunk; refused (and the download
-    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`].
+    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`], and a chunk larger
+    /// than that whole archive is refused undecoded.
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
         let (mut chunks, lease) = match self.runtime {
             Runtime::TokenSpeed => {
                 self.call_leased(|channel| async move {
                     ts_scheduler(channel)
+                        .max_decoding_message_size(decode_limit::tokenizer_chunk_bytes())
                         .get_tokenizer(common::GetTokenizerRequest {})
                         .await
                 })
@@ -600,6 +601,7 @@ impl EngineClient {
             Runtime::Sglang => {
                 self.call_leased(|channel| async move {
                     sg_scheduler(channel)
+                        .max_decoding_message_size(decode_limit::tokenizer_chunk_bytes())
                         .get_tokenizer(common::GetTokenizerRequest {})
                         .await
                 })
