@@ -24,6 +24,7 @@ pub mod engine;
 pub mod error;
 pub mod history;
 pub mod lanes;
+mod log_throttle;
 pub mod logging;
 pub mod mcp;
 pub mod media;

@@ -179,6 +179,59 @@ def worker_response():
         write("worker_response", f"{runtime}_cut", bytes([flag, 1, 1, 0]) + stream)
 
 
+
+# worker_response, the other answers: byte 0 is the runtime bit plus the
+# answer kind in bits 2-4 (1 model info, 2 server info, 3 loads, 4 an
+# embedding), then one encoded answer. Field numbers per proto/.
+def worker_answers():
+    def double(number, value):
+        return varint(number << 3 | 1) + struct.pack("<d", value)
+
+    def struct_value(kind, payload):
+        # google.protobuf.Value: 1 null, 2 number, 3 string, 4 bool, 5 struct.
+        if kind == 2:
+            return double(2, payload)
+        return field(kind, 0 if kind in (1, 4) else 2, payload)
+
+    def struct_of(entries):
+        # google.protobuf.Struct: map<string, Value> fields = 1.
+        return b"".join(field(1, 2, field(1, 2, key.encode()) + field(2, 2, value))
+                        for key, value in entries)
+
+    shm = struct_of([("shm_namespace_id", struct_value(3, b"0123abcd:64768")),
+                     ("nested", struct_value(5, struct_of([
+                         ("dp", struct_value(2, 2.0)), ("on", struct_value(4, 1))])))])
+    args = struct_of([("model_path", struct_value(3, b"/models/m")),
+                      ("tp_size", struct_value(2, 1.0)), ("none", struct_value(1, 0))])
+    layouts = {
+        # runtime bit; model info: served name, eos ids, pad, bos, version;
+        # server info: active, max tokens, version; load: used tokens,
+        # max tokens, token usage, throughput, cache hit rate.
+        "tokenspeed": (0, (3, 9, 10, 11, 12), (3, 6, 7), (5, 6, 8, 9, 10)),
+        "sglang": (1, (6, 11, 12, 13, 5), (3, 10, 7), (5, 6, 7, 8, 9)),
+    }
+    for runtime, (bit, info, server, load) in layouts.items():
+        name, eos, pad, bos, version = info
+        model = (field(1, 2, b"/models/m") + field(2, 2, b"/models/m") + field(name, 2, b"m")
+                 + field(eos, 2, packed([2, 4002])) + field(pad, 0, 0) + field(bos, 0, 1)
+                 + field(version, 2, b"default"))
+        write("worker_response", f"{runtime}_model_info", bytes([bit | 1 << 2]) + model)
+        active, max_tokens, server_version = server
+        info_answer = (field(1, 2, args) + field(2, 2, shm) + field(active, 0, 3)
+                       + field(max_tokens, 0, 8192) + field(server_version, 2, b"0.1"))
+        write("worker_response", f"{runtime}_server_info", bytes([bit | 2 << 2]) + info_answer)
+        used, max_total, usage, throughput, hit = load
+
+        def rank(index, running):
+            return (field(1, 0, index) + field(2, 0, running) + field(3, 0, 1)
+                    + field(used, 0, 100) + field(max_total, 0, 8192) + double(usage, 0.25)
+                    + double(throughput, 12.5) + double(hit, 0.5))
+
+        loads = field(3, 0, 2) + field(4, 2, rank(0, 3)) + field(4, 2, rank(1, 4))
+        write("worker_response", f"{runtime}_loads", bytes([bit | 3 << 2]) + loads)
+    embed = field(4, 0, 3) + field(5, 2, floats([0.6, 0.0, 0.8])) + field(6, 0, 5)
+    write("worker_response", "sglang_embed", bytes([1 | 4 << 2]) + embed)
+
 def tiny_tokenizer_json():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -269,6 +322,7 @@ if __name__ == "__main__":
     request_json()
     detokenize()
     worker_response()
+    worker_answers()
     tokenizer_archive()
     chat_template()
     decode_preprocess()

@@ -106,3 +106,64 @@ fn an_input_that_breaks_a_target_fails_the_replay() {
         "{failed:?}"
     );
 }
+
+/// The seeds of `worker_response`'s other answers are valid answers, read
+/// past the first parse: each converts to what it encodes (so the fuzzer
+/// starts from the conversions, not from a decode error).
+#[test]
+fn the_worker_answer_seeds_convert() {
+    use smg::engine::{AnswerKind, Runtime, WorkerAnswer, read_worker_answer};
+    let corpus = fuzz_dir().join("corpus").join("worker_response");
+    let read = |name: &str, runtime: Runtime, kind: AnswerKind| {
+        let data = std::fs::read(corpus.join(name)).expect("a seed");
+        read_worker_answer(runtime, kind, &data[1..]).unwrap_or_else(|err| panic!("{name}: {err}"))
+    };
+    for (prefix, runtime) in [
+        ("tokenspeed", Runtime::TokenSpeed),
+        ("sglang", Runtime::Sglang),
+    ] {
+        let WorkerAnswer::ModelInfo(info) = read(
+            &format!("{prefix}_model_info"),
+            runtime,
+            AnswerKind::ModelInfo,
+        ) else {
+            panic!("{prefix}: not model info");
+        };
+        assert_eq!(
+            (
+                info.served_model_name.as_str(),
+                info.eos_token_ids.as_slice()
+            ),
+            ("m", [2, 4002].as_slice()),
+            "{prefix}: {info:?}"
+        );
+        let WorkerAnswer::ServerInfo(server) = read(
+            &format!("{prefix}_server_info"),
+            runtime,
+            AnswerKind::ServerInfo,
+        ) else {
+            panic!("{prefix}: not server info");
+        };
+        assert_eq!(
+            server.shm_namespace_id.as_deref(),
+            Some("0123abcd:64768"),
+            "{prefix}: {server:?}"
+        );
+        assert_eq!(server.server_args["tp_size"], 1.0, "{prefix}: {server:?}");
+        let WorkerAnswer::Load(load) = read(&format!("{prefix}_loads"), runtime, AnswerKind::Loads)
+        else {
+            panic!("{prefix}: not a load");
+        };
+        assert_eq!(
+            (load.running_requests, load.dp_rank_count),
+            (7, 2),
+            "{prefix}: {load:?}"
+        );
+    }
+    let WorkerAnswer::Embedding(embedding) =
+        read("sglang_embed", Runtime::Sglang, AnswerKind::Embed)
+    else {
+        panic!("not an embedding");
+    };
+    assert_eq!(embedding.values, [0.6, 0.0, 0.8]);
+}

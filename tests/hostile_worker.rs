@@ -339,6 +339,52 @@ async fn a_whole_answer_past_max_tokens_is_truncated_for_every_sequence() {
 }
 
 #[tokio::test]
+async fn a_worker_overrunning_every_request_gets_one_log_line_and_every_violation_counted() {
+    // Each request's overrun is repaired (cut at max_tokens) and counted,
+    // and used to be logged as a WARN line per request: a hostile worker
+    // wrote the gateway's log at request rate. Now its first violation is
+    // logged, later ones within the interval (10 s) only counted.
+    const REQUESTS: usize = 10;
+    let worker = SimWorker::start(
+        "sglang",
+        "regular",
+        &["--hostile", "overrun-tokens=1000", "--zero-delay"],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("gateway.log");
+    let gateway = Gateway::start_logged(&["--worker-urls", &worker.grpc_url()], "warn", &log);
+    for _ in 0..REQUESTS {
+        let body = json!({
+            "text": "Count to a thousand.",
+            "sampling_params": {"max_new_tokens": 4},
+        });
+        let (status, answer) = post(&gateway, "/generate", body).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["meta_info"]["completion_tokens"], 4, "{answer}");
+    }
+    let text = metrics_text(&gateway).await;
+    let overruns = metric(&text, VIOLATIONS, &["kind=\"token_overrun\""]);
+    assert!(overruns >= REQUESTS as f64, "{overruns}: {text}");
+    let overrun_lines = || {
+        std::fs::read_to_string(&log)
+            .expect("the gateway's log")
+            .lines()
+            .filter(|line| line.contains("token_overrun"))
+            .count()
+    };
+    let lines = support::poll_until("the first violation is logged", async || {
+        Some(overrun_lines()).filter(|&lines| lines > 0)
+    })
+    .await;
+    // One line, or two should the requests have straddled an interval on
+    // a very slow machine; never one per request.
+    assert!(
+        lines < REQUESTS / 2,
+        "{lines} lines for {REQUESTS} requests"
+    );
+}
+
+#[tokio::test]
 async fn logprob_alternatives_are_cut_to_what_was_asked() {
     let worker = SimWorker::start(
         "tokenspeed",
@@ -565,6 +611,94 @@ async fn a_tokenizer_archive_past_the_cap_is_refused_without_downloading_it_all(
         stderr.contains("tokenizer archive is larger than the 134217728 bytes"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn oversized_control_answers_are_refused_without_decoding_them() {
+    use smg::engine::{EngineClient, Runtime};
+    use smg::error::ErrorCode;
+    // 16 MiB of padding in each control answer (model and server info,
+    // loads, health), past their 4 MiB limit: each call fails with the
+    // worker's violation (blamed as oversized: tonic refused the message
+    // from its length prefix) instead of decoding it.
+    let padding = format!("control-bytes={}", 16u64 << 20);
+    for runtime in [Runtime::TokenSpeed, Runtime::Sglang] {
+        let hostile = SimWorker::start(runtime.name(), "regular", &["--hostile", &padding]);
+        let client = EngineClient::new(&hostile.grpc_url(), runtime).expect("a client");
+        let oversized = |what: &str, result: Result<(), smg::error::Error>| {
+            let err = result.expect_err(what);
+            assert_eq!(
+                err.code,
+                ErrorCode::WorkerProtocolViolation,
+                "{runtime:?} {what}: {err}"
+            );
+            assert!(
+                err.message.contains("larger than any answer"),
+                "{runtime:?} {what}: {err}"
+            );
+        };
+        oversized("model info", client.model_info().await.map(drop));
+        oversized("server info", client.server_info().await.map(drop));
+        oversized("loads", client.loads().await.map(drop));
+        oversized("health", client.health_check().await.map(drop));
+        // Detection probes GetModelInfo with the same limit.
+        let detected = EngineClient::detect(
+            &hostile.grpc_url(),
+            smg::engine::ConnectionConfig::default(),
+        )
+        .await;
+        oversized("detect", detected.map(drop));
+    }
+
+    // Registered at run time, such a worker fails its registration and is
+    // counted as oversized; the gateway serves on.
+    let good = SimWorker::start("sglang", "regular", &["--zero-delay"]);
+    let gateway = Gateway::start(&[
+        "--worker-urls",
+        &good.grpc_url(),
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+    ]);
+    let hostile = SimWorker::start("sglang", "regular", &["--hostile", &padding]);
+    let (code, accepted) = post(&gateway, "/workers", json!({"url": hostile.grpc_url()})).await;
+    assert_eq!(code, 202, "{accepted}");
+    let id = accepted["id"].as_str().expect("an id").to_owned();
+    let failed = support::poll_until("the registration ends", async || {
+        let (_, status) = get(&gateway, &format!("/workers/{id}")).await;
+        (status["status"] != "registering").then_some(status)
+    })
+    .await;
+    assert_eq!(failed["status"], "registration_failed", "{failed}");
+    let (status, answer) = post(&gateway, "/v1/chat/completions", chat(json!({}))).await;
+    assert_eq!(status, 200, "{answer}");
+    let text = metrics_text(&gateway).await;
+    let label = format!("worker=\"{}\"", hostile.grpc_url());
+    assert!(
+        metric(&text, VIOLATIONS, &["kind=\"message_size\"", &label]) >= 1.0,
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_tokenizer_chunk_larger_than_the_whole_archive_cap_is_refused_undecoded() {
+    use smg::engine::{EngineClient, Runtime};
+    use smg::error::ErrorCode;
+    // One 136 MiB chunk: past the 128 MiB archive cap on its own, so it is
+    // refused from its length prefix (a message-size violation), not
+    // buffered and decoded before the archive's running total sees it.
+    let bytes = (136u64 << 20).to_string();
+    let archive = format!("archive-bytes={bytes}");
+    let chunk = format!("archive-chunk-bytes={bytes}");
+    let hostile = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--hostile", &archive, "--hostile", &chunk],
+    );
+    let client = EngineClient::new(&hostile.grpc_url(), Runtime::TokenSpeed).expect("a client");
+    let err = client.tokenizer_archive().await.expect_err("refused");
+    assert_eq!(err.code, ErrorCode::WorkerProtocolViolation, "{err}");
+    assert!(err.message.contains("larger than any answer"), "{err}");
 }
 
 /// `mkfifo path`.

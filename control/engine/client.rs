@@ -27,7 +27,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use futures::Stream;
 use futures::future::BoxFuture;
@@ -45,6 +46,7 @@ use super::{
     ServerInfo,
 };
 use crate::error::{Error, ErrorCode, Reach, Result, excerpt};
+use crate::log_throttle::{LogThrottle, Verdict};
 use crate::metrics::ProtocolViolation;
 use crate::proto::sglang_scheduler::sglang_scheduler_client::SglangSchedulerClient;
 use crate::proto::tokenspeed_encoder::token_speed_encoder_client::TokenSpeedEncoderClient;
@@ -63,6 +65,40 @@ const MAX_RESENDS: u32 = 3;
 /// an archive of any size into the gateway's memory.
 pub const MAX_TOKENIZER_ARCHIVE_BYTES: usize = 128 * 1024 * 1024;
 
+/// The least time between two log lines about one worker's protocol
+/// violations; the metric counts every violation.
+const VIOLATION_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps a hostile worker from writing the gateway's log at request rate:
+/// every violation is counted, but at most one line per worker per
+/// [`VIOLATION_LOG_INTERVAL`] is logged, saying how many were left out.
+static VIOLATION_LOG: LazyLock<LogThrottle> =
+    LazyLock::new(|| LogThrottle::new(VIOLATION_LOG_INTERVAL));
+
+/// Logs `violation` by `worker` (during `request_id`, when there is one)
+/// unless the worker's line for this interval was logged already.
+fn warn_violation(worker: &str, request_id: Option<&str>, violation: &Violation) {
+    let Verdict::Log { suppressed } = VIOLATION_LOG.admit(worker) else {
+        return;
+    };
+    let interval = VIOLATION_LOG_INTERVAL.as_secs();
+    tracing::warn!(
+        worker,
+        request_id = request_id.unwrap_or("-"),
+        kind = violation.kind.label(),
+        suppressed,
+        "{}{}",
+        violation.detail,
+        match suppressed {
+            0 => String::new(),
+            n => format!(
+                " ({n} earlier violations by this worker were not logged: \
+                 one line per worker every {interval} s)"
+            ),
+        }
+    );
+}
+
 /// The events of one Generate call. A gRPC status mid-stream, or a stream
 /// that ends before its sequences complete, arrives as one `Err` item, after
 /// which the stream ends. Dropping the stream cancels the call on the worker.
@@ -77,26 +113,25 @@ pub struct EngineClient {
     pool: Arc<Pool>,
 }
 
-/// The stubs, on one pooled channel.
+/// The stubs, on one pooled channel. Their answers are decoded up to
+/// [`decode_limit::CONTROL_MESSAGE_BYTES`] unless a call sets its own
+/// limit (Generate, Embed, GetTokenizer's chunks).
 fn ts_scheduler(channel: Channel) -> TokenSpeedSchedulerClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     TokenSpeedSchedulerClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 fn ts_encoder(channel: Channel) -> TokenSpeedEncoderClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     TokenSpeedEncoderClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 fn sg_scheduler(channel: Channel) -> SglangSchedulerClient<Channel> {
-    let limit = proto::MAX_MESSAGE_BYTES;
     SglangSchedulerClient::new(channel)
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit)
+        .max_decoding_message_size(decode_limit::CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES)
 }
 
 /// The start of the status tonic makes when a message's length prefix is
@@ -550,12 +585,14 @@ impl EngineClient {
 
     /// The worker's tokenizer files as one zip archive, checked against the
     /// sha256 the worker sends on the last chunk; refused (and the download
-    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`].
+    /// cancelled) past [`MAX_TOKENIZER_ARCHIVE_BYTES`], and a chunk larger
+    /// than that whole archive is refused undecoded.
     pub async fn tokenizer_archive(&self) -> Result<Vec<u8>> {
         let (mut chunks, lease) = match self.runtime {
             Runtime::TokenSpeed => {
                 self.call_leased(|channel| async move {
                     ts_scheduler(channel)
+                        .max_decoding_message_size(decode_limit::tokenizer_chunk_bytes())
                         .get_tokenizer(common::GetTokenizerRequest {})
                         .await
                 })
@@ -564,6 +601,7 @@ impl EngineClient {
             Runtime::Sglang => {
                 self.call_leased(|channel| async move {
                     sg_scheduler(channel)
+                        .max_decoding_message_size(decode_limit::tokenizer_chunk_bytes())
                         .get_tokenizer(common::GetTokenizerRequest {})
                         .await
                 })
@@ -628,12 +666,7 @@ impl EngineClient {
     /// Counts `violation` against this worker and makes it the error.
     fn violation(&self, violation: &Violation) -> Error {
         crate::metrics::record_protocol_violation(&self.url, violation.kind);
-        tracing::warn!(
-            worker = %self.url,
-            kind = violation.kind.label(),
-            "{}",
-            violation.detail
-        );
+        warn_violation(&self.url, None, violation);
         Error::new(
             ErrorCode::WorkerProtocolViolation,
             format!("worker {}: {}", self.url, violation.detail),
@@ -840,8 +873,9 @@ struct Watch {
     client: EngineClient,
     request_id: String,
     bounds: OutputBounds,
-    /// Whether a repaired violation was logged already (one line per call,
-    /// however many messages repeat it; the metric counts every one).
+    /// Whether a repaired violation was logged already (at most one line
+    /// per call, however many messages repeat it, and at most one per
+    /// worker per [`VIOLATION_LOG_INTERVAL`]; the metric counts every one).
     warned: bool,
 }
 
@@ -857,13 +891,7 @@ impl Watch {
                 if let Some(violation) = &admitted.repaired {
                     crate::metrics::record_protocol_violation(self.worker(), violation.kind);
                     if !std::mem::replace(&mut self.warned, true) {
-                        tracing::warn!(
-                            worker = %self.worker(),
-                            request_id = %self.request_id,
-                            kind = violation.kind.label(),
-                            "{}",
-                            violation.detail
-                        );
+                        warn_violation(self.worker(), Some(&self.request_id), violation);
                     }
                 }
                 Ok(admitted)

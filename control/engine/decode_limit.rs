@@ -18,8 +18,15 @@
 //! still repairs or refuses what it sent. A message over the limit fails
 //! the call with `worker_protocol_violation`, counted against the worker as
 //! `kind="message_size"` (see `EngineClient`).
+//!
+//! The other calls' answers (model and server info, loads, health, abort,
+//! encode) hold a few strings and one entry per data-parallel rank, so they
+//! get the floor ([`CONTROL_MESSAGE_BYTES`]); a tokenizer archive chunk may
+//! be as large as the whole archive the gateway accepts, and no larger
+//! ([`tokenizer_chunk_bytes`]).
 
 use super::GenerateRequest;
+use super::client::MAX_TOKENIZER_ARCHIVE_BYTES;
 use super::convert::sglang::MAX_EMBEDDING_DIM;
 use crate::proto::MAX_MESSAGE_BYTES;
 
@@ -29,6 +36,12 @@ use crate::proto::MAX_MESSAGE_BYTES;
 /// keeps the cost of decoding one message a hostile worker sends to a few
 /// milliseconds.
 pub(crate) const MIN_MESSAGE_BYTES: usize = 4 << 20;
+
+/// The decoding limit of every call that sets none of its own: model and
+/// server info, loads, health, abort, encode. Their legitimate answers are
+/// a few KiB (a `GetLoads` answer grows by ~200 bytes a data-parallel
+/// rank, so 4 MiB holds over 20,000).
+pub(crate) const CONTROL_MESSAGE_BYTES: usize = MIN_MESSAGE_BYTES;
 
 /// How much larger than the estimate a message may be.
 const SLACK: usize = 2;
@@ -90,6 +103,14 @@ pub(crate) fn embed_message_bytes() -> usize {
             .saturating_mul(4)
             .saturating_add(FIXED_BYTES),
     )
+}
+
+/// The largest `GetTokenizerChunk` a worker may send: the whole archive the
+/// gateway accepts ([`MAX_TOKENIZER_ARCHIVE_BYTES`]) in one chunk, with its
+/// checksum. A larger chunk could never be accepted, so it is refused
+/// before it is buffered.
+pub(crate) const fn tokenizer_chunk_bytes() -> usize {
+    MAX_TOKENIZER_ARCHIVE_BYTES + FIXED_BYTES
 }
 
 /// `estimate` with the slack, between the floor and the transport limit.
@@ -236,6 +257,32 @@ mod tests {
                 );
             }
         }
+        // A GetLoads answer from 16 times the default --max-dp-ranks, every
+        // number at its widest encoding, every optional part present.
+        let rank = sg::SchedulerLoad {
+            dp_rank: -1,
+            num_running_reqs: -1,
+            num_waiting_reqs: -1,
+            num_total_reqs: -1,
+            num_used_tokens: -1,
+            max_total_num_tokens: -1,
+            token_usage: f64::MIN,
+            gen_throughput: f64::MIN,
+            cache_hit_rate: f64::MIN,
+            utilization: f64::MIN,
+            max_running_requests: -1,
+            memory: Some(Default::default()),
+            speculative: Some(Default::default()),
+            lora: Some(Default::default()),
+            disaggregation: Some(Default::default()),
+            queues: Some(Default::default()),
+        };
+        let ranks = 16 * crate::workers::Lifecycle::DEFAULT_MAX_DP_RANKS as usize;
+        let loads = sg::GetLoadsResponse {
+            loads: vec![rank; ranks],
+            ..Default::default()
+        };
+        assert!(loads.encoded_len().saturating_mul(3) / 2 <= CONTROL_MESSAGE_BYTES);
         let embedding = sg::EmbedResponse {
             embedding_dim: u32::MAX,
             embedding: vec![f32::MIN; MAX_EMBEDDING_DIM],

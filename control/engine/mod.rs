@@ -154,6 +154,97 @@ pub fn read_generate_messages<'a>(
     Ok(events)
 }
 
+/// Which of a worker's other answers [`read_worker_answer`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerKind {
+    ModelInfo,
+    ServerInfo,
+    Loads,
+    /// SGLang's `Embed` (TokenSpeed has no such RPC).
+    Embed,
+}
+
+/// A worker's answer other than Generate, as the gateway reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerAnswer {
+    ModelInfo(ModelInfo),
+    ServerInfo(ServerInfo),
+    Load(Load),
+    Embedding(Embedding),
+}
+
+/// Reads `bytes` as the `runtime`'s encoded answer of `kind` the way
+/// [`EngineClient`] reads it: refused past the call's decoding limit
+/// (`decode_limit`), decoded by prost, converted and checked as the client
+/// converts and checks it (an embedding's shape and width).
+///
+/// Why public: as [`read_generate_messages`], for the fuzz target
+/// `worker_response` (`fuzz/`), which drives these conversions with
+/// arbitrary bytes without a gRPC server.
+pub fn read_worker_answer(
+    runtime: Runtime,
+    kind: AnswerKind,
+    bytes: &[u8],
+) -> Result<WorkerAnswer> {
+    use prost::Message;
+
+    use crate::error::{Error, ErrorCode};
+    use crate::proto::{sglang_scheduler as sg, tokenspeed_scheduler as ts};
+
+    let refuse = |detail: String| Error::new(ErrorCode::WorkerProtocolViolation, detail);
+    let limit = match kind {
+        AnswerKind::Embed => decode_limit::embed_message_bytes(),
+        AnswerKind::ModelInfo | AnswerKind::ServerInfo | AnswerKind::Loads => {
+            decode_limit::CONTROL_MESSAGE_BYTES
+        }
+    };
+    if bytes.len() > limit {
+        return Err(refuse(format!(
+            "a {kind:?} answer of {} bytes is over its limit of {limit}",
+            bytes.len()
+        )));
+    }
+    let undecodable = |err: prost::DecodeError| refuse(format!("a {kind:?} answer: {err}"));
+    Ok(match (runtime, kind) {
+        (Runtime::TokenSpeed, AnswerKind::ModelInfo) => {
+            WorkerAnswer::ModelInfo(convert::tokenspeed::model_info(
+                ts::GetModelInfoResponse::decode(bytes).map_err(undecodable)?,
+            ))
+        }
+        (Runtime::Sglang, AnswerKind::ModelInfo) => {
+            WorkerAnswer::ModelInfo(convert::sglang::model_info(
+                sg::GetModelInfoResponse::decode(bytes).map_err(undecodable)?,
+            ))
+        }
+        (Runtime::TokenSpeed, AnswerKind::ServerInfo) => {
+            WorkerAnswer::ServerInfo(convert::tokenspeed::server_info(
+                ts::GetServerInfoResponse::decode(bytes).map_err(undecodable)?,
+            ))
+        }
+        (Runtime::Sglang, AnswerKind::ServerInfo) => {
+            WorkerAnswer::ServerInfo(convert::sglang::server_info(
+                sg::GetServerInfoResponse::decode(bytes).map_err(undecodable)?,
+            ))
+        }
+        (Runtime::TokenSpeed, AnswerKind::Loads) => WorkerAnswer::Load(convert::tokenspeed::load(
+            ts::GetLoadsResponse::decode(bytes).map_err(undecodable)?,
+        )),
+        (Runtime::Sglang, AnswerKind::Loads) => WorkerAnswer::Load(convert::sglang::load(
+            sg::GetLoadsResponse::decode(bytes).map_err(undecodable)?,
+        )),
+        (Runtime::Sglang, AnswerKind::Embed) => WorkerAnswer::Embedding(
+            convert::sglang::embedding(sg::EmbedResponse::decode(bytes).map_err(undecodable)?)
+                .map_err(|violation| refuse(violation.detail))?,
+        ),
+        (Runtime::TokenSpeed, AnswerKind::Embed) => {
+            return Err(Error::new(
+                ErrorCode::UnsupportedEndpoint,
+                "TokenSpeed has no Embed RPC",
+            ));
+        }
+    })
+}
+
 /// Where a tensor's bytes travel.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorPayload {

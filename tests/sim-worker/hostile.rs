@@ -34,6 +34,13 @@ pub enum Misbehaviour {
     TokenizerPath(PathBuf),
     /// `embedding-dim=N`: Embed answers N dimensions.
     EmbeddingDim(u32),
+    /// `control-bytes=N`: the GetModelInfo, GetServerInfo, GetLoads and
+    /// HealthCheck answers each carry N more bytes (in a version or
+    /// message string the gateway only logs).
+    ControlBytes(u64),
+    /// `archive-chunk-bytes=N`: GetTokenizer sends chunks of N bytes (not
+    /// 64 KiB).
+    ArchiveChunkBytes(u64),
     /// `only-for=TEXT`: generation misbehaves only for prompts containing
     /// TEXT, so one worker serves an attacker and well-behaved clients
     /// side by side (`benches/attacks.rs`).
@@ -67,6 +74,8 @@ impl Misbehaviour {
                 value.ok_or_else(|| format!("{name} needs =DIR"))?,
             )),
             "embedding-dim" => Misbehaviour::EmbeddingDim(narrow(number("N")?)?),
+            "control-bytes" => Misbehaviour::ControlBytes(number("N")?),
+            "archive-chunk-bytes" => Misbehaviour::ArchiveChunkBytes(number("N")?),
             "only-for" => Misbehaviour::OnlyFor(
                 value
                     .ok_or_else(|| format!("{name} needs =TEXT"))?
@@ -76,7 +85,8 @@ impl Misbehaviour {
                 return Err(format!(
                     "unknown misbehaviour {name:?}: overrun-tokens=N, logprobs=N, \
                      short-logprobs, sequence-index=N, dp-ranks=N, archive-bytes=N, \
-                     tokenizer-path=DIR, embedding-dim=N, only-for=TEXT"
+                     tokenizer-path=DIR, embedding-dim=N, control-bytes=N, \
+                     archive-chunk-bytes=N, only-for=TEXT"
                 ));
             }
         })
@@ -94,6 +104,8 @@ pub struct Hostility {
     pub archive_bytes: Option<u64>,
     pub tokenizer_path: Option<PathBuf>,
     pub embedding_dim: Option<u32>,
+    pub control_bytes: Option<u64>,
+    pub archive_chunk_bytes: Option<u64>,
     pub only_for: Option<String>,
 }
 
@@ -110,10 +122,20 @@ impl Hostility {
                 Misbehaviour::ArchiveBytes(n) => hostility.archive_bytes = Some(n),
                 Misbehaviour::TokenizerPath(dir) => hostility.tokenizer_path = Some(dir),
                 Misbehaviour::EmbeddingDim(n) => hostility.embedding_dim = Some(n),
+                Misbehaviour::ControlBytes(n) => hostility.control_bytes = Some(n),
+                Misbehaviour::ArchiveChunkBytes(n) => hostility.archive_chunk_bytes = Some(n),
                 Misbehaviour::OnlyFor(text) => hostility.only_for = Some(text),
             }
         }
         hostility
+    }
+
+    /// `text` as a control answer carries it: padded by `control-bytes`.
+    pub fn padded(&self, text: String) -> String {
+        match self.control_bytes {
+            Some(n) => text + &"x".repeat(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => text,
+        }
     }
 
     /// The tokenizer path GetModelInfo advertises, given the real one.
@@ -147,6 +169,11 @@ mod tests {
                 Misbehaviour::TokenizerPath(PathBuf::from("/tmp/x")),
             ),
             ("embedding-dim=9", Misbehaviour::EmbeddingDim(9)),
+            ("control-bytes=16", Misbehaviour::ControlBytes(16)),
+            (
+                "archive-chunk-bytes=1048576",
+                Misbehaviour::ArchiveChunkBytes(1 << 20),
+            ),
         ];
         for (text, expected) in cases {
             assert_eq!(Misbehaviour::parse(text), Ok(expected), "{text}");

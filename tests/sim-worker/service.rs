@@ -98,12 +98,16 @@ impl Worker {
 
     /// The tokenizer archive, chunked, with its sha256 on the last chunk.
     pub fn tokenizer_chunks(&self) -> ResponseStream<common::GetTokenizerChunk> {
-        const CHUNK: usize = 64 * 1024;
-        if let Some(bytes) = self.engine.config.hostile.archive_bytes {
-            return zero_archive(bytes, CHUNK);
+        let hostile = &self.engine.config.hostile;
+        let chunk = hostile
+            .archive_chunk_bytes
+            .map_or(64 * 1024, |n| usize::try_from(n).unwrap_or(usize::MAX))
+            .max(1);
+        if let Some(bytes) = hostile.archive_bytes {
+            return zero_archive(bytes, chunk);
         }
         let (zip, sha) = &self.engine.model.tokenizer_zip;
-        let pieces: Vec<&[u8]> = zip.chunks(CHUNK).collect();
+        let pieces: Vec<&[u8]> = zip.chunks(chunk).collect();
         let last = pieces.len().saturating_sub(1);
         let chunks: Vec<Result<common::GetTokenizerChunk, Status>> = pieces
             .into_iter()
@@ -131,7 +135,8 @@ impl Worker {
         if faults.unhealthy || flagged {
             (false, "unhealthy (fault injection)".to_owned())
         } else {
-            (true, format!("{} worker ready", self.engine.role().name()))
+            let ready = format!("{} worker ready", self.engine.role().name());
+            (true, self.engine.config.hostile.padded(ready))
         }
     }
 }

@@ -240,7 +240,7 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
             tokenizer_path,
             is_generation: true,
             preferred_sampling_params: String::new(),
-            weight_version: "default".to_owned(),
+            weight_version: self.0.engine.config.hostile.padded("default".to_owned()),
             served_model_name: model.served_model_name.clone(),
             max_context_length: model.max_context_length as i32,
             vocab_size: model.vocab_size as i32,
@@ -268,7 +268,10 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
             is_paused: false,
             last_receive_timestamp: 0.0,
             uptime_seconds: engine.uptime().as_secs_f64(),
-            sglang_version: concat!("smg-sim-worker ", env!("CARGO_PKG_VERSION")).to_owned(),
+            sglang_version: engine
+                .config
+                .hostile
+                .padded(concat!("smg-sim-worker ", env!("CARGO_PKG_VERSION")).to_owned()),
             server_type: "grpc".to_owned(),
             start_time: Some(service::timestamp(engine.started)),
             max_total_num_tokens: engine.config.max_total_tokens as i32,
@@ -321,7 +324,12 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
         };
         Ok(Response::new(sg::GetLoadsResponse {
             timestamp: service::now_rfc3339(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: self
+                .0
+                .engine
+                .config
+                .hostile
+                .padded(env!("CARGO_PKG_VERSION").to_owned()),
             dp_rank_count: hostile.dp_ranks.unwrap_or(ranks.len() as i32),
             aggregate: Some(sg::AggregateMetrics {
                 total_running_reqs: load.num_running_reqs,

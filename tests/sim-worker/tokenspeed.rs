@@ -281,7 +281,7 @@ impl ts::token_speed_scheduler_server::TokenSpeedScheduler for TokenSpeed {
             eos_token_ids: model.eos_token_ids.iter().map(|&id| id as i32).collect(),
             pad_token_id: model.pad_token_id as i32,
             bos_token_id: model.bos_token_id as i32,
-            weight_version: "default".to_owned(),
+            weight_version: self.0.engine.config.hostile.padded("default".to_owned()),
             default_sampling_params_json: String::new(),
             supports_vision: vision,
             supports_multimodal: vision,
@@ -311,7 +311,10 @@ impl ts::token_speed_scheduler_server::TokenSpeedScheduler for TokenSpeed {
             is_paused: false,
             uptime_seconds: engine.uptime().as_secs_f64(),
             max_total_num_tokens: engine.config.max_total_tokens as i32,
-            tokenspeed_version: concat!("smg-sim-worker ", env!("CARGO_PKG_VERSION")).to_owned(),
+            tokenspeed_version: engine
+                .config
+                .hostile
+                .padded(concat!("smg-sim-worker ", env!("CARGO_PKG_VERSION")).to_owned()),
             start_time: Some(service::timestamp(engine.started)),
         }))
     }
@@ -342,7 +345,12 @@ impl ts::token_speed_scheduler_server::TokenSpeedScheduler for TokenSpeed {
         };
         Ok(Response::new(ts::GetLoadsResponse {
             timestamp: service::now_rfc3339(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: self
+                .0
+                .engine
+                .config
+                .hostile
+                .padded(env!("CARGO_PKG_VERSION").to_owned()),
             dp_rank_count: self.0.engine.config.hostile.dp_ranks.unwrap_or(1),
             aggregate: Some(ts::AggregateMetrics {
                 total_running_reqs: load.num_running_reqs,
