@@ -496,38 +496,6 @@ async fn a_second_gateway_on_the_same_directory_keeps_the_first_ones_live_names(
     assert_settles(&first, &shm, &held).await;
 }
 
-/// The finding itself: gateway B starts in another PID namespace sharing
-/// /dev/shm (`unshare --pid`), where gateway A's pid names no process or
-/// another one. B's start-up sweep must still leave A's live names alone
-/// (they are A's by its instance id and its owner-file lock, not its pid),
-/// and A keeps serving over shm.
-#[tokio::test]
-async fn a_gateway_in_another_pid_namespace_keeps_the_first_ones_live_names() {
-    let shm = ShmDir::in_dev_shm();
-    let fleet = fleet(&shm, &[], &[]);
-    let first = gateway(&fleet, "shm", &[]);
-    let held = shm.names_of(first.pid());
-    assert_eq!(held.len(), 3, "two slots and the owner file: {held:?}");
-    let mut args: Vec<&str> = fleet.flags.iter().map(String::as_str).collect();
-    args.extend_from_slice(&["--multimodal-tensor-transport", "shm"]);
-    // Ready means its start-up sweep has run.
-    let second = Gateway::start_in_new_pid_namespace(&args);
-    assert_eq!(
-        shm.names_of(first.pid()),
-        held,
-        "the sweep in the other namespace kept the first gateway's names"
-    );
-    // The second gateway is pid 1 in its namespace, and says so.
-    assert_eq!(shm.names_of(1).len(), 3, "the second gateway's own names");
-    chat_exactly(&first, &[MEDIUM]).await;
-    assert_eq!(
-        recorded_lanes(&fleet),
-        vec![(tensor_bytes(MEDIUM), "shm".to_owned())]
-    );
-    assert_settles(&first, &shm, &held).await;
-    drop(second);
-}
-
 /// Someone removes the lane's slot files under a running gateway: the next
 /// image still arrives (inline, counted as a `shm_slot_lost` fallback), the
 /// pool is rebuilt, and later images go through shm again.

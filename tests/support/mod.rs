@@ -308,23 +308,6 @@ impl Gateway {
         Self::spawn(command)
     }
 
-    /// As [`Gateway::start`], in a PID namespace of its own (`unshare --pid
-    /// --fork --map-root-user --kill-child`), where its pid is 1; it shares
-    /// the filesystem, `/dev/shm` included. [`Gateway::pid`] is then
-    /// `unshare`'s, outside; killing it kills the gateway.
-    pub fn start_in_new_pid_namespace(args: &[&str]) -> Gateway {
-        let gateway = launch_command(Some(&model_dir()), args);
-        let mut command = Command::new("unshare");
-        command
-            .args(["--pid", "--fork", "--map-root-user", "--kill-child", "--"])
-            .arg(gateway.get_program())
-            .args(gateway.get_args())
-            .args(["--log-level", "warn"])
-            .args(args);
-        command.stderr(Stdio::inherit());
-        Self::spawn(command)
-    }
-
     /// As [`Gateway::start`], with its log (filtered by `rust_log`) written
     /// to `log` instead of the test's stderr.
     pub fn start_logged(args: &[&str], rust_log: &str, log: &std::path::Path) -> Gateway {
