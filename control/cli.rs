@@ -459,7 +459,8 @@ pub struct LaunchArgs {
     /// passed over.
     #[arg(long, value_name = "RATIO", default_value_t = 1.25, help_heading = heading::ROUTING)]
     pub prefix_hash_load_factor: f64,
-    /// How often workers' GetLoads is polled (only for load-aware policies;
+    /// How often workers' GetLoads is polled (for load-aware policies, and
+    /// for the in-flight limits without --worker-max-in-flight;
     /// `--load-monitor-interval` in SMG).
     #[arg(long, alias = "load-monitor-interval", value_name = "SECS", default_value_t = 1, help_heading = heading::ROUTING)]
     pub load_check_interval_secs: u64,
@@ -678,7 +679,9 @@ pub struct LaunchArgs {
     /// Most requests one worker is sent at once; more wait in the gateway
     /// for a slot (bounded by the request timeout, and by admission's queue
     /// when --max-concurrent-requests is set), a PD/EPD request taking all
-    /// its workers' slots together. 0: no limit.
+    /// its workers' slots together. 0: the max_running_requests its engine
+    /// reports in GetLoads (re-read every --load-check-interval-secs; no
+    /// limit if it reports none).
     #[arg(long, value_name = "REQUESTS", default_value_t = 0, help_heading = heading::CONNECTIONS)]
     pub worker_max_in_flight: usize,
     /// HTTP/2 PING on each worker connection after this long without a

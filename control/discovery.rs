@@ -222,16 +222,23 @@ impl DiscoveryEnv {
 }
 
 /// Polls GetLoads every `interval` for each role whose policy reads engine
-/// load.
-pub fn start_load_polling(workers: &WorkerSet, policies: &RolePolicies, interval: Duration) {
+/// load, and for every role when the workers' in-flight limits follow what
+/// their engines report (`engine_limits`: no `--worker-max-in-flight`).
+pub fn start_load_polling(
+    workers: &WorkerSet,
+    policies: &RolePolicies,
+    interval: Duration,
+    engine_limits: bool,
+) {
     for role in [
         WorkerRole::Regular,
         WorkerRole::Prefill,
         WorkerRole::Decode,
         WorkerRole::Encode,
     ] {
-        if policies.of(role).needs_loads() {
-            spawn_load_polling(workers.clone(), role, interval);
+        let needs_loads = policies.of(role).needs_loads();
+        if needs_loads || engine_limits {
+            spawn_load_polling(workers.clone(), role, interval, needs_loads);
         }
     }
 }

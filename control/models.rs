@@ -180,6 +180,7 @@ impl ModelTable {
             entry.workers(),
             &entry.policies,
             config.routing.load_check_interval,
+            config.lifecycle.max_in_flight.is_none(),
         );
         tokio::spawn(discover(
             Arc::clone(config),

@@ -34,7 +34,8 @@ use crate::mode::Mode;
 use crate::router::{Router, RouterParts};
 use crate::shutdown::RequestTasks;
 use crate::workers::{
-    Worker, WorkerRole, WorkerSet, advertised_bootstrap_port, spawn_circuit_probe, spawn_probe_loop,
+    Worker, WorkerRole, WorkerSet, advertised_bootstrap_port, reported_limit, spawn_circuit_probe,
+    spawn_probe_loop,
 };
 
 /// What `/readiness` shows while the fleet comes up.
@@ -132,6 +133,9 @@ struct Reached {
     bootstrap_port: Option<u16>,
     /// Data-parallel ranks (`--dp-aware`); 1 otherwise.
     ranks: u32,
+    /// Its `GetLoads` answer, when it gave one and something needs it (the
+    /// ranks, or its in-flight limit: no `--worker-max-in-flight`).
+    load: Option<crate::engine::Load>,
     /// Keeps the series recorded while reaching it (its connects) until
     /// its workers hold them.
     _series: crate::metrics::WorkerSeriesHold,
@@ -259,7 +263,12 @@ pub async fn bring_up(
     for worker in &joined {
         watch(worker, config);
     }
-    start_load_polling(&workers, &policies, routing.load_check_interval);
+    start_load_polling(
+        &workers,
+        &policies,
+        routing.load_check_interval,
+        config.lifecycle.max_in_flight.is_none(),
+    );
 
     // Those still coming join as they answer.
     let late = LateArrivals {
@@ -310,6 +319,9 @@ fn join(
         } else {
             worker
         });
+        if let Some(load) = &reached.load {
+            worker.learn_limit(reported_limit(load, dp_aware));
+        }
         workers.insert(Arc::clone(&worker));
         joined.push(worker);
     }
@@ -481,15 +493,25 @@ impl Reach {
                 })?)
             }
         };
-        let ranks = if self.dp_aware {
+        let (ranks, load) = if self.dp_aware {
             let load = discover("GetLoads", url, client.loads())
                 .await
                 .map_err(retry)?;
-            self.lifecycle
+            let ranks = self
+                .lifecycle
                 .dp_ranks(url, &load)
-                .map_err(|err| Failure::Fatal(anyhow::anyhow!("{err}")))?
+                .map_err(|err| Failure::Fatal(anyhow::anyhow!("{err}")))?;
+            (ranks, Some(load))
+        } else if self.lifecycle.max_in_flight.is_none() {
+            // Its in-flight limit from the start; the load polling keeps
+            // it current. An engine without GetLoads has none.
+            let load = discover("GetLoads", url, client.loads()).await;
+            if let Err(err) = &load {
+                tracing::debug!(worker = %url, "no in-flight limit reported yet: {err:#}");
+            }
+            (1, load.ok())
         } else {
-            1
+            (1, None)
         };
         Ok(Reached {
             address: self.address.clone(),
@@ -497,6 +519,7 @@ impl Reach {
             runtime,
             bootstrap_port,
             ranks,
+            load,
             _series: crate::metrics::WorkerSeriesHold::new(url),
         })
     }

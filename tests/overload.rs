@@ -770,6 +770,85 @@ async fn a_burst_waits_in_the_gateway_for_the_workers_slots() {
     assert_eq!(circuits_opened(&gateway).await, 0.0);
 }
 
+/// The largest `peak N` in a sim worker's `--peak-log` (0 if none).
+fn peak_in(log: &std::path::Path) -> u64 {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.strip_prefix("peak ")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_waits_for_the_slots_the_engine_reports() {
+    // The worker runs 4 requests at once and says so in GetLoads
+    // (max_running_requests); no flag tells the gateway. A burst of 200
+    // waits in the gateway: the worker never holds more than 4 calls (its
+    // peak log counts the calls it holds, queued or running).
+    let dir = tempfile::tempdir().unwrap();
+    let (first_peaks, second_peaks) = (dir.path().join("first"), dir.path().join("second"));
+    let mut worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--decode-ms-per-token",
+            "2",
+            "--max-running-requests",
+            "4",
+            "--peak-log",
+            first_peaks.to_str().unwrap(),
+        ],
+    );
+    let url = worker.grpc_url();
+    let port = worker.grpc.port().to_string();
+    let gateway = single_worker_gateway(&worker, &[]);
+    until_worker(&gateway, &url, "the engine's limit is read", |w| {
+        w["max_in_flight"] == 4
+    })
+    .await;
+    let clients = 200;
+    let tally = bounded("the burst", burst(&gateway, clients)).await;
+    let peak = peak_in(&first_peaks);
+    println!("burst of {clients} on an engine running 4: {tally:?}; its peak {peak}");
+    assert_eq!(tally.count(200), clients, "{tally:?}");
+    assert!(peak <= 4, "the worker held {peak} calls at once");
+    assert!(peak > 0, "the peak log saw the burst");
+    assert_eq!(circuits_opened(&gateway).await, 0.0);
+
+    // The engine comes back on the same port running 8: the limit follows
+    // its report.
+    worker.kill();
+    let restarted = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--decode-ms-per-token",
+            "2",
+            "--max-running-requests",
+            "8",
+            "--peak-log",
+            second_peaks.to_str().unwrap(),
+            "--port",
+            &port,
+        ],
+    );
+    assert_eq!(restarted.grpc_url(), url);
+    until_worker(&gateway, &url, "the new limit is read", |w| {
+        w["max_in_flight"] == 8 && w["circuit"] != "open"
+    })
+    .await;
+    poll_until("a request is served", async || {
+        (chat(&http(), &gateway).await.0 == 200).then_some(())
+    })
+    .await;
+    let tally = bounded("the second burst", burst(&gateway, clients)).await;
+    let peak = peak_in(&second_peaks);
+    println!("burst of {clients} on an engine running 8: {tally:?}; its peak {peak}");
+    assert_eq!(tally.count(200), clients, "{tally:?}");
+    assert!(peak <= 8, "the worker held {peak} calls at once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_age_out_every_200_ms_fail_no_request() {
     // A maximum connection age, as proxies and engines set it: every

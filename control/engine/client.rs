@@ -39,7 +39,7 @@ use tonic::{Code, Status, Streaming};
 use super::bounds::{Admitted, OutputBounds, Violation};
 use super::convert::{sglang, tokenspeed};
 use super::decode_limit;
-use super::pool::{ConnectionConfig, Lease, Pool};
+use super::pool::{ConnectionConfig, InBackoff, Lease, Pool};
 use super::tls::WorkerTls;
 use super::{
     Embedding, Engine, GenerateEvent, GenerateRequest, Load, MediaItem, ModelInfo, Runtime,
@@ -166,6 +166,10 @@ enum Failure {
     /// back): the worker never saw it, and the path to the worker is what
     /// failed.
     Unsent,
+    /// No connect was tried: the last one failed and its backoff is not
+    /// over ([`InBackoff`]). The worker is unreachable as that failure
+    /// said; this call is not another failure of it.
+    Backoff,
 }
 
 /// Reads a status's source chain: a status the worker sent has none; one
@@ -176,6 +180,13 @@ fn classify(status: &Status) -> Failure {
         return Failure::Answered;
     }
     while let Some(err) = source {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .is_some_and(|inner| inner.is::<InBackoff>())
+        {
+            return Failure::Backoff;
+        }
         if let Some(h2) = err.downcast_ref::<h2::Error>() {
             // RFC 9113 §6.8: streams above a GOAWAY's last stream id were
             // not processed; §8.7: neither was a REFUSED_STREAM one. h2
@@ -377,6 +388,9 @@ impl EngineClient {
             Failure::Connection => Reach::Connection {
                 first: self.pool.first_failure_since(lease),
             },
+            // A connection failure for retries (another worker takes it),
+            // the failed connect's death seen again for the breaker.
+            Failure::Backoff => Reach::Connection { first: false },
         };
         Error::from_worker_status(status, &self.url).with_reach(reach)
     }
@@ -1095,6 +1109,40 @@ mod tests {
         assert_eq!(classify(&internal), Failure::Connection);
         // Once the worker answered, nothing is "unsent" any more.
         assert_eq!(stream_failure(&refused), Failure::Connection);
+    }
+
+    #[tokio::test]
+    async fn calls_refused_during_the_reconnect_backoff_do_not_count_against_the_worker() {
+        // Nothing listens on the port: the first call's connect is refused
+        // and counts; the backoff (long enough to outlast the test) then
+        // fails the next calls at once, and they do not count again.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("grpc://127.0.0.1:{port}");
+        let connections = ConnectionConfig {
+            backoff: std::time::Duration::from_secs(3600),
+            max_backoff: std::time::Duration::from_secs(3600),
+            ..ConnectionConfig::default()
+        };
+        let client = EngineClient::with_connections(
+            &url,
+            Runtime::TokenSpeed,
+            connections,
+            &WorkerTls::default(),
+        )
+        .expect("lazy");
+        let refused = client.loads().await.expect_err("nothing listens");
+        assert!(
+            refused.charges(&url),
+            "the refused connect counts: {refused}"
+        );
+        for _ in 0..3 {
+            let again = client.loads().await.expect_err("in backoff");
+            assert!(!again.charges(&url), "the same failure again: {again}");
+            assert!(again.retryable(), "another worker may take it: {again}");
+        }
     }
 
     /// tonic's refusal of an oversized message, made by tonic's own

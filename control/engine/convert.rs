@@ -179,6 +179,7 @@ pub(crate) use generate_event_from;
 pub(crate) struct RankLoad {
     pub running_requests: i32,
     pub waiting_requests: i32,
+    pub max_running_requests: i32,
     pub used_tokens: i32,
     pub max_total_tokens: i32,
     pub waiting_uncached_tokens: i32,
@@ -199,6 +200,9 @@ pub(crate) fn sum_ranks(dp_rank_count: i32, ranks: impl IntoIterator<Item = Rank
         reported = reported.saturating_add(1);
         total.running_requests = total.running_requests.saturating_add(rank.running_requests);
         total.waiting_requests = total.waiting_requests.saturating_add(rank.waiting_requests);
+        total.max_running_requests = total
+            .max_running_requests
+            .saturating_add(rank.max_running_requests.max(0));
         total.used_tokens = total.used_tokens.saturating_add(rank.used_tokens);
         total.max_total_tokens = total.max_total_tokens.saturating_add(rank.max_total_tokens);
         total.waiting_uncached_tokens = total
@@ -379,6 +383,7 @@ mod tests {
         let rank = |running, usage, hit| RankLoad {
             running_requests: running,
             waiting_requests: 1,
+            max_running_requests: 16,
             used_tokens: 100,
             max_total_tokens: 1000,
             waiting_uncached_tokens: 5,
@@ -389,6 +394,7 @@ mod tests {
         let load = sum_ranks(0, [rank(2, 0.2, 0.5), rank(3, 0.4, 0.0)]);
         assert_eq!(load.running_requests, 5);
         assert_eq!(load.waiting_requests, 2);
+        assert_eq!(load.max_running_requests, 32);
         assert_eq!(load.used_tokens, 200);
         assert_eq!(load.max_total_tokens, 2000);
         assert_eq!(load.waiting_uncached_tokens, 10);

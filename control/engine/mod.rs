@@ -447,6 +447,9 @@ pub struct ServerInfo {
 pub struct Load {
     pub running_requests: i32,
     pub waiting_requests: i32,
+    /// Requests the engine runs at once (`max_running_requests`), summed
+    /// over its ranks; 0 when it reports none.
+    pub max_running_requests: i32,
     pub used_tokens: i32,
     pub max_total_tokens: i32,
     pub waiting_uncached_tokens: i32,

@@ -28,7 +28,9 @@
 //! - A connect that fails puts the slot in backoff (doubling from
 //!   `backoff` to `max_backoff`, with ±20% jitter). Until it is over, calls
 //!   on that slot fail at once, as gRPC fails calls in TRANSIENT_FAILURE,
-//!   so the router retries elsewhere instead of waiting.
+//!   so the router retries elsewhere instead of waiting; their error
+//!   carries [`InBackoff`], so they are not counted as failures of their
+//!   own (the failed connect was).
 //! - A call the worker never saw (the connection's GOAWAY excluded it, or
 //!   the stream was refused) retires the slot's channel: the slot gets a
 //!   fresh one, which dials a new connection, while the streams the server
@@ -380,10 +382,9 @@ impl Link {
             crate::metrics::record_worker_connect(&self.url, "backoff");
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionRefused,
-                format!(
-                    "not reconnecting for another {:?}: the last connect failed",
-                    until - now
-                ),
+                InBackoff {
+                    remaining: until - now,
+                },
             ));
         }
         let connected =
@@ -418,6 +419,26 @@ impl Link {
         self.backoff.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// Why a call failed without a connect being tried: the slot's last connect
+/// failed, and its backoff is not over. The failed connect counted against
+/// the worker; a call refused meanwhile is that failure seen again.
+#[derive(Debug)]
+pub(crate) struct InBackoff {
+    remaining: Duration,
+}
+
+impl std::fmt::Display for InBackoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "not reconnecting for another {:?}: the last connect failed",
+            self.remaining
+        )
+    }
+}
+
+impl std::error::Error for InBackoff {}
 
 impl Backoff {
     /// Records a failed connect at `now`; returns the pause before the next.

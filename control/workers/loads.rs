@@ -1,9 +1,12 @@
 //! Worker load as the engines report it (`GetLoads`), polled per worker
-//! group only when a load-aware policy routes that group.
+//! group when a load-aware policy routes that group, or when the workers'
+//! in-flight limits follow their engines (no `--worker-max-in-flight`).
 //!
 //! The latest reading lives in a few atomics on the worker, so a routing
 //! decision reads it without locks; a reading older than its freshness limit
 //! is ignored and policies fall back to the gateway's own in-flight counts.
+//! Each answer's `max_running_requests` becomes the worker's in-flight limit
+//! ([`reported_limit`]), so a limit follows an engine that changes it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +50,23 @@ impl LoadReading {
             throughput: load.gen_throughput.max(0.0) as f32,
         }
     }
+}
+
+/// The in-flight limit an engine's `GetLoads` answer sets for one of its
+/// workers: its `max_running_requests`, divided among its data-parallel
+/// ranks when each rank is a worker of its own (`per_rank`); `None` when
+/// it reports none. Requests beyond it would only wait in that engine's
+/// queue, where they cannot move to a worker that frees up first: they
+/// wait in the gateway instead.
+pub fn reported_limit(load: &Load, per_rank: bool) -> Option<usize> {
+    let total = usize::try_from(load.max_running_requests)
+        .ok()
+        .filter(|&total| total > 0)?;
+    let ranks = match usize::try_from(load.dp_rank_count) {
+        Ok(ranks) if per_rank && ranks > 0 => ranks,
+        _ => 1,
+    };
+    Some((total / ranks).max(1))
 }
 
 /// The latest reading of one worker, in atomics.
@@ -117,9 +137,16 @@ impl LoadCell {
 }
 
 /// Polls `GetLoads` of every worker of `role` in `workers` each `interval`
-/// (the membership is re-read every round), until the runtime stops.
-/// Readings stay fresh for three intervals.
-pub fn spawn_load_polling(workers: WorkerSet, role: WorkerRole, interval: Duration) {
+/// (the membership is re-read every round), until the runtime stops. Each
+/// answer sets the worker's in-flight limit (unless configured); with
+/// `store_loads` (a load-aware policy routes the role) it is also the
+/// worker's load reading, fresh for three intervals.
+pub fn spawn_load_polling(
+    workers: WorkerSet,
+    role: WorkerRole,
+    interval: Duration,
+    store_loads: bool,
+) {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -128,16 +155,22 @@ pub fn spawn_load_polling(workers: WorkerSet, role: WorkerRole, interval: Durati
             let members = workers.of_role(role);
             let polls = members
                 .iter()
-                .map(|worker| poll_one(Arc::clone(worker), interval));
+                .map(|worker| poll_one(Arc::clone(worker), interval, store_loads));
             futures::future::join_all(polls).await;
         }
     });
 }
 
-async fn poll_one(worker: Arc<super::Worker>, interval: Duration) {
-    worker.load_cell().set_max_age(interval * 3);
+async fn poll_one(worker: Arc<super::Worker>, interval: Duration, store_loads: bool) {
+    if store_loads {
+        worker.load_cell().set_max_age(interval * 3);
+    }
     match tokio::time::timeout(interval, worker.client().loads()).await {
         Ok(Ok(load)) => {
+            worker.learn_limit(reported_limit(&load, worker.dp_rank().is_some()));
+            if !store_loads {
+                return;
+            }
             let now = Instant::now();
             worker.load_cell().store(LoadReading::from_load(&load), now);
             crate::metrics::record_load_reading(worker.label(), role_name(&worker));
@@ -176,6 +209,26 @@ mod tests {
         let (last, age) = cell.last(t0 + Duration::from_secs(4)).expect("a reading");
         assert_eq!(last, reading);
         assert_eq!(age, Duration::from_secs(4));
+    }
+
+    #[test]
+    fn max_running_requests_becomes_the_limit() {
+        let load = |max_running_requests, dp_rank_count| Load {
+            max_running_requests,
+            dp_rank_count,
+            ..Load::default()
+        };
+        assert_eq!(reported_limit(&load(48, 1), false), Some(48));
+        assert_eq!(reported_limit(&load(48, 4), false), Some(48), "one worker");
+        assert_eq!(
+            reported_limit(&load(48, 4), true),
+            Some(12),
+            "a rank's share"
+        );
+        assert_eq!(reported_limit(&load(2, 4), true), Some(1), "at least one");
+        assert_eq!(reported_limit(&load(48, 0), true), Some(48));
+        assert_eq!(reported_limit(&load(0, 1), false), None, "not reported");
+        assert_eq!(reported_limit(&load(-5, 1), false), None);
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //!
 //! A request that picks a worker holds a [`LoadGuard`] for as long as it uses
 //! it; the guard's `Drop` gives the slot back, so a cancelled or failed
-//! request can never leak a load count. A worker may cap the requests it
-//! holds (`--worker-max-in-flight`): a full worker takes nobody new, and the
-//! guard's drop wakes one request waiting for room.
+//! request can never leak a load count. A worker caps the requests it holds
+//! at what its engine reports it runs at once (`max_running_requests` in
+//! `GetLoads`, re-read as the engine reports it), or at
+//! `--worker-max-in-flight` when that is given: a full worker takes nobody
+//! new, and the guard's drop wakes one request waiting for room.
 
 mod breaker;
 mod health;
@@ -20,7 +22,7 @@ pub use health::{
     HealthConfig, HealthState, HealthTracker, probe, spawn_circuit_probe, spawn_health_checks,
     spawn_probe_loop,
 };
-pub use loads::{LoadCell, LoadReading, spawn_load_polling};
+pub use loads::{LoadCell, LoadReading, reported_limit, spawn_load_polling};
 pub use registry::{
     Lifecycle, LoadStatus, WorkerRegistry, WorkerSpec, WorkerStatus, advertised_bootstrap_port,
 };
@@ -106,8 +108,11 @@ pub struct Worker {
     label: String,
     client: Arc<dyn Engine>,
     in_flight: AtomicUsize,
-    /// Most requests held at once; `None`: no limit.
-    max_in_flight: Option<usize>,
+    /// Most requests held at once; 0: no limit.
+    max_in_flight: AtomicUsize,
+    /// The limit was configured (`--worker-max-in-flight`): what the
+    /// engine reports does not change it.
+    limit_configured: bool,
     /// Wakes one waiting request when a held one ends (limited workers).
     room: tokio::sync::Notify,
     /// Prompt tokens of the requests in flight.
@@ -157,7 +162,8 @@ impl Worker {
             dp_rank: None,
             client,
             in_flight: AtomicUsize::new(0),
-            max_in_flight: None,
+            max_in_flight: AtomicUsize::new(0),
+            limit_configured: false,
             room: tokio::sync::Notify::new(),
             in_flight_tokens: AtomicU64::new(0),
             health: AtomicU8::new(HealthState::Ready as u8),
@@ -182,21 +188,49 @@ impl Worker {
         self.lane_override
     }
 
-    /// The worker holding at most `limit` requests at once (`None`: no
-    /// limit; a limit below one is one).
+    /// The worker holding at most `limit` requests at once, whatever its
+    /// engine reports (`None`: the engine's reports set the limit; a limit
+    /// below one is one).
     pub fn with_max_in_flight(mut self, limit: Option<usize>) -> Self {
-        self.max_in_flight = limit.map(|limit| limit.max(1));
+        if let Some(limit) = limit {
+            self.max_in_flight = AtomicUsize::new(limit.max(1));
+            self.limit_configured = true;
+        }
         self
     }
 
     /// Most requests this worker holds at once, if limited.
     pub fn max_in_flight(&self) -> Option<usize> {
-        self.max_in_flight
+        Some(self.max_in_flight.load(Ordering::Acquire)).filter(|&max| max > 0)
+    }
+
+    /// Takes the limit the engine reports (`None`: it reports none, so no
+    /// limit) unless one was configured. A raised or lifted limit wakes
+    /// every request waiting for room; a lowered one takes effect as the
+    /// requests above it end. Returns whether the limit changed.
+    pub fn learn_limit(&self, reported: Option<usize>) -> bool {
+        if self.limit_configured {
+            return false;
+        }
+        let limit = reported.map_or(0, |limit| limit.max(1));
+        let before = self.max_in_flight.swap(limit, Ordering::AcqRel);
+        if before == limit {
+            return false;
+        }
+        tracing::info!(
+            worker = self.label(),
+            limit = ?reported,
+            before = ?Some(before).filter(|&max| max > 0),
+            "the worker's in-flight limit follows its engine's max_running_requests"
+        );
+        self.room.notify_waiters();
+        true
     }
 
     /// Whether the worker holds fewer requests than its limit.
     pub fn has_room(&self) -> bool {
-        self.max_in_flight.is_none_or(|max| self.in_flight() < max)
+        self.max_in_flight()
+            .is_none_or(|max| self.in_flight() < max)
     }
 
     /// Resolves when a request holding this worker ends (a limited worker
@@ -388,7 +422,7 @@ impl Worker {
         tokens: u64,
         ask_circuit: bool,
     ) -> Result<LoadGuard, Refusal> {
-        if let Some(max) = self.max_in_flight {
+        if let Some(max) = self.max_in_flight() {
             // Reserve the slot first, atomically, so a burst cannot overrun
             // the limit between a check and an increment.
             self.in_flight
@@ -422,7 +456,7 @@ impl Worker {
     /// Gives a request slot back, waking a waiter on a limited worker.
     fn release_slot(&self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if self.max_in_flight.is_some() {
+        if self.max_in_flight().is_some() {
             self.room.notify_one();
         }
     }
@@ -679,6 +713,46 @@ mod tests {
         drop(b);
         assert_eq!(worker.in_flight(), 0);
         assert_eq!(worker.in_flight_tokens(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_engines_reported_limit_applies_unless_one_is_configured() {
+        let worker = crate::policies::test_support::workers(1).remove(0);
+        assert_eq!(worker.max_in_flight(), None, "no report yet: no limit");
+        assert!(worker.learn_limit(Some(1)));
+        assert!(
+            !worker.learn_limit(Some(1)),
+            "the same report changes nothing"
+        );
+        let first = worker.try_hold(0, false).expect("room for one");
+        assert_eq!(worker.try_hold(0, false).err(), Some(Refusal::Full));
+
+        // A raised limit wakes a request waiting for room.
+        let waiting = worker.room_freed();
+        tokio::pin!(waiting);
+        waiting.as_mut().enable();
+        assert!(worker.learn_limit(Some(2)));
+        waiting.await;
+        let second = worker.try_hold(0, false).expect("the raised limit");
+
+        // Lowered below what it holds: nobody new until enough have ended.
+        assert!(worker.learn_limit(Some(1)));
+        drop(first);
+        assert_eq!(worker.try_hold(0, false).err(), Some(Refusal::Full));
+        drop(second);
+        let third = worker.try_hold(0, false).expect("back under the limit");
+        drop(third);
+
+        // An engine that stops reporting one lifts it.
+        assert!(worker.learn_limit(None));
+        assert_eq!(worker.max_in_flight(), None);
+
+        let configured = crate::policies::test_support::workers(1).remove(0);
+        let configured = Arc::try_unwrap(configured)
+            .expect("sole owner")
+            .with_max_in_flight(Some(3));
+        assert!(!configured.learn_limit(Some(100)), "the flag wins");
+        assert_eq!(configured.max_in_flight(), Some(3));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use super::transport::{LaneDirectory, LaneMode, WorkerLaneOverride, WorkerTransport};
 use super::{
-    BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe,
+    BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe, reported_limit,
     spawn_circuit_probe, spawn_probe_loop, worker_id,
 };
 use crate::engine::{
@@ -165,6 +165,9 @@ pub struct WorkerStatus {
     pub status: &'static str,
     pub circuit: &'static str,
     pub in_flight: usize,
+    /// Most requests it is sent at once: `--worker-max-in-flight`, else
+    /// its engine's `max_running_requests`; `null`: no limit.
+    pub max_in_flight: Option<usize>,
     pub bootstrap_port: Option<u16>,
     /// The tensor transport the lane decision applies to it (`inline`,
     /// `shm`, `auto`, `rdma`; always `inline` for SGLang)...
@@ -376,18 +379,23 @@ impl WorkerRegistry {
                 })?)
             }
         };
-        let ranks = if self.lifecycle.dp_aware {
+        let (ranks, load) = if self.lifecycle.dp_aware {
             let load = tokio::time::timeout(DISCOVERY_TIMEOUT, client.loads())
                 .await
                 .map_err(|_| "GetLoads timed out".to_owned())?
                 .map_err(|err| format!("GetLoads failed: {err}"))?;
-            Some(
-                self.lifecycle
-                    .dp_ranks(client.url(), &load)
-                    .map_err(|err| err.message)?,
-            )
+            let ranks = self
+                .lifecycle
+                .dp_ranks(client.url(), &load)
+                .map_err(|err| err.message)?;
+            (Some(ranks), Some(load))
+        } else if self.lifecycle.max_in_flight.is_none() {
+            // Its in-flight limit from the start; the load polling keeps
+            // it current. An engine without GetLoads has none.
+            let load = tokio::time::timeout(DISCOVERY_TIMEOUT, client.loads()).await;
+            (None, load.ok().and_then(std::result::Result::ok))
         } else {
-            None
+            (None, None)
         };
         if let Some(wanted) = lane_override
             && self.runtime == Runtime::TokenSpeed
@@ -404,6 +412,9 @@ impl WorkerRegistry {
                     .with_breaker(self.lifecycle.breaker)
                     .with_max_in_flight(self.lifecycle.max_in_flight)
                     .with_health(HealthState::Pending);
+                if let Some(load) = &load {
+                    worker.learn_limit(reported_limit(load, ranks.is_some()));
+                }
                 Ok(Arc::new(match ranks {
                     Some(_) => worker.with_dp_rank(rank),
                     None => worker,
@@ -595,6 +606,7 @@ impl WorkerRegistry {
             status,
             circuit: worker.breaker().state().name(),
             in_flight: worker.in_flight(),
+            max_in_flight: worker.max_in_flight(),
             bootstrap_port: worker.bootstrap_port(),
             tensor_transport: transport.mode.name(),
             shm_min_bytes: transport.min_bytes,
@@ -628,6 +640,7 @@ impl WorkerRegistry {
             },
             circuit: "closed",
             in_flight: 0,
+            max_in_flight: None,
             bootstrap_port: job.bootstrap_port,
             tensor_transport: transport.mode.name(),
             shm_min_bytes: transport.min_bytes,

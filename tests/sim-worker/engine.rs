@@ -135,6 +135,11 @@ pub struct EngineConfig {
     /// cached=K`, the counts it reports (tests check the gateway's usage
     /// against what the engines said).
     pub usage_log: Option<std::path::PathBuf>,
+    /// Each new peak of the Generate calls held at once (waiting for a
+    /// scheduler slot or running) is appended here, one `peak N` line per
+    /// rise (tests check that the gateway never sent more than the
+    /// worker's `max_running_requests`).
+    pub peak_log: Option<std::path::PathBuf>,
     /// `--agent`: tool calls and answers made from the prompt's tools.
     pub agent: Option<crate::agent::AgentModel>,
 }
@@ -324,6 +329,9 @@ impl PrefixCache {
 struct Counters {
     running: AtomicI64,
     waiting: AtomicI64,
+    /// Generate calls held, waiting or running, and their peak.
+    held: AtomicI64,
+    peak_held: AtomicI64,
     used_tokens: AtomicI64,
     waiting_uncached_tokens: AtomicI64,
     prompt_tokens_total: AtomicU64,
@@ -502,6 +510,22 @@ impl Engine {
         Ok(receiver)
     }
 
+    /// Counts a Generate call as held, logging each new peak to the peak
+    /// log.
+    fn note_held(&self) -> Held<'_> {
+        let now = self.counters.held.fetch_add(1, Ordering::AcqRel) + 1;
+        let before = self.counters.peak_held.fetch_max(now, Ordering::Relaxed);
+        if now > before
+            && let Some(path) = &self.config.peak_log
+        {
+            log_line(path, &format!("peak {now}"));
+        }
+        Held {
+            gauge: &self.counters.held,
+            unanswered: AtomicU32::new(1),
+        }
+    }
+
     async fn run(
         self: &Arc<Self>,
         job: GenerateJob,
@@ -509,6 +533,7 @@ impl Engine {
     ) -> Result<(), Status> {
         let prompt_tokens = job.input_ids.len() as u32;
         let cancel = CancellationToken::new();
+        let held = self.note_held();
         let _running = {
             let _waiting = Gauge::add(&self.counters.waiting, 1);
             let _waiting_tokens = Gauge::add(
@@ -579,7 +604,9 @@ impl Engine {
             }
             None => &self.config.hostile,
         };
+        held.unanswered.store(sampling.n.max(1), Ordering::Relaxed);
         let context = SequenceContext {
+            held: &held,
             scripted,
             hostile,
             request_id: &job.request_id,
@@ -816,6 +843,7 @@ impl Engine {
                 ),
             );
         }
+        context.held.answered_one();
         if context
             .sender
             .send(Ok(Event::Complete(finish)))
@@ -950,6 +978,7 @@ impl Engine {
 }
 
 struct SequenceContext<'a> {
+    held: &'a Held<'a>,
     /// `--script`: the tokens this prompt's completion is made of.
     scripted: Option<Arc<[u32]>>,
     /// How this request's generation misbehaves (`--hostile`; nothing for
@@ -1059,6 +1088,32 @@ impl<'a> Gauge<'a> {
 impl Drop for Gauge<'_> {
     fn drop(&mut self) {
         self.gauge.fetch_sub(self.amount, Ordering::Relaxed);
+    }
+}
+
+/// A Generate call counted as held until its last sequence's answer is
+/// about to be sent (or it ends without one): the count falls before the
+/// client can see the answer and send another call, so a client that waits
+/// for answers never sees more held than it had outstanding.
+struct Held<'a> {
+    gauge: &'a AtomicI64,
+    /// Sequences not yet answered.
+    unanswered: AtomicU32,
+}
+
+impl Held<'_> {
+    fn answered_one(&self) {
+        if self.unanswered.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.gauge.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if *self.unanswered.get_mut() > 0 {
+            self.gauge.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

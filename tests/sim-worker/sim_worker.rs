@@ -250,6 +250,10 @@ struct Args {
     /// completion=C cached=K`) to this file, before sending it.
     #[arg(long, value_name = "FILE")]
     usage_log: Option<PathBuf>,
+    /// Append each new peak of the Generate calls held at once (waiting
+    /// for a slot or running) to this file (`peak N`, one line per rise).
+    #[arg(long, value_name = "FILE")]
+    peak_log: Option<PathBuf>,
     /// Log filter (e.g. info, debug, smg_sim_worker=trace).
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -323,6 +327,7 @@ impl Args {
             abort_log: self.abort_log.clone(),
             script: None,
             usage_log: self.usage_log.clone(),
+            peak_log: self.peak_log.clone(),
             agent: None,
         }
     }

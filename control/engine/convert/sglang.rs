@@ -374,6 +374,7 @@ pub(crate) fn load(loads: sg::GetLoadsResponse) -> Load {
         loads.loads.into_iter().map(|rank| RankLoad {
             running_requests: rank.num_running_reqs,
             waiting_requests: rank.num_waiting_reqs,
+            max_running_requests: rank.max_running_requests,
             used_tokens: rank.num_used_tokens,
             max_total_tokens: rank.max_total_num_tokens,
             waiting_uncached_tokens: 0,
@@ -773,6 +774,7 @@ mod tests {
             num_waiting_reqs: 1,
             num_used_tokens: 10,
             max_total_num_tokens: 100,
+            max_running_requests: 8,
             token_usage: 0.1,
             ..Default::default()
         };
@@ -783,6 +785,7 @@ mod tests {
         });
         assert_eq!(load.running_requests, 7);
         assert_eq!(load.waiting_requests, 2);
+        assert_eq!(load.max_running_requests, 16);
         assert_eq!(load.used_tokens, 20);
         assert_eq!(load.max_total_tokens, 200);
         assert_eq!(load.dp_rank_count, 2);

@@ -239,6 +239,7 @@ pub(crate) fn load(loads: ts::GetLoadsResponse) -> Load {
         loads.loads.into_iter().map(|rank| RankLoad {
             running_requests: rank.num_running_reqs,
             waiting_requests: rank.num_waiting_reqs,
+            max_running_requests: rank.max_running_requests,
             used_tokens: rank.num_used_tokens,
             max_total_tokens: rank.max_total_num_tokens,
             waiting_uncached_tokens: rank.num_waiting_uncached_tokens,
