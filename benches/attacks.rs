@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{cpu_seconds, load_average, open_loop, percentile};
+use common::{cpu_seconds, load_average, mib, open_loop, percentile, proc_status_bytes};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
 
@@ -326,13 +326,6 @@ async fn send_attack(
     Some((status, body.len(), format!("{head}…{tail}")))
 }
 
-fn rss_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with(field))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
 #[derive(Debug, Default)]
 struct Phase {
     p50: f64,
@@ -420,7 +413,7 @@ async fn run(class: Class, seconds: f64) -> Row {
     let (latencies, failed) = well_behaved(&gateway, seconds, 7).await;
     let cpu1 = cpu_seconds(pid).unwrap_or(f64::NAN);
     let quiet = phase(latencies, failed, cpu1 - cpu0);
-    let rss_before = rss_bytes(pid, "VmRSS:").unwrap_or(0);
+    let rss_before = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
 
     // The attack phase: attackers back to back, the RSS sampled.
     let stop = Arc::new(AtomicBool::new(false));
@@ -430,7 +423,7 @@ async fn run(class: Class, seconds: f64) -> Row {
         let (stop, peak) = (Arc::clone(&stop), Arc::clone(&peak));
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Some(rss) = rss_bytes(pid, "VmRSS:") {
+                if let Some(rss) = proc_status_bytes(pid, "VmRSS:") {
                     peak.fetch_max(rss, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -481,7 +474,7 @@ async fn run(class: Class, seconds: f64) -> Row {
     let _ = sampler.join();
     let rss_peak = peak
         .load(Ordering::Relaxed)
-        .max(rss_bytes(pid, "VmHWM:").unwrap_or(0));
+        .max(proc_status_bytes(pid, "VmHWM:").unwrap_or(0));
     Row {
         class,
         quiet,
@@ -500,10 +493,6 @@ fn tally(statuses: &mut Vec<(u16, u64)>, status: u16, count: u64) {
         Some((_, total)) => *total += count,
         None => statuses.push((status, count)),
     }
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
 }
 
 fn main() {

@@ -45,27 +45,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{load_average, percentile};
+use common::{env_or, load_average, mib, percentile, proc_status_bytes};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn rss_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with(field))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
 
 fn chat_body() -> Value {
     json!({
@@ -166,7 +148,7 @@ async fn settled_rss(pid: u32, window: Duration) -> u64 {
     let until = Instant::now() + window;
     let mut lowest = u64::MAX;
     while Instant::now() < until {
-        lowest = lowest.min(rss_bytes(pid, "VmRSS:").unwrap_or(u64::MAX));
+        lowest = lowest.min(proc_status_bytes(pid, "VmRSS:").unwrap_or(u64::MAX));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     lowest
@@ -281,7 +263,7 @@ async fn run(
         let (sampling, peak) = (Arc::clone(&sampling), Arc::clone(&peak));
         tokio::spawn(async move {
             while sampling.load(Ordering::Relaxed) {
-                if let Some(rss) = rss_bytes(pid, "VmRSS:") {
+                if let Some(rss) = proc_status_bytes(pid, "VmRSS:") {
                     peak.fetch_max(rss, Ordering::Relaxed);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -305,7 +287,7 @@ async fn run(
     let _ = sampler.await;
     let peak = peak
         .load(Ordering::Relaxed)
-        .max(rss_bytes(pid, "VmHWM:").unwrap_or(0));
+        .max(proc_status_bytes(pid, "VmHWM:").unwrap_or(0));
     let open = open_connections(&gateway).await.unwrap_or(f64::NAN);
     let held = settled_rss(pid, settle).await;
 

@@ -59,27 +59,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{closed_loop, load_average, percentile};
+use common::{closed_loop, env_or, load_average, mib, percentile, proc_status_bytes};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
 
 /// The fleet: its size and how long a request takes on it.
 #[derive(Debug, Clone, Copy)]
@@ -151,12 +133,14 @@ struct RssSampler {
 impl RssSampler {
     fn start(pid: u32) -> RssSampler {
         let running = Arc::new(AtomicBool::new(true));
-        let max = Arc::new(AtomicU64::new(rss_bytes(pid).unwrap_or(0)));
+        let max = Arc::new(AtomicU64::new(
+            proc_status_bytes(pid, "VmRSS:").unwrap_or(0),
+        ));
         let task = {
             let (running, max) = (Arc::clone(&running), Arc::clone(&max));
             tokio::spawn(async move {
                 while running.load(Ordering::Relaxed) {
-                    if let Some(rss) = rss_bytes(pid) {
+                    if let Some(rss) = proc_status_bytes(pid, "VmRSS:") {
                         max.fetch_max(rss, Ordering::Relaxed);
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -221,7 +205,7 @@ async fn row(
         Arc::new(gateway.url("/v1/chat/completions")),
         Arc::new(chat_body(fleet.tokens)),
     );
-    let rss_start = rss_bytes(pid).unwrap_or(0);
+    let rss_start = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
     let sampler = RssSampler::start(pid);
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(spec.seed);
@@ -245,7 +229,7 @@ async fn row(
     }
     let sending = start.elapsed();
     let sent = tasks.len();
-    let rss_sending_ended = rss_bytes(pid).unwrap_or(0);
+    let rss_sending_ended = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
 
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
     let (mut admitted, mut refused) = (Vec::new(), Vec::new());
@@ -266,7 +250,7 @@ async fn row(
     }
     let drained = start.elapsed();
     let rss_max = sampler.stop().await;
-    let rss_end = rss_bytes(pid).unwrap_or(0);
+    let rss_end = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
     admitted.sort_by(f64::total_cmp);
     refused.sort_by(f64::total_cmp);
     slowest.sort_by(|a, b| b.0.total_cmp(&a.0));

@@ -49,27 +49,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{closed_loop, load_average, percentile};
+use common::{closed_loop, env_or, load_average, mib, percentile, proc_status_bytes};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
 
 /// The fleet and the faults it plays.
 #[derive(Debug, Clone, Copy)]
@@ -286,7 +268,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
             let mut ticker = tokio::time::interval(Duration::from_secs(1));
             loop {
                 ticker.tick().await;
-                if let Some(bytes) = rss_bytes(pid) {
+                if let Some(bytes) = proc_status_bytes(pid, "VmRSS:") {
                     rss.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .push((start.elapsed().as_secs_f64(), bytes));
@@ -335,7 +317,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
     let drained = start.elapsed();
     let (_sims, restarts) = restarter.await.expect("the restarts");
     sampler.abort();
-    let rss_end = rss_bytes(pid).unwrap_or(0);
+    let rss_end = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
     let samples = rss
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

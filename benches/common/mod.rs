@@ -1,5 +1,6 @@
 //! Helpers the scripted end-to-end benchmarks share: a closed-loop load
-//! driver, percentiles, per-process CPU time and core pinning.
+//! driver, percentiles, per-process CPU time and memory, core pinning and
+//! settings from the environment.
 
 #![allow(dead_code)]
 
@@ -215,4 +216,27 @@ pub fn pin(pid: u32, core: usize) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
+}
+
+/// The environment variable `name` parsed, or `default` when it is unset
+/// or does not parse.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A memory figure of process `pid` from `/proc/PID/status`, in bytes:
+/// `field` is its line's name with the colon (`VmRSS:`, `VmHWM:`).
+pub fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes as MiB.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
 }
