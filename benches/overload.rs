@@ -57,9 +57,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{closed_loop, env_or, load_average, mib, percentile, proc_status_bytes};
+use common::{
+    classified_chat, closed_loop, env_or, load_average, mib, open_loop_client, percentile,
+    proc_status_bytes,
+};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
 
@@ -88,38 +91,6 @@ fn chat_body(tokens: u32) -> Value {
         "max_tokens": tokens,
         "ignore_eos": true,
     })
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(20_000)
-        .timeout(Duration::from_secs(300))
-        .build()
-        .expect("client")
-}
-
-/// One request: its answer ("200", "429 queue_full", "transport error")
-/// and how long it took.
-async fn send(client: &reqwest::Client, url: &str, body: &Value) -> (String, f64) {
-    let sent = Instant::now();
-    let answer = match client.post(url).json(body).send().await {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap_or(Value::Null);
-            match body["error"]["code"].as_str() {
-                Some(code) => format!("{status} {code}"),
-                None if status == 200 && body["choices"][0]["message"].is_object() => {
-                    "200".to_owned()
-                }
-                None => format!("{status} (no error code)"),
-            }
-        }
-        Err(err) if err.is_connect() => "connect error".to_owned(),
-        Err(err) if err.is_timeout() => "client timeout".to_owned(),
-        Err(_) => "transport error".to_owned(),
-    };
-    (answer, sent.elapsed().as_secs_f64() * 1000.0)
 }
 
 /// Samples the gateway's RSS every 100 ms until dropped; keeps the
@@ -161,13 +132,13 @@ impl RssSampler {
 /// the p50 latency (the fleet's service time through the gateway).
 async fn capacity(gateway: &Gateway, fleet: Fleet, duration: Duration) -> (f64, f64) {
     let (client, url, body) = (
-        client(),
+        open_loop_client(),
         gateway.url("/v1/chat/completions"),
         chat_body(fleet.tokens),
     );
     let (mut latencies, elapsed) = closed_loop(fleet.concurrency(), duration, move || {
         let (client, url, body) = (client.clone(), url.clone(), body.clone());
-        async move { send(&client, &url, &body).await.0 == "200" }
+        async move { classified_chat(&client, &url, &body).await.0 == "200" }
     })
     .await;
     latencies.sort_by(f64::total_cmp);
@@ -201,7 +172,7 @@ async fn row(
     use rand::{Rng, SeedableRng};
     let pid = gateway.pid();
     let (client, url, body) = (
-        client(),
+        open_loop_client(),
         Arc::new(gateway.url("/v1/chat/completions")),
         Arc::new(chat_body(fleet.tokens)),
     );
@@ -223,7 +194,7 @@ async fn row(
         let (client, url, body) = (client.clone(), Arc::clone(&url), Arc::clone(&body));
         let at = start.elapsed().as_secs_f64();
         tasks.push(tokio::spawn(async move {
-            let (answer, ms) = send(&client, &url, &body).await;
+            let (answer, ms) = classified_chat(&client, &url, &body).await;
             (answer, ms, at)
         }));
     }
@@ -336,11 +307,11 @@ fn gateway(urls: &[String], fleet: Fleet, spec: RowSpec) -> Gateway {
 /// A few requests so pools, caches and the tokenizer are warm.
 async fn warm(gateway: &Gateway, fleet: Fleet) {
     let (client, url, body) = (
-        client(),
+        open_loop_client(),
         gateway.url("/v1/chat/completions"),
         chat_body(fleet.tokens),
     );
-    let sends = (0..fleet.concurrency()).map(|_| send(&client, &url, &body));
+    let sends = (0..fleet.concurrency()).map(|_| classified_chat(&client, &url, &body));
     futures::future::join_all(sends).await;
 }
 

@@ -49,7 +49,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{closed_loop, env_or, load_average, mib, percentile, proc_status_bytes};
+use common::{
+    classified_chat, closed_loop, env_or, load_average, mib, open_loop_client, percentile,
+    proc_status_bytes,
+};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
 
@@ -108,38 +111,6 @@ fn chat_body(tokens: u32) -> Value {
         "max_tokens": tokens,
         "ignore_eos": true,
     })
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(20_000)
-        .timeout(Duration::from_secs(300))
-        .build()
-        .expect("client")
-}
-
-/// One request: its answer ("200", "503 no_healthy_worker", "transport
-/// error") and how long it took.
-async fn send(client: &reqwest::Client, url: &str, body: &Value) -> (String, f64) {
-    let sent = Instant::now();
-    let answer = match client.post(url).json(body).send().await {
-        Ok(response) => {
-            let status = response.status().as_u16();
-            let body: Value = response.json().await.unwrap_or(Value::Null);
-            match body["error"]["code"].as_str() {
-                Some(code) => format!("{status} {code}"),
-                None if status == 200 && body["choices"][0]["message"].is_object() => {
-                    "200".to_owned()
-                }
-                None => format!("{status} (no error code)"),
-            }
-        }
-        Err(err) if err.is_connect() => "connect error".to_owned(),
-        Err(err) if err.is_timeout() => "client timeout".to_owned(),
-        Err(_) => "transport error".to_owned(),
-    };
-    (answer, sent.elapsed().as_secs_f64() * 1000.0)
 }
 
 /// The sum of the gateway's `metric` samples whose labels contain every
@@ -228,7 +199,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
     let gateway = Gateway::start(&args);
     let pid = gateway.pid();
     let (client, url, body) = (
-        client(),
+        open_loop_client(),
         Arc::new(gateway.url("/v1/chat/completions")),
         Arc::new(chat_body(fleet.tokens)),
     );
@@ -238,7 +209,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
         let (client, url, body) = (client.clone(), Arc::clone(&url), Arc::clone(&body));
         closed_loop(fleet.concurrency(), capacity_for, move || {
             let (client, url, body) = (client.clone(), Arc::clone(&url), Arc::clone(&body));
-            async move { send(&client, &url, &body).await.0 == "200" }
+            async move { classified_chat(&client, &url, &body).await.0 == "200" }
         })
         .await
     };
@@ -293,7 +264,7 @@ async fn run(fleet: Fleet, duration: Duration, capacity_for: Duration) -> Value 
         let (client, url, body) = (client.clone(), Arc::clone(&url), Arc::clone(&body));
         let at = start.elapsed().as_secs_f64();
         tasks.push(tokio::spawn(async move {
-            let (answer, ms) = send(&client, &url, &body).await;
+            let (answer, ms) = classified_chat(&client, &url, &body).await;
             (answer, ms, at)
         }));
     }

@@ -240,3 +240,41 @@ pub fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1 << 20) as f64
 }
+
+/// An HTTP/1.1 client for open-loop runs: one connection per request in
+/// flight, kept for reuse.
+pub fn open_loop_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .http1_only()
+        .pool_max_idle_per_host(20_000)
+        .timeout(Duration::from_secs(300))
+        .build()
+        .expect("client")
+}
+
+/// One chat request: its answer as a label ("200", "429 queue_full",
+/// "503 no_healthy_worker", "transport error") and how long it took, in ms.
+pub async fn classified_chat(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> (String, f64) {
+    let sent = Instant::now();
+    let answer = match client.post(url).json(body).send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.unwrap_or(serde_json::Value::Null);
+            match body["error"]["code"].as_str() {
+                Some(code) => format!("{status} {code}"),
+                None if status == 200 && body["choices"][0]["message"].is_object() => {
+                    "200".to_owned()
+                }
+                None => format!("{status} (no error code)"),
+            }
+        }
+        Err(err) if err.is_connect() => "connect error".to_owned(),
+        Err(err) if err.is_timeout() => "client timeout".to_owned(),
+        Err(_) => "transport error".to_owned(),
+    };
+    (answer, sent.elapsed().as_secs_f64() * 1000.0)
+}
