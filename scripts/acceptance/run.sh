@@ -28,7 +28,12 @@ if ! "$python" -c "import anthropic, openai, sys; sys.exit(openai.__version__ !=
     "anthropic==$ANTHROPIC_VERSION"
 fi
 
-cargo build --bins --locked
+# The binaries as the test build makes them (a no-op right after
+# `cargo test --workspace`). Not `cargo build --bins`: without the test
+# targets, tokio resolves without the tests' `test-util` feature, and every
+# crate above tokio (hyper, tonic, axum, the gateway) would build again.
+cargo test --workspace --locked --no-run --quiet 2>/dev/null ||
+  cargo test --workspace --locked --no-run
 smg="$target/debug/smg"
 
 work="$(mktemp -d)"
