@@ -136,26 +136,44 @@ impl HeadScan {
     }
 
     /// Reads the head's next bytes (bytes after its end are not looked
-    /// at). Returns where the scan is.
+    /// at). Returns where the scan is. Line ends are found with `memchr`;
+    /// only the request line is looked at byte by byte.
     pub fn feed(&mut self, bytes: &[u8]) -> Scan {
         let mut rest = bytes;
-        while self.state == Scan::Reading {
-            let Some((&byte, tail)) = rest.split_first() else {
-                break;
-            };
-            if self.seen == 0 && matches!(byte, b'\r' | b'\n') {
-                rest = tail;
-                continue;
+        while self.state == Scan::Reading && !rest.is_empty() {
+            if self.seen == 0 {
+                // Empty lines before the request line, skipped as hyper does.
+                let blank = rest
+                    .iter()
+                    .position(|b| !matches!(b, b'\r' | b'\n'))
+                    .unwrap_or(rest.len());
+                rest = &rest[blank..];
+                if rest.is_empty() {
+                    break;
+                }
             }
             if self.in_request_line {
-                self.seen += 1;
-                rest = tail;
-                self.request_line(byte);
+                let end = memchr::memchr(b'\n', rest);
+                let line = &rest[..end.unwrap_or(rest.len())];
+                for &byte in line {
+                    self.seen += 1;
+                    self.request_line(byte);
+                    if self.state != Scan::Reading {
+                        return self.state;
+                    }
+                }
+                rest = &rest[line.len()..];
+                if end.is_some() {
+                    self.seen += 1;
+                    self.request_line(b'\n');
+                    rest = &rest[1..];
+                }
                 continue;
             }
             if self.at_line_start {
                 self.seen += 1;
-                rest = tail;
+                let byte = rest[0];
+                rest = &rest[1..];
                 match byte {
                     b'\n' => self.state = Scan::Ended,
                     b'\r' => {}
@@ -170,7 +188,7 @@ impl HeadScan {
                 continue;
             }
             // Inside a header field: on to its line's end.
-            match rest.iter().position(|&b| b == b'\n') {
+            match memchr::memchr(b'\n', rest) {
                 Some(at) => {
                     self.seen += at + 1;
                     rest = &rest[at + 1..];
