@@ -352,3 +352,57 @@ async fn anthropic_messages_carry_thinking_and_tool_use_blocks() {
     assert_eq!(blocks[0]["type"], "thinking");
     assert_eq!(blocks[1]["text"], "Paris is sunny and Rome is 21 °C.");
 }
+
+const CUT_QUESTION: &str = "Weather in Paris, briefly?";
+const CUT_ANSWER: &str = "<think>\nLook it up.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
+
+/// The shortest token prefix of `text` (the fixture tokenizer's ids, as the
+/// sim worker streams them) whose decoded text contains `marker`.
+fn tokens_through(text: &str, marker: &str) -> (u32, String) {
+    let tokenizer = smg::tokenizer::Tokenizer::from_model_dir(&model().dir).expect("loads");
+    let ids = tokenizer.encode(text, false).expect("encodes");
+    (1..=ids.len())
+        .map(|n| (n, tokenizer.decode(&ids[..n], false).expect("decodes")))
+        .find(|(_, prefix)| prefix.contains(marker))
+        .map(|(n, prefix)| (n as u32, prefix))
+        .expect("the marker is in the text")
+}
+
+/// `max_tokens` ends the answer inside a call's arguments: the call is no
+/// call (finish_reason stays "length"), its raw text is content, the
+/// reasoning is reasoning, and a stream gives the same content and
+/// reasoning as the whole answer.
+#[tokio::test]
+async fn a_call_cut_off_by_max_tokens_comes_back_as_content() {
+    let script = support::chat::script(&[json!({"when": CUT_QUESTION, "text": CUT_ANSWER})]);
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let (max_tokens, generated) = tokens_through(CUT_ANSWER, "\"unit\": \"");
+    assert!(
+        !generated.contains("celsius\"}}"),
+        "the cut falls inside the arguments: {generated:?}"
+    );
+    let (_, answer) = generated
+        .split_once("</think>")
+        .expect("a whole think block");
+    let answer = answer.trim_start();
+    let mut body = request(json!([{"role": "user", "content": CUT_QUESTION}]), false);
+    body["max_tokens"] = json!(max_tokens);
+
+    let response = whole(&gateway, &body).await;
+    let choice = &response["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{response}");
+    let message = &choice["message"];
+    assert_eq!(
+        message["reasoning_content"], "\nLook it up.\n",
+        "{response}"
+    );
+    assert_eq!(message["content"], answer, "{response}");
+    assert!(message.get("tool_calls").is_none(), "{response}");
+
+    body["stream"] = json!(true);
+    let streamed = assemble(&chunks(&gateway, &body).await);
+    assert_eq!(streamed.finish_reason, "length");
+    assert_eq!(streamed.reasoning, message["reasoning_content"]);
+    assert_eq!(streamed.content, message["content"]);
+}

@@ -30,6 +30,12 @@
 //! finish reason, streamed or not: a sequence that made a call and stopped
 //! normally finished with `tool_calls` ([`SequenceParser::made_calls`]).
 //!
+//! A sequence that ran out of tokens (`length`) ends with
+//! [`SequenceParser::finish_cut`]: a call it was still writing is not a
+//! call (its markup and arguments so far are content, the same streamed or
+//! not), held-back text is content and an unclosed think block is
+//! reasoning. The finish reason stays `length`.
+//!
 //! # gpt-oss (Harmony)
 //!
 //! A model whose id names gpt-oss or whose template writes `<|channel|>`
@@ -257,6 +263,7 @@ impl OutputParsing {
             call_ids: self.call_ids,
             single_call: !self.parallel_tool_calls,
             calls_made: 0,
+            cut_call: None,
         }
     }
 
@@ -351,6 +358,16 @@ pub struct SequenceParser {
     single_call: bool,
     /// Calls whose first fragment went out.
     calls_made: usize,
+    /// The call a cut-off end withdrew.
+    cut_call: Option<usize>,
+}
+
+/// How a sequence's text ended, for the call parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Normal,
+    /// Out of tokens: an unfinished call is content, not a call.
+    Cut,
 }
 
 impl SequenceParser {
@@ -366,7 +383,8 @@ impl SequenceParser {
                     }
                     None => (String::new(), text.to_owned()),
                 };
-                answer_calls(calls, reasoning, &answer, false)
+                let (parsed, calls, _) = answer_calls(calls, reasoning, &answer, None);
+                (parsed, calls)
             }
         };
         self.with_ids(parsed, calls)
@@ -374,6 +392,25 @@ impl SequenceParser {
 
     /// The text ended: flush what the parsers held back.
     pub fn finish(&mut self) -> ParsedText {
+        self.finish_as(false)
+    }
+
+    /// The text ended because the model ran out of tokens (finish reason
+    /// `length`): as [`SequenceParser::finish`], except that a call cut off
+    /// before its arguments were complete is no call: its text is content,
+    /// and [`SequenceParser::cut_call`] names it if its first fragment went
+    /// out. Unfinished reasoning stays reasoning.
+    pub fn finish_cut(&mut self) -> ParsedText {
+        self.finish_as(true)
+    }
+
+    /// The call [`SequenceParser::finish_cut`] withdrew, if its first
+    /// fragment had gone out: collectors drop it (a stream cannot).
+    pub fn cut_call(&self) -> Option<usize> {
+        self.cut_call
+    }
+
+    fn finish_as(&mut self, cut: bool) -> ParsedText {
         let (parsed, calls) = match &mut self.reader {
             Reader::Harmony(parser) => harmony_parsed(parser.finish()),
             Reader::Text { reasoning, calls } => {
@@ -384,7 +421,10 @@ impl SequenceParser {
                     }
                     None => (String::new(), String::new()),
                 };
-                answer_calls(calls, reasoning, &answer, true)
+                let end = if cut { End::Cut } else { End::Normal };
+                let (parsed, calls, cut_call) = answer_calls(calls, reasoning, &answer, Some(end));
+                self.cut_call = cut_call.filter(|&index| !self.single_call || index == 0);
+                (parsed, calls)
             }
         };
         self.with_ids(parsed, calls)
@@ -435,13 +475,15 @@ fn harmony_parsed(delta: harmony::HarmonyDelta) -> (ParsedText, Vec<CallDelta>) 
     (parsed, delta.calls)
 }
 
-/// Runs answer text through the call parser (`last`: the text ended).
+/// Runs answer text through the call parser (`last`: the text ended, and
+/// how). Also returns the call a cut-off end withdrew.
 fn answer_calls(
     parser: &mut Option<Calls>,
     reasoning: String,
     answer: &str,
-    last: bool,
-) -> (ParsedText, Vec<CallDelta>) {
+    last: Option<End>,
+) -> (ParsedText, Vec<CallDelta>, Option<usize>) {
+    let mut cut_call = None;
     let mut parsed = ParsedText {
         reasoning,
         ..ParsedText::default()
@@ -455,16 +497,20 @@ fn answer_calls(
             } else {
                 parser.push(answer)
             };
-            if last {
-                let tail = parser.finish();
+            if let Some(end) = last {
+                let tail = match end {
+                    End::Normal => parser.finish(),
+                    End::Cut => parser.finish_cut(),
+                };
                 delta.content.push_str(&tail.content);
                 delta.calls.extend(tail.calls);
+                cut_call = tail.cut_call;
             }
             parsed.content = delta.content;
             calls = delta.calls;
         }
         Some(Calls::Arguments { name, started }) => {
-            if !answer.is_empty() || (last && !*started) {
+            if !answer.is_empty() || (last.is_some() && !*started) {
                 calls.push(CallDelta {
                     index: 0,
                     name: (!std::mem::replace(started, true)).then(|| name.clone()),
@@ -473,7 +519,7 @@ fn answer_calls(
             }
         }
     }
-    (parsed, calls)
+    (parsed, calls, cut_call)
 }
 
 #[cfg(test)]
