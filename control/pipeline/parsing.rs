@@ -616,6 +616,85 @@ mod tests {
         assert!(parser.made_calls());
     }
 
+    /// What a sequence cut off by `max_tokens` gives when its text arrives
+    /// as `chunks`: (reasoning, content, call names kept by a collector).
+    fn run_cut(chat: &ChatPrompt, chunks: &[&str]) -> (String, String, Vec<String>) {
+        let parsing = OutputParsing::for_request(&qwen3(), chat).unwrap();
+        let mut parser = parsing.sequence();
+        let mut out = ParsedText::default();
+        for chunk in chunks {
+            let part = parser.push(chunk);
+            out.reasoning.push_str(&part.reasoning);
+            out.content.push_str(&part.content);
+            out.calls.extend(part.calls);
+        }
+        let tail = parser.finish_cut();
+        out.reasoning.push_str(&tail.reasoning);
+        out.content.push_str(&tail.content);
+        out.calls.extend(tail.calls);
+        let mut names: Vec<String> = out.calls.into_iter().filter_map(|c| c.name).collect();
+        if let Some(cut) = parser.cut_call() {
+            names.truncate(cut);
+        }
+        (out.reasoning, out.content, names)
+    }
+
+    #[test]
+    fn a_cut_off_sequence_keeps_reasoning_as_reasoning_and_an_unfinished_call_as_content() {
+        let tools = chat(weather(), ToolChoice::Auto);
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa";
+        let whole_call =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+        let no_tools = chat(json!([]), ToolChoice::Auto);
+        let cases: Vec<(&ChatPrompt, String, [String; 2], Vec<&str>)> = vec![
+            // Inside the think block, a possible end marker held back.
+            (
+                &tools,
+                "<think>still thinking</thi".into(),
+                ["still thinking</thi".into(), String::new()],
+                vec![],
+            ),
+            // Inside the think block, tool markup is reasoning.
+            (
+                &tools,
+                format!("<think>try {call}"),
+                [format!("try {call}"), String::new()],
+                vec![],
+            ),
+            // After it, a held-back marker prefix.
+            (
+                &tools,
+                "<think>r</think>\n\nLet me <tool_ca".into(),
+                ["r".into(), "Let me <tool_ca".into()],
+                vec![],
+            ),
+            // An unfinished call after a finished one.
+            (
+                &tools,
+                format!("<think>r</think>\n\n{whole_call}\n{call}"),
+                ["r".into(), format!("\n{call}")],
+                vec!["get_weather"],
+            ),
+            // No tools: only reasoning is parsed.
+            (
+                &no_tools,
+                format!("<think>r</think>A{call}"),
+                ["r".into(), format!("A{call}")],
+                vec![],
+            ),
+        ];
+        for (chat, text, [reasoning, content], names) in cases {
+            let whole = run_cut(chat, &[&text]);
+            assert_eq!(whole.0, reasoning, "{text:?}");
+            assert_eq!(whole.1, content, "{text:?}");
+            assert_eq!(whole.2, names, "{text:?}");
+            for at in (0..=text.len()).filter(|&at| text.is_char_boundary(at)) {
+                let split = run_cut(chat, &[&text[..at], &text[at..]]);
+                assert_eq!(split, whole, "{text:?} split at {at}");
+            }
+        }
+    }
+
     #[test]
     fn none_and_no_tools_leave_markup_as_content() {
         for prompt in [
