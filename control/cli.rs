@@ -21,10 +21,10 @@ use smg_dataplane::lanes::rdma::RdmaBackend;
 
 use crate::admission::{AdmissionConfig, Priority, RateLimit};
 use crate::config::{
-    AdminRole, ApiKey, AuthConfig, ControlPlaneKey, CorsPolicy, DataPlaneSettings, FleetConfig,
-    FrontDoorConfig, GatewayConfig, HistoryConfig, HttpLimits, KeyDigest, ListenConfig, LogConfig,
-    ModelSource, ParserSettings, PolicyChoice, RoutingConfig, ShutdownConfig, StartupConfig,
-    TlsFiles, WorkerAddress, WorkerTlsFiles,
+    AdminRole, ApiKey, AuthConfig, ChatTemplateOverride, ControlPlaneKey, CorsPolicy,
+    DataPlaneSettings, FleetConfig, FrontDoorConfig, GatewayConfig, HistoryConfig, HttpLimits,
+    KeyDigest, ListenConfig, LogConfig, ModelSource, ParserSettings, PolicyChoice, RoutingConfig,
+    ShutdownConfig, StartupConfig, TlsFiles, WorkerAddress, WorkerTlsFiles,
 };
 use crate::demo::{DemoMode, DemoPlan};
 use crate::engine::{ConnectionConfig, Runtime};
@@ -36,7 +36,7 @@ use crate::policies::{
     CacheAwareConfig, ManualConfig, PolicyKind, PolicyTunables, PrefixHashConfig,
 };
 use crate::router::RetryConfig;
-use crate::tokenizer::TemplateBudget;
+use crate::tokenizer::{ChatTemplate, TemplateBudget};
 use crate::workers::{
     BreakerConfig, HealthConfig, LaneMode, Lifecycle, WorkerLaneOverride, WorkerRole, normalize_url,
 };
@@ -526,6 +526,11 @@ pub struct LaunchArgs {
     /// The model name clients use; defaults to the workers' served name.
     #[arg(long, value_name = "NAME", help_heading = heading::MODEL)]
     pub served_model_name: Option<String>,
+    /// A Jinja chat template file that replaces the template of every
+    /// model served (its tokenizer_config.json's or chat_template.jinja),
+    /// models registered later included.
+    #[arg(long, value_name = "PATH", help_heading = heading::MODEL)]
+    pub chat_template: Option<PathBuf>,
     /// The work one chat template rendering may do, in minijinja fuel
     /// (about one unit per instruction and per 64 bytes of data the template
     /// produces); a request whose rendering needs more is refused with
@@ -1386,6 +1391,22 @@ pub const DEFAULT_TENANT: &str = "default";
 /// The most `--max-connections` takes (a file descriptor each).
 const MAX_CONNECTIONS_CAP: usize = 1 << 20;
 
+/// `--chat-template PATH`: the file is read and compiled here, so that a
+/// missing file or a template with a syntax error stops start-up naming the
+/// flag instead of failing every request later. (It is compiled again per
+/// model, with that model's special tokens as variables.)
+fn chat_template_override(path: &std::path::Path) -> Result<ChatTemplateOverride, ConfigError> {
+    const FLAG: &str = "chat-template";
+    let source = std::fs::read_to_string(path)
+        .map_err(|err| ConfigError::new(FLAG, format!("cannot read {}: {err}", path.display())))?;
+    ChatTemplate::compile(source.clone(), &serde_json::Map::new())
+        .map_err(|err| ConfigError::new(FLAG, format!("{}: {}", path.display(), err.message)))?;
+    Ok(ChatTemplateOverride {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 /// `value`, refused below `min` (a zero interval, an empty ring...).
 fn at_least<T: PartialOrd + std::fmt::Display>(
     flag: &'static str,
@@ -1775,6 +1796,11 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 model_path: args.model_path,
                 tokenizer_path: args.tokenizer_path,
                 served_model_name: args.served_model_name,
+                chat_template: args
+                    .chat_template
+                    .as_deref()
+                    .map(chat_template_override)
+                    .transpose()?,
                 template_budget: TemplateBudget {
                     fuel: at_least("chat-template-fuel", args.chat_template_fuel, 1)?,
                 },
@@ -2859,9 +2885,9 @@ mod tests {
         let err = refusal("smg --worker-urls grpc://a:1 --service-discovery");
         assert_eq!(err.flag, "service-discovery");
         assert!(err.reason.contains("--worker-urls"), "{err}");
-        let err = refusal("smg --worker-urls grpc://a:1 --chat-template t.jinja");
-        assert_eq!(err.flag, "chat-template");
-        assert!(err.reason.contains("issue 16"), "{err}");
+        let err = refusal("smg --worker-urls grpc://a:1 --mcp-config-path m.yaml");
+        assert_eq!(err.flag, "mcp-config-path");
+        assert!(err.reason.contains("issue 17"), "{err}");
         let parsers = config_ok("smg --worker-urls grpc://a:1 --tool-call-parser qwen");
         assert_eq!(parsers.parsers.tool_call_parser.as_deref(), Some("qwen"));
         assert!(
@@ -2896,6 +2922,72 @@ mod tests {
 
     fn config_ok(line: &str) -> GatewayConfig {
         config(line).expect(line)
+    }
+
+    /// A file holding `text`, kept as long as the handle.
+    fn template_file(text: &str) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut file, text.as_bytes()).expect("written");
+        file
+    }
+
+    #[test]
+    fn a_chat_template_file_is_read_and_compiled_at_start_up() {
+        let source = "{% for m in messages %}<<{{ m.role }}>>{{ m.content }}{% endfor %}";
+        let file = template_file(source);
+        let path = file.path().display().to_string();
+        let config = config_ok(&format!(
+            "smg --worker-urls grpc://a:1 --chat-template {path}"
+        ));
+        let template = config.model.chat_template.expect("the override is kept");
+        assert_eq!(template.path, file.path());
+        assert_eq!(template.source, source);
+        assert_eq!(
+            config_ok("smg --worker-urls grpc://a:1")
+                .model
+                .chat_template,
+            None,
+            "without the flag each model keeps its own template"
+        );
+
+        // The same as a --config file key.
+        let toml = template_file(&format!(
+            "worker-urls = [\"grpc://a:1\"]\nchat-template = \"{path}\""
+        ));
+        let from_file = config_ok(&format!("smg --config {}", toml.path().display()));
+        assert_eq!(
+            from_file.model.chat_template.map(|t| t.source).as_deref(),
+            Some(source)
+        );
+    }
+
+    #[test]
+    fn a_missing_chat_template_file_is_refused_naming_the_flag_and_the_path() {
+        let err = refusal("smg --worker-urls grpc://a:1 --chat-template /nonexistent/t.jinja");
+        assert_eq!(err.flag, "chat-template");
+        assert!(err.reason.contains("/nonexistent/t.jinja"), "{err}");
+        assert!(err.to_string().starts_with("--chat-template: "), "{err}");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let err = refusal(&format!(
+            "smg --worker-urls grpc://a:1 --chat-template {}",
+            dir.path().display()
+        ));
+        assert_eq!(err.flag, "chat-template", "a directory is not a template");
+    }
+
+    #[test]
+    fn a_chat_template_that_does_not_compile_is_refused_at_start_up() {
+        let file = template_file("{% for m in messages %}{{ m.content }}");
+        let err = refusal(&format!(
+            "smg --worker-urls grpc://a:1 --chat-template {}",
+            file.path().display()
+        ));
+        assert_eq!(err.flag, "chat-template");
+        assert!(err.reason.contains("does not compile"), "{err}");
+        assert!(
+            err.reason.contains(&file.path().display().to_string()),
+            "{err}"
+        );
     }
 
     #[test]

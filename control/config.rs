@@ -288,9 +288,21 @@ pub struct ModelSource {
     pub tokenizer_path: Option<PathBuf>,
     /// The name clients use; defaults to the workers' served name.
     pub served_model_name: Option<String>,
+    /// `--chat-template`: replaces every served model's own template.
+    pub chat_template: Option<ChatTemplateOverride>,
     /// The work one chat template rendering may do
     /// (`--chat-template-fuel`), whichever source the template comes from.
     pub template_budget: TemplateBudget,
+}
+
+/// A chat template file given by the operator, read (and checked to
+/// compile) at start-up: a template that cannot load stops the gateway then,
+/// not each request later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplateOverride {
+    pub path: PathBuf,
+    /// The file's text.
+    pub source: String,
 }
 
 impl ModelSource {

@@ -5,7 +5,9 @@
 //! live here, apart from both: ask the worker for its model info, load the
 //! tokenizer (a local directory first, then the worker's advertised path,
 //! then its GetTokenizer archive), and set up vision preprocessing when the
-//! tokenizer's source has it (`preprocessor_config.json`). What a worker supplies (the advertised path, the
+//! tokenizer's source has it (`preprocessor_config.json`). An operator's
+//! `--chat-template` replaces the template the tokenizer came with, for
+//! every model discovered, so it is applied here and nowhere else. What a worker supplies (the advertised path, the
 //! archive) is read under bounds, and all tokenizer loading runs on the
 //! blocking pool: an IGW gateway discovers while it serves.
 
@@ -156,9 +158,18 @@ impl DiscoveryEnv {
             }
             Err(err) => return Err(err),
         };
-        let tokenizer = load_tokenizer(source, info.as_ref(), probe.client())
-            .await?
-            .with_template_budget(source.template_budget);
+        let mut tokenizer = load_tokenizer(source, info.as_ref(), probe.client()).await?;
+        if let Some(template) = &source.chat_template {
+            tokenizer = tokenizer
+                .with_chat_template(&template.source)
+                .with_context(|| {
+                    format!(
+                        "--chat-template {} does not compile",
+                        template.path.display()
+                    )
+                })?;
+        }
+        let tokenizer = tokenizer.with_template_budget(source.template_budget);
         let name = name
             .or_else(|| {
                 info.as_ref()

@@ -128,3 +128,73 @@ async fn an_igw_worker_registered_without_a_runtime_is_probed_for_it() {
     .await;
     assert_eq!(status, 202, "with its runtime it registers: {body}");
 }
+
+/// `--chat-template FILE` reaches a model the gateway learns only later,
+/// from a worker registered with `POST /workers` (IGW, no model directory:
+/// the tokenizer comes from the worker): the worker's script matches only
+/// the prompt the override renders.
+#[tokio::test]
+async fn the_chat_template_flag_applies_to_a_model_registered_later() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let script = dir.path().join("script.jsonl");
+    std::fs::write(
+        &script,
+        format!(
+            "{}\n",
+            serde_json::json!({"when": "[[igw-override user]] hi", "text": "Rendered by the override."})
+        ),
+    )
+    .expect("write the script");
+    let template = dir.path().join("override.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}[[igw-override {{ m.role }}]] {{ m.content }}\n{% endfor %}",
+    )
+    .expect("write the template");
+    let qwen3 =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
+    let worker = SimWorker::start_with_model(
+        "tokenspeed",
+        "regular",
+        &qwen3,
+        &["--zero-delay", "--script", script.to_str().expect("UTF-8")],
+    );
+    let gateway = Gateway::start_with_model(
+        None,
+        &[
+            "--enable-igw",
+            "--health-check-interval-secs",
+            "1",
+            "--health-success-threshold",
+            "1",
+            "--chat-template",
+            template.to_str().expect("UTF-8"),
+        ],
+    );
+    let (status, body) = register(
+        &gateway,
+        serde_json::json!({"url": worker.grpc_url(), "model_id": "m", "runtime": "tokenspeed"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let answer = support::poll_until("the model serves", async || {
+        let response = reqwest::Client::new()
+            .post(gateway.url("/v1/chat/completions"))
+            .json(&serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 50,
+                "separate_reasoning": false
+            }))
+            .send()
+            .await
+            .ok()?;
+        (response.status() == 200).then_some(response)
+    })
+    .await;
+    let body: serde_json::Value = answer.json().await.expect("JSON");
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "Rendered by the override.",
+        "{body}"
+    );
+}

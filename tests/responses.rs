@@ -580,7 +580,7 @@ async fn function_calls_stream_as_argument_deltas_and_the_loop_continues_by_id()
         output[0]["content"][0]["text"],
         "\nTwo cities: two calls.\n"
     );
-    assert_eq!(output_text(response), "\n\nLet me check.");
+    assert_eq!(output_text(response), "Let me check.");
     let calls: Vec<&Value> = output
         .iter()
         .filter(|item| item["type"] == "function_call")
@@ -622,10 +622,7 @@ async fn function_calls_stream_as_argument_deltas_and_the_loop_continues_by_id()
     )
     .await;
     assert_eq!(follow_up["status"], "completed", "{follow_up}");
-    assert_eq!(
-        output_text(&follow_up),
-        "\n\nParis is sunny and Rome is 21 °C."
-    );
+    assert_eq!(output_text(&follow_up), "Paris is sunny and Rome is 21 °C.");
     assert_eq!(follow_up["output"][0]["type"], "reasoning");
 }
 

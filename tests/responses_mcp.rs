@@ -249,7 +249,7 @@ async fn a_whole_response_runs_the_models_mcp_call_and_answers_from_its_result()
         response["output"][1]["content"][0]["text"],
         "\nI should add.\n"
     );
-    assert_eq!(output_text(&response), format!("\n\n{SUM_ANSWER}"));
+    assert_eq!(output_text(&response), SUM_ANSWER);
     assert_eq!(response["output"][4]["status"], "completed");
 
     // The usage is both generations'. Their prompts, sent again as chat
@@ -369,7 +369,7 @@ async fn a_streamed_response_tells_the_mcp_call_as_it_runs_and_is_stored_as_stre
             assert_eq!(data["item_id"], mcp_call["id"], "{name}");
         }
     }
-    assert_eq!(output_text(&response), format!("\n\n{SUM_ANSWER}"));
+    assert_eq!(output_text(&response), SUM_ANSWER);
 
     let id = response["id"].as_str().expect("id");
     let (status, stored) = get(&fleet.gateway, &format!("/v1/responses/{id}")).await;
@@ -414,7 +414,7 @@ async fn a_failing_tool_is_a_failed_call_and_the_model_is_told_why() {
         assert_eq!(mcp_call["status"], "failed");
         assert_eq!(mcp_call["error"], "the fail tool always fails");
         assert_eq!(mcp_call["output"], Value::Null);
-        assert_eq!(output_text(response), format!("\n\n{FAIL_ANSWER}"));
+        assert_eq!(output_text(response), FAIL_ANSWER);
     }
 }
 
@@ -538,7 +538,7 @@ async fn an_mcp_call_beside_a_function_call_runs_and_the_client_continues_the_lo
         kinds(&follow_up),
         ["mcp_list_tools", "reasoning", "message"]
     );
-    assert_eq!(output_text(&follow_up), format!("\n\n{MIXED_ANSWER}"));
+    assert_eq!(output_text(&follow_up), MIXED_ANSWER);
 }
 
 /// A 400 with `code` (and `param`, when given) as OpenAI shows an error.
@@ -633,7 +633,7 @@ async fn a_chain_replays_an_mcp_call_and_its_output() {
     // Matches only if the follow-up's prompt holds the first response's
     // call result, its answer, then the new question.
     let replayed = format!(
-        "{}<|im_end|>\n<|im_start|>assistant\n\n\n{SUM_ANSWER}<|im_end|>\n\
+        "{}<|im_end|>\n<|im_start|>assistant\n{SUM_ANSWER}<|im_end|>\n\
          <|im_start|>user\n{DOUBLE}",
         tool_response("5")
     );
@@ -655,7 +655,7 @@ async fn a_chain_replays_an_mcp_call_and_its_output() {
     )
     .await;
     assert_eq!(follow_up["status"], "completed", "{follow_up}");
-    assert_eq!(output_text(&follow_up), format!("\n\n{DOUBLE_ANSWER}"));
+    assert_eq!(output_text(&follow_up), DOUBLE_ANSWER);
     // Without an mcp tool in this request, no server is listed again.
     assert_eq!(kinds(&follow_up), ["reasoning", "message"]);
 }

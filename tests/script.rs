@@ -365,3 +365,50 @@ async fn a_bad_script_stops_the_worker_at_start_up_with_one_line() {
         assert!(stderr.contains(reason), "{path}: {stderr}");
     }
 }
+
+/// `--chat-template FILE` replaces the model's own template: the prompt the
+/// worker decodes carries the override's marker, so only then does the
+/// script's line match and its answer come back (the model's ChatML prompt
+/// gets the worker's digest output instead).
+#[tokio::test]
+async fn the_chat_template_flag_replaces_the_models_template_in_the_prompt() {
+    const QUESTION: &str = "Which template rendered this?";
+    const ANSWER: &str = "The operator's template did.";
+    let script = script_file(&[json!({
+        "when": format!("[[override user]] {QUESTION}"),
+        "text": ANSWER,
+    })]);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let template = dir.path().join("override.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}[[override {{ m.role }}]] {{ m.content }}\n{% endfor %}\
+         {% if add_generation_prompt %}{{ eos_token }}{% endif %}",
+    )
+    .expect("write the template");
+    let template = template.to_str().expect("a UTF-8 path");
+
+    let worker = worker("tokenspeed", "regular", &script.path);
+    let overridden = gateway(&[
+        "--worker-urls",
+        &worker.grpc_url(),
+        "--chat-template",
+        template,
+    ]);
+    assert_eq!(
+        chat_text(&overridden, QUESTION).await,
+        (ANSWER.to_owned(), "stop".to_owned())
+    );
+    assert_eq!(
+        streamed_chat_text(&overridden, QUESTION).await,
+        (ANSWER.to_owned(), "stop".to_owned())
+    );
+    drop(overridden);
+
+    let own = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let (text, _) = chat_text(&own, QUESTION).await;
+    assert_ne!(
+        text, ANSWER,
+        "the model's own template does not match the script"
+    );
+}

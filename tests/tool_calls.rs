@@ -58,8 +58,9 @@ async fn check_two_turn_tool_loop(gateway: &Gateway) {
         message["reasoning_content"],
         "\nTwo cities: two calls. <tool_call> here is just thought.\n"
     );
-    // Text before and between the calls is kept.
-    assert_eq!(message["content"], "\n\nLet me check.\n\n");
+    // Text before and between the calls is kept; the blank lines the
+    // model wrote after </think> are not answer text.
+    assert_eq!(message["content"], "Let me check.\n\n");
     let calls = message["tool_calls"].as_array().expect("tool_calls");
     assert_eq!(calls.len(), 2, "{message}");
     for call in calls {
@@ -100,7 +101,7 @@ async fn check_two_turn_tool_loop(gateway: &Gateway) {
     assert_eq!(choice["finish_reason"], "stop", "{body}");
     assert_eq!(
         choice["message"]["content"],
-        "\n\nParis is sunny and Rome is 21 °C."
+        "Paris is sunny and Rome is 21 °C."
     );
     assert_eq!(choice["message"]["reasoning_content"], "\nBoth answered.\n");
     assert!(choice["message"].get("tool_calls").is_none());
@@ -258,7 +259,7 @@ async fn anthropic_messages_carry_thinking_and_tool_use_blocks() {
         "\nTwo cities: two calls. <tool_call> here is just thought.\n"
     );
     // The whitespace between the two calls is no text block.
-    assert_eq!(blocks[1]["text"], "\n\nLet me check.\n");
+    assert_eq!(blocks[1]["text"], "Let me check.\n");
     assert_eq!(blocks[2]["name"], "get_weather");
     assert_eq!(blocks[2]["input"], json!({"city": "Paris"}));
     assert_eq!(
@@ -349,5 +350,59 @@ async fn anthropic_messages_carry_thinking_and_tool_use_blocks() {
     assert_eq!(message["stop_reason"], "end_turn", "{message}");
     let blocks = message["content"].as_array().expect("content");
     assert_eq!(blocks[0]["type"], "thinking");
-    assert_eq!(blocks[1]["text"], "\n\nParis is sunny and Rome is 21 °C.");
+    assert_eq!(blocks[1]["text"], "Paris is sunny and Rome is 21 °C.");
+}
+
+const CUT_QUESTION: &str = "Weather in Paris, briefly?";
+const CUT_ANSWER: &str = "<think>\nLook it up.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>";
+
+/// The shortest token prefix of `text` (the fixture tokenizer's ids, as the
+/// sim worker streams them) whose decoded text contains `marker`.
+fn tokens_through(text: &str, marker: &str) -> (u32, String) {
+    let tokenizer = smg::tokenizer::Tokenizer::from_model_dir(&model().dir).expect("loads");
+    let ids = tokenizer.encode(text, false).expect("encodes");
+    (1..=ids.len())
+        .map(|n| (n, tokenizer.decode(&ids[..n], false).expect("decodes")))
+        .find(|(_, prefix)| prefix.contains(marker))
+        .map(|(n, prefix)| (n as u32, prefix))
+        .expect("the marker is in the text")
+}
+
+/// `max_tokens` ends the answer inside a call's arguments: the call is no
+/// call (finish_reason stays "length"), its raw text is content, the
+/// reasoning is reasoning, and a stream gives the same content and
+/// reasoning as the whole answer.
+#[tokio::test]
+async fn a_call_cut_off_by_max_tokens_comes_back_as_content() {
+    let script = support::chat::script(&[json!({"when": CUT_QUESTION, "text": CUT_ANSWER})]);
+    let worker = worker("regular", &script);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let (max_tokens, generated) = tokens_through(CUT_ANSWER, "\"unit\": \"");
+    assert!(
+        !generated.contains("celsius\"}}"),
+        "the cut falls inside the arguments: {generated:?}"
+    );
+    let (_, answer) = generated
+        .split_once("</think>")
+        .expect("a whole think block");
+    let answer = answer.trim_start();
+    let mut body = request(json!([{"role": "user", "content": CUT_QUESTION}]), false);
+    body["max_tokens"] = json!(max_tokens);
+
+    let response = whole(&gateway, &body).await;
+    let choice = &response["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{response}");
+    let message = &choice["message"];
+    assert_eq!(
+        message["reasoning_content"], "\nLook it up.\n",
+        "{response}"
+    );
+    assert_eq!(message["content"], answer, "{response}");
+    assert!(message.get("tool_calls").is_none(), "{response}");
+
+    body["stream"] = json!(true);
+    let streamed = assemble(&chunks(&gateway, &body).await);
+    assert_eq!(streamed.finish_reason, "length");
+    assert_eq!(streamed.reasoning, message["reasoning_content"]);
+    assert_eq!(streamed.content, message["content"]);
 }

@@ -399,7 +399,7 @@ pub const SMG_FLAGS: &[SmgFlag] = &[
         ),
     ),
     flag("tokenizer-path", Value, SAME),
-    flag("chat-template", Value, Coming(16)),
+    flag("chat-template", Value, SAME),
     flag(
         "disable-tokenizer-autoload",
         Switch,

@@ -30,6 +30,12 @@
 //! finish reason, streamed or not: a sequence that made a call and stopped
 //! normally finished with `tool_calls` ([`SequenceParser::made_calls`]).
 //!
+//! A sequence that ran out of tokens (`length`) ends with
+//! [`SequenceParser::finish_cut`]: a call it was still writing is not a
+//! call (its markup and arguments so far are content, the same streamed or
+//! not), held-back text is content and an unclosed think block is
+//! reasoning. The finish reason stays `length`.
+//!
 //! # gpt-oss (Harmony)
 //!
 //! A model whose id names gpt-oss or whose template writes `<|channel|>`
@@ -257,6 +263,7 @@ impl OutputParsing {
             call_ids: self.call_ids,
             single_call: !self.parallel_tool_calls,
             calls_made: 0,
+            cut_call: None,
         }
     }
 
@@ -351,6 +358,16 @@ pub struct SequenceParser {
     single_call: bool,
     /// Calls whose first fragment went out.
     calls_made: usize,
+    /// The call a cut-off end withdrew.
+    cut_call: Option<usize>,
+}
+
+/// How a sequence's text ended, for the call parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Normal,
+    /// Out of tokens: an unfinished call is content, not a call.
+    Cut,
 }
 
 impl SequenceParser {
@@ -366,7 +383,8 @@ impl SequenceParser {
                     }
                     None => (String::new(), text.to_owned()),
                 };
-                answer_calls(calls, reasoning, &answer, false)
+                let (parsed, calls, _) = answer_calls(calls, reasoning, &answer, None);
+                (parsed, calls)
             }
         };
         self.with_ids(parsed, calls)
@@ -374,6 +392,25 @@ impl SequenceParser {
 
     /// The text ended: flush what the parsers held back.
     pub fn finish(&mut self) -> ParsedText {
+        self.finish_as(false)
+    }
+
+    /// The text ended because the model ran out of tokens (finish reason
+    /// `length`): as [`SequenceParser::finish`], except that a call cut off
+    /// before its arguments were complete is no call: its text is content,
+    /// and [`SequenceParser::cut_call`] names it if its first fragment went
+    /// out. Unfinished reasoning stays reasoning.
+    pub fn finish_cut(&mut self) -> ParsedText {
+        self.finish_as(true)
+    }
+
+    /// The call [`SequenceParser::finish_cut`] withdrew, if its first
+    /// fragment had gone out: collectors drop it (a stream cannot).
+    pub fn cut_call(&self) -> Option<usize> {
+        self.cut_call
+    }
+
+    fn finish_as(&mut self, cut: bool) -> ParsedText {
         let (parsed, calls) = match &mut self.reader {
             Reader::Harmony(parser) => harmony_parsed(parser.finish()),
             Reader::Text { reasoning, calls } => {
@@ -384,7 +421,10 @@ impl SequenceParser {
                     }
                     None => (String::new(), String::new()),
                 };
-                answer_calls(calls, reasoning, &answer, true)
+                let end = if cut { End::Cut } else { End::Normal };
+                let (parsed, calls, cut_call) = answer_calls(calls, reasoning, &answer, Some(end));
+                self.cut_call = cut_call.filter(|&index| !self.single_call || index == 0);
+                (parsed, calls)
             }
         };
         self.with_ids(parsed, calls)
@@ -435,13 +475,15 @@ fn harmony_parsed(delta: harmony::HarmonyDelta) -> (ParsedText, Vec<CallDelta>) 
     (parsed, delta.calls)
 }
 
-/// Runs answer text through the call parser (`last`: the text ended).
+/// Runs answer text through the call parser (`last`: the text ended, and
+/// how). Also returns the call a cut-off end withdrew.
 fn answer_calls(
     parser: &mut Option<Calls>,
     reasoning: String,
     answer: &str,
-    last: bool,
-) -> (ParsedText, Vec<CallDelta>) {
+    last: Option<End>,
+) -> (ParsedText, Vec<CallDelta>, Option<usize>) {
+    let mut cut_call = None;
     let mut parsed = ParsedText {
         reasoning,
         ..ParsedText::default()
@@ -455,16 +497,20 @@ fn answer_calls(
             } else {
                 parser.push(answer)
             };
-            if last {
-                let tail = parser.finish();
+            if let Some(end) = last {
+                let tail = match end {
+                    End::Normal => parser.finish(),
+                    End::Cut => parser.finish_cut(),
+                };
                 delta.content.push_str(&tail.content);
                 delta.calls.extend(tail.calls);
+                cut_call = tail.cut_call;
             }
             parsed.content = delta.content;
             calls = delta.calls;
         }
         Some(Calls::Arguments { name, started }) => {
-            if !answer.is_empty() || (last && !*started) {
+            if !answer.is_empty() || (last.is_some() && !*started) {
                 calls.push(CallDelta {
                     index: 0,
                     name: (!std::mem::replace(started, true)).then(|| name.clone()),
@@ -473,7 +519,7 @@ fn answer_calls(
             }
         }
     }
-    (parsed, calls)
+    (parsed, calls, cut_call)
 }
 
 #[cfg(test)]
@@ -568,6 +614,85 @@ mod tests {
             json!({"city": "Paris"})
         );
         assert!(parser.made_calls());
+    }
+
+    /// What a sequence cut off by `max_tokens` gives when its text arrives
+    /// as `chunks`: (reasoning, content, call names kept by a collector).
+    fn run_cut(chat: &ChatPrompt, chunks: &[&str]) -> (String, String, Vec<String>) {
+        let parsing = OutputParsing::for_request(&qwen3(), chat).unwrap();
+        let mut parser = parsing.sequence();
+        let mut out = ParsedText::default();
+        for chunk in chunks {
+            let part = parser.push(chunk);
+            out.reasoning.push_str(&part.reasoning);
+            out.content.push_str(&part.content);
+            out.calls.extend(part.calls);
+        }
+        let tail = parser.finish_cut();
+        out.reasoning.push_str(&tail.reasoning);
+        out.content.push_str(&tail.content);
+        out.calls.extend(tail.calls);
+        let mut names: Vec<String> = out.calls.into_iter().filter_map(|c| c.name).collect();
+        if let Some(cut) = parser.cut_call() {
+            names.truncate(cut);
+        }
+        (out.reasoning, out.content, names)
+    }
+
+    #[test]
+    fn a_cut_off_sequence_keeps_reasoning_as_reasoning_and_an_unfinished_call_as_content() {
+        let tools = chat(weather(), ToolChoice::Auto);
+        let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa";
+        let whole_call =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
+        let no_tools = chat(json!([]), ToolChoice::Auto);
+        let cases: Vec<(&ChatPrompt, String, [String; 2], Vec<&str>)> = vec![
+            // Inside the think block, a possible end marker held back.
+            (
+                &tools,
+                "<think>still thinking</thi".into(),
+                ["still thinking</thi".into(), String::new()],
+                vec![],
+            ),
+            // Inside the think block, tool markup is reasoning.
+            (
+                &tools,
+                format!("<think>try {call}"),
+                [format!("try {call}"), String::new()],
+                vec![],
+            ),
+            // After it, a held-back marker prefix.
+            (
+                &tools,
+                "<think>r</think>\n\nLet me <tool_ca".into(),
+                ["r".into(), "Let me <tool_ca".into()],
+                vec![],
+            ),
+            // An unfinished call after a finished one.
+            (
+                &tools,
+                format!("<think>r</think>\n\n{whole_call}\n{call}"),
+                ["r".into(), format!("\n{call}")],
+                vec!["get_weather"],
+            ),
+            // No tools: only reasoning is parsed.
+            (
+                &no_tools,
+                format!("<think>r</think>A{call}"),
+                ["r".into(), format!("A{call}")],
+                vec![],
+            ),
+        ];
+        for (chat, text, [reasoning, content], names) in cases {
+            let whole = run_cut(chat, &[&text]);
+            assert_eq!(whole.0, reasoning, "{text:?}");
+            assert_eq!(whole.1, content, "{text:?}");
+            assert_eq!(whole.2, names, "{text:?}");
+            for at in (0..=text.len()).filter(|&at| text.is_char_boundary(at)) {
+                let split = run_cut(chat, &[&text[..at], &text[at..]]);
+                assert_eq!(split, whole, "{text:?} split at {at}");
+            }
+        }
     }
 
     #[test]

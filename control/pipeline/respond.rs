@@ -79,6 +79,10 @@ pub enum OutputEvent {
         index: u32,
         reason: FinishReason,
         matched_stop: Option<MatchedStop>,
+        /// The sequence ran out of tokens while writing the call with this
+        /// index: it is no call (its text came as content). A collector
+        /// drops what it gathered of it; a stream has sent it already.
+        cut_call: Option<usize>,
     },
     /// Every sequence ended; the last event.
     Usage(Usage),
@@ -253,8 +257,14 @@ impl Processor {
         let sequence = self.sequence(index)?;
         sequence.finished = true;
         let mut reason = reason;
+        let mut cut_call = None;
         if let Some(parser) = &mut sequence.parser {
-            let tail = parser.finish();
+            let tail = if reason == FinishReason::Length {
+                parser.finish_cut()
+            } else {
+                parser.finish()
+            };
+            cut_call = parser.cut_call();
             if parser.made_calls() && reason == FinishReason::Stop {
                 reason = FinishReason::ToolCalls;
             }
@@ -264,6 +274,7 @@ impl Processor {
             index,
             reason,
             matched_stop,
+            cut_call,
         });
         Ok(())
     }
@@ -540,10 +551,14 @@ pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput
                 index,
                 reason,
                 matched_stop,
+                cut_call,
             } => {
                 if let Some(choice) = collected.choices.get_mut(index as usize) {
                     choice.finish_reason = Some(reason);
                     choice.matched_stop = matched_stop;
+                    if let Some(cut) = cut_call {
+                        choice.tool_calls.truncate(cut);
+                    }
                 }
             }
             OutputEvent::Started(usage) | OutputEvent::Usage(usage) => collected.usage = usage,

@@ -84,6 +84,9 @@ struct Loaded {
     byte_level: bool,
     /// The vision preprocessing files found beside the tokenizer's.
     vision: Option<VisionFiles>,
+    /// `bos_token`, `eos_token`, ... by name: the variables a chat template
+    /// given later ([`Tokenizer::with_chat_template`]) is compiled with.
+    special_tokens: Map<String, Value>,
 }
 
 /// A model's vision preprocessing settings, as found with its tokenizer
@@ -171,8 +174,20 @@ impl Tokenizer {
                 added_ids,
                 byte_level,
                 vision,
+                special_tokens,
             }),
         })
+    }
+
+    /// The same tokenizer with `source` as its chat template, replacing the
+    /// one it was loaded with (`--chat-template`). The template sees this
+    /// tokenizer's special tokens and keeps its rendering budget.
+    pub fn with_chat_template(mut self, source: &str) -> Result<Self> {
+        let budget = self.template_budget().unwrap_or_default();
+        let template = ChatTemplate::compile(source.to_owned(), &self.loaded.special_tokens)?
+            .with_budget(budget);
+        self.chat_template = Some(Arc::new(template));
+        Ok(self)
     }
 
     /// The same tokenizer, its chat template rendering on `budget` (the

@@ -100,18 +100,25 @@ fn cases() -> Vec<Case> {
             "qwen3",
             "<think>\nThe user wants 2+2.\n</think>\n\nThe answer is 4.",
             "\nThe user wants 2+2.\n",
-            "\n\nThe answer is 4.",
+            "The answer is 4.",
         ),
         case("qwen3", "The answer is 4.", "", "The answer is 4."),
         case("qwen3", "<think>cut off mid-thou", "cut off mid-thou", ""),
         case("qwen3", "\n<think>a</think>b", "a", "\nb"),
         case("qwen3", "<think></think>answer", "", "answer"),
-        case("qwen3", "<think>\n\n</think>\n\n", "\n\n", "\n\n"),
+        case("qwen3", "<think>\n\n</think>\n\n", "\n\n", ""),
+        // Only the whitespace right after the end marker goes.
+        case(
+            "qwen3",
+            "<think>r</think>\n \n\tA\n\nB \n",
+            "r",
+            "A\n\nB \n",
+        ),
         case(
             "qwen3",
             &format!("<think>plan: call the tool</think>\n\n{HERMES_CALL}"),
             "plan: call the tool",
-            &format!("\n\n{HERMES_CALL}"),
+            HERMES_CALL,
         ),
         case(
             "qwen3",
@@ -166,7 +173,7 @@ fn cases() -> Vec<Case> {
             "qwen3_thinking",
             "Let me see.\n</think>\n\nParis.",
             "Let me see.\n",
-            "\n\nParis.",
+            "Paris.",
         ),
         case(
             "qwen3_thinking",
@@ -184,16 +191,16 @@ fn cases() -> Vec<Case> {
             "qwen3_thinking",
             &format!("Need a tool.</think>\n\n{HERMES_CALL}"),
             "Need a tool.",
-            &format!("\n\n{HERMES_CALL}"),
+            HERMES_CALL,
         ),
         // deepseek_r1: always in reasoning; DeepSeek tool markers cut it.
         case(
             "deepseek_r1",
             "<think>\nOkay, 2+2.\n</think>\n\n**4**",
             "\nOkay, 2+2.\n",
-            "\n\n**4**",
+            "**4**",
         ),
-        case("deepseek_r1", "Okay.\n</think>\n\n4", "Okay.\n", "\n\n4"),
+        case("deepseek_r1", "Okay.\n</think>\n\n4", "Okay.\n", "4"),
         case(
             "deepseek_r1",
             &format!("I should look it up.{ds_call}"),
@@ -204,7 +211,7 @@ fn cases() -> Vec<Case> {
             "deepseek_r1",
             &format!("I should look it up.</think>\n\n{ds_call}"),
             "I should look it up.",
-            &format!("\n\n{ds_call}"),
+            &ds_call,
         ),
         // deepseek_v31: thinking off by default; on, the prompt opened it.
         case("deepseek_v31", "Plain answer.", "", "Plain answer."),
@@ -215,9 +222,10 @@ fn cases() -> Vec<Case> {
             "glm45",
             &format!("<think>Weather needs a tool.</think>\n{GLM_CALL}"),
             "Weather needs a tool.",
-            &format!("\n{GLM_CALL}"),
+            GLM_CALL,
         ),
-        case("glm45", "\n<think></think>\nHello.", "", "\n\nHello."),
+        // The newline before <think> is the answer's; the one after </think> goes.
+        case("glm45", "\n<think></think>\nHello.", "", "\nHello."),
         case(
             "glm45",
             &format!("<think>Weather needs a tool.{GLM_CALL}"),
@@ -430,7 +438,8 @@ fn only_a_possible_partial_marker_is_held_back() {
     // Not the end marker after all: everything goes out.
     assert_eq!(parser.push("ng> a < b").reasoning, "</thing> a < b");
     assert_eq!(parser.push("<").reasoning, "");
-    assert_eq!(parser.push("/think>\n\nDone").content, "\n\nDone");
+    assert_eq!(parser.push("/think>\n").content, "");
+    assert_eq!(parser.push("\nDone").content, "Done");
     assert!(parser.finish().is_empty());
 }
 

@@ -11,3 +11,6 @@ mod xml_family;
 
 #[path = "tool_parsers/pythonic.rs"]
 mod pythonic;
+
+#[path = "tool_parsers/cut_off.rs"]
+mod cut_off;

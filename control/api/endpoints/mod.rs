@@ -314,6 +314,7 @@ fn stream_response<D: Dialect>(
                     index,
                     reason,
                     matched_stop,
+                    ..
                 }) => dialect.finish(&info, index, reason, matched_stop),
                 Ok(OutputEvent::Usage(usage)) => {
                     completion_tokens = usage.completion_tokens;

@@ -16,8 +16,18 @@
 //! begin inside it, so only a suffix of the buffer that is a proper prefix of
 //! a marker the phase is looking for is held back (`abc</thi` sends `abc`
 //! and keeps `</thi`). Suffixes are taken at character boundaries, so a
-//! held-back `◁/thi` never splits a character. Whitespace is kept as it came
-//! (`</think>\n\nanswer` gives content `\n\nanswer`). At the end of the
+//! held-back `◁/thi` never splits a character.
+//!
+//! The whitespace right after the end marker is dropped: Qwen3 and
+//! DeepSeek-R1 write `</think>\n\n` before their answer, and an answer that
+//! starts with two blank lines is an artifact of the format, not text the
+//! client wants (SGLang's parsers drop it too). Streamed, that whitespace may
+//! come in later chunks than the marker, so it is dropped until the first
+//! other character, whatever the chunking (`</think>\n\nanswer` and
+//! `</think>`, `\n`, `\nanswer` both give content `answer`); whitespace
+//! anywhere else is kept, and so is the text after a tool-call marker that
+//! ended reasoning (it is the tool parser's). Without a reasoning parser
+//! (`separate_reasoning: false`) nothing is touched. At the end of the
 //! stream a held-back partial marker is text of the phase it was held in, and
 //! a think block that never closed is all reasoning (a truncated response).
 
@@ -45,6 +55,9 @@ pub(crate) struct MarkerParser {
     start_still_droppable: bool,
     /// Text held back: a possible partial marker at the end of what came.
     pending: String,
+    /// The end marker was just seen and no answer text yet: leading
+    /// whitespace is dropped.
+    after_end: bool,
 }
 
 impl MarkerParser {
@@ -64,6 +77,7 @@ impl MarkerParser {
             phase,
             start_still_droppable: phase == Phase::Reasoning,
             pending: String::new(),
+            after_end: false,
         }
     }
 
@@ -72,6 +86,14 @@ impl MarkerParser {
         loop {
             match self.phase {
                 Phase::Content => {
+                    if self.after_end {
+                        let answer = self.pending.trim_start().len();
+                        self.pending.drain(..self.pending.len() - answer);
+                        if self.pending.is_empty() {
+                            return;
+                        }
+                        self.after_end = false;
+                    }
                     out.content.push_str(&self.pending);
                     self.pending.clear();
                     return;
@@ -122,6 +144,7 @@ impl MarkerParser {
                             out.reasoning.push_str(&self.pending[..at]);
                             self.pending.drain(..at + markers.end.len());
                             self.phase = Phase::Content;
+                            self.after_end = true;
                         }
                         Some(Exit::ToolCall(at)) => {
                             out.reasoning.push_str(&self.pending[..at]);

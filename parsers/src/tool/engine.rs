@@ -24,6 +24,9 @@ pub(crate) trait Grammar: Send + fmt::Debug {
     fn abandon(&mut self, stream: &mut Stream);
     /// True when no frame is in progress.
     fn in_text(&self) -> bool;
+    /// True when the open call's arguments are complete and only its
+    /// closing markup (a trailer, a separator) is still to come.
+    fn call_closed(&self) -> bool;
 }
 
 /// A [`ToolParser`] made of a grammar and the shared stream state.
@@ -66,5 +69,14 @@ impl<G: Grammar> ToolParser for Engine<G> {
             self.grammar.abandon(&mut self.stream);
         }
         self.stream.take_delta()
+    }
+
+    fn finish_cut(&mut self) -> ToolDelta {
+        if self.stream.call_in_progress() && !self.grammar.call_closed() {
+            self.stream.cut_off();
+            // No call is open any more: this only returns to free text.
+            self.grammar.abandon(&mut self.stream);
+        }
+        self.finish()
     }
 }

@@ -189,6 +189,7 @@ impl JsonCalls {
                 self.state = State::MistralBody;
             }
             (_, DS_CALLS_BEGIN | KIMI_SECTION_BEGIN) => {
+                stream.open_section();
                 stream.consume(marker.len());
                 self.in_section = true;
                 self.state = State::Section;
@@ -579,5 +580,12 @@ impl Grammar for JsonCalls {
 
     fn in_text(&self) -> bool {
         matches!(self.state, State::Text)
+    }
+
+    fn call_closed(&self) -> bool {
+        matches!(
+            self.state,
+            State::Trailer { .. } | State::Chain | State::ArrayNext
+        )
     }
 }

@@ -34,6 +34,21 @@
 //!   progress is completed by closing its open string and containers (the
 //!   same happens in a whole-response parse, so the two agree).
 //!
+//! # A response cut off by `max_tokens`
+//! A model that runs out of tokens stops wherever it is, often inside its
+//! markup. Completing a half-written call there would hand the client a
+//! call the model never finished (and `{"a": 1` closed as `{"a":1}` is a
+//! guess), so [`ToolParser::finish_cut`] is used when the finish reason is
+//! `length`:
+//! - held-back text that never became a marker (`…<tool_ca`) is content;
+//! - a call whose arguments are unfinished is not a call: its text, from its
+//!   first marker byte (a calls section's opener included, when it is the
+//!   section's first call) to the end, is content, and
+//!   [`ToolDelta::cut_call`] tells collectors to drop what they gathered of
+//!   it. A stream cannot take back the fragments it already sent;
+//! - a call whose arguments are complete but whose closing marker is missing
+//!   is a call, as at any end.
+//!
 //! # Unknown names, malformed calls, the buffer cap
 //! - **Unknown name** (tools non-empty and the name is not one of them): no
 //!   call is produced; the call's original text, markers included, is
@@ -85,6 +100,10 @@ pub struct ToolDelta {
     pub content: String,
     /// Call fragments, in order.
     pub calls: Vec<CallDelta>,
+    /// Set only by [`ToolParser::finish_cut`]: the call with this index was
+    /// cut off before its arguments were complete. It is not a call: forget
+    /// its fragments (its text is in `content`).
+    pub cut_call: Option<usize>,
 }
 
 /// A fragment of one call: the first fragment of a call carries its name;
@@ -123,6 +142,14 @@ pub trait ToolParser: Send + fmt::Debug {
     /// arguments of a call in progress (or give its text back as content
     /// when it never became a valid call).
     fn finish(&mut self) -> ToolDelta;
+    /// The stream ended because the model ran out of tokens (finish reason
+    /// `length`): like [`ToolParser::finish`], except that a call whose
+    /// arguments are unfinished is not completed. Its text, from its first
+    /// marker byte to the end, is returned as content, and
+    /// [`ToolDelta::cut_call`] names it when its name had been sent.
+    fn finish_cut(&mut self) -> ToolDelta {
+        self.finish()
+    }
 }
 
 /// Accumulates [`ToolDelta`]s into a [`ParsedTools`].
@@ -133,6 +160,11 @@ pub struct Collector {
 
 impl Collector {
     pub fn add(&mut self, delta: ToolDelta) {
+        if let Some(index) = delta.cut_call
+            && index < self.parsed.calls.len()
+        {
+            self.parsed.calls.truncate(index);
+        }
         self.parsed.content.push_str(&delta.content);
         for call in delta.calls {
             if let Some(name) = call.name {
@@ -157,6 +189,15 @@ pub fn parse_complete(parser: &mut dyn ToolParser, text: &str) -> ParsedTools {
     let mut collector = Collector::default();
     collector.add(parser.push(text));
     collector.add(parser.finish());
+    collector.finish()
+}
+
+/// Parses a whole response the model ended by running out of tokens: one
+/// push, then [`ToolParser::finish_cut`].
+pub fn parse_cut(parser: &mut dyn ToolParser, text: &str) -> ParsedTools {
+    let mut collector = Collector::default();
+    collector.add(parser.push(text));
+    collector.add(parser.finish_cut());
     collector.finish()
 }
 

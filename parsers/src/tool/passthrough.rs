@@ -12,7 +12,7 @@ impl ToolParser for Passthrough {
     fn push(&mut self, chunk: &str) -> ToolDelta {
         ToolDelta {
             content: chunk.to_owned(),
-            calls: Vec::new(),
+            ..ToolDelta::default()
         }
     }
 

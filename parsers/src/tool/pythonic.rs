@@ -264,4 +264,8 @@ impl Grammar for Pythonic {
     fn in_text(&self) -> bool {
         matches!(self.state, State::Text)
     }
+
+    fn call_closed(&self) -> bool {
+        matches!(self.state, State::ListNext)
+    }
 }

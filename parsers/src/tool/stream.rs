@@ -40,6 +40,9 @@ enum CallStatus {
 #[derive(Debug)]
 struct OpenCall {
     raw_start: usize,
+    /// Where the call's text starts if it is cut off: `raw_start`, or the
+    /// opener of the calls section it is the first call of.
+    cut_start: usize,
     status: CallStatus,
 }
 
@@ -70,6 +73,9 @@ pub(crate) struct Stream {
     delta: ToolDelta,
     next_index: usize,
     call: Option<OpenCall>,
+    /// Where an open calls section's opener starts, until its first call
+    /// claims it (or text between them is sent).
+    section_start: Option<usize>,
     /// Canonical argument text of the current call not yet put in `delta`.
     pub(crate) args: String,
 }
@@ -83,6 +89,7 @@ impl Stream {
             delta: ToolDelta::default(),
             next_index: 0,
             call: None,
+            section_start: None,
             args: String::new(),
         }
     }
@@ -121,6 +128,9 @@ impl Stream {
 
     /// Sends `n` bytes of free text as content.
     pub(crate) fn content(&mut self, n: usize) {
+        if n > 0 {
+            self.section_start = None;
+        }
         let end = (self.pos + n).min(self.buf.len());
         self.delta.content.push_str(&self.buf[self.pos..end]);
         self.pos = end;
@@ -179,13 +189,47 @@ impl Stream {
         }
     }
 
+    /// A calls section's opener starts at the current position.
+    pub(crate) fn open_section(&mut self) {
+        self.section_start = Some(self.pos);
+    }
+
     /// A call starts at the current position.
     pub(crate) fn begin_call(&mut self) {
         self.args.clear();
         self.call = Some(OpenCall {
             raw_start: self.pos,
+            cut_start: self.section_start.take().unwrap_or(self.pos),
             status: CallStatus::Pending,
         });
+    }
+
+    /// A call is open and not rejected.
+    pub(crate) fn call_in_progress(&self) -> bool {
+        matches!(&self.call, Some(call) if call.status != CallStatus::Rejected)
+    }
+
+    /// The text ended inside the open call ([`ToolParser::finish_cut`]):
+    /// everything from the call's start to the end of the text is content,
+    /// and a committed call is withdrawn.
+    ///
+    /// [`ToolParser::finish_cut`]: super::ToolParser::finish_cut
+    pub(crate) fn cut_off(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        if let CallStatus::Committed(index) = call.status {
+            self.delta.calls.retain(|c| c.index != index);
+            self.delta.cut_call = Some(index);
+        }
+        if call.status != CallStatus::Rejected {
+            self.delta
+                .content
+                .push_str(self.buf.get(call.cut_start..).unwrap_or(""));
+        }
+        self.pos = self.buf.len();
+        self.args.clear();
+        self.section_start = None;
     }
 
     /// The call's name is complete. Returns false when the call is rejected
@@ -282,15 +326,21 @@ impl Stream {
     /// no longer needed.
     pub(crate) fn take_delta(&mut self) -> ToolDelta {
         self.flush_args();
+        // An open call's text is kept from its start: a pending call may
+        // be given back, and any call may be cut off by the end of the text.
         let keep_from = match &self.call {
-            Some(call) if call.status == CallStatus::Pending => call.raw_start,
-            _ => self.pos,
+            Some(call) if call.status != CallStatus::Rejected => call.cut_start,
+            _ => self.section_start.unwrap_or(self.pos),
         };
         if keep_from > 0 {
             self.buf.drain(..keep_from);
             self.pos -= keep_from;
             if let Some(call) = self.call.as_mut() {
                 call.raw_start = call.raw_start.saturating_sub(keep_from);
+                call.cut_start = call.cut_start.saturating_sub(keep_from);
+            }
+            if let Some(start) = self.section_start.as_mut() {
+                *start = start.saturating_sub(keep_from);
             }
         }
         mem::take(&mut self.delta)

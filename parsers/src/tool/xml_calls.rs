@@ -481,4 +481,8 @@ impl Grammar for XmlCalls {
     fn in_text(&self) -> bool {
         matches!(self.state, State::Text)
     }
+
+    fn call_closed(&self) -> bool {
+        matches!(self.state, State::FunctionClosed)
+    }
 }
