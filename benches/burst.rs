@@ -28,7 +28,12 @@
 //! `SMG_BENCH_WORKERS`, default 1). The gateway inherits the bench's
 //! environment, so allocator options go on the command line
 //! (`MIMALLOC_PURGE_DELAY=0 cargo bench --bench burst`), and extra gateway
-//! flags in `SMG_BENCH_GATEWAY_ARGS`.
+//! flags in `SMG_BENCH_GATEWAY_ARGS`. `SMG_BENCH_LEGACY=1` runs the
+//! gateway with issue 15's pool, breaker and back-pressure switched off as
+//! far as flags go ([`LEGACY_ARGS`]: one HTTP/2 connection per worker, no
+//! circuit breaker, no per-worker in-flight limit), for the comparison
+//! row; what flags cannot switch off (GOAWAY resends, the breaker's
+//! counting rules, the listener fixes) stays on.
 //! Prints a table and writes `bench-results/burst.json`. Not a test:
 //! nothing here asserts a speed or a size.
 
@@ -48,6 +53,11 @@ use std::time::{Duration, Instant};
 use common::{env_or, load_average, mib, percentile, proc_status_bytes};
 use serde_json::{Value, json};
 use support::{Gateway, SimWorker};
+
+/// The gateway flags of `SMG_BENCH_LEGACY=1`: issue 15's worker
+/// connection pool, circuit breaker and per-worker in-flight limit off.
+const LEGACY_ARGS: &str =
+    "--worker-connections 1 --disable-circuit-breaker --worker-max-in-flight none";
 
 fn chat_body() -> Value {
     json!({
@@ -359,22 +369,38 @@ fn main() {
         .join(" ");
     // Extra gateway flags, whitespace-separated (an experiment's
     // `--header-read-timeout-secs 2`), recorded with the row.
-    let gateway_args = std::env::var("SMG_BENCH_GATEWAY_ARGS").unwrap_or_default();
+    let extra_args = std::env::var("SMG_BENCH_GATEWAY_ARGS").unwrap_or_default();
+    let legacy = env_or("SMG_BENCH_LEGACY", 0u8) != 0;
+    let gateway_args = if legacy {
+        format!("{LEGACY_ARGS} {extra_args}").trim().to_owned()
+    } else {
+        extra_args
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    let load_before = load_average().unwrap_or(f64::NAN);
     println!(
-        "burst: {clients} clients, {workers} zero-delay worker(s), load {:.2}",
-        load_average().unwrap_or(f64::NAN)
+        "burst: {clients} clients, {workers} zero-delay worker(s), gateway args {gateway_args:?}, \
+         load {load_before:.2}"
     );
-    let row = runtime.block_on(run(clients, workers, settle, &gateway_env, &gateway_args));
+    let mut row = runtime.block_on(run(clients, workers, settle, &gateway_env, &gateway_args));
+    let load_after = load_average().unwrap_or(f64::NAN);
+    println!("load {load_after:.2} at the end");
+    row["legacy"] = json!(legacy);
+    row["load_average"] = json!([load_before, load_after]);
     println!();
     println!(
-        "| clients | workers | all answered in | p50 | p99 | answers | RSS before | peak | connections idle | after close | per idle connection |"
+        "| gateway | clients | workers | all answered in | p50 | p99 | answers | RSS before | peak | connections idle | after close | per idle connection |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let configuration = match (legacy, gateway_args.is_empty()) {
+        (true, _) => format!("legacy (`{gateway_args}`)"),
+        (false, true) => "defaults".to_owned(),
+        (false, false) => format!("`{gateway_args}`"),
+    };
     let answers = row["answers"]
         .as_object()
         .map(|answers| {
@@ -387,7 +413,7 @@ fn main() {
         .unwrap_or_default();
     let mib_of = |key: &str| mib(row[key].as_u64().unwrap_or(0));
     println!(
-        "| {clients} | {workers} | {:.2} s | {:.0} ms | {:.0} ms | {answers} | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} KiB |",
+        "| {configuration} | {clients} | {workers} | {:.2} s | {:.0} ms | {:.0} ms | {answers} | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.0} MiB | {:.1} KiB |",
         row["seconds_to_answer_all"].as_f64().unwrap_or(f64::NAN),
         row["p50_ms"].as_f64().unwrap_or(f64::NAN),
         row["p99_ms"].as_f64().unwrap_or(f64::NAN),

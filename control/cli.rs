@@ -38,7 +38,8 @@ use crate::policies::{
 use crate::router::RetryConfig;
 use crate::tokenizer::{ChatTemplate, TemplateBudget};
 use crate::workers::{
-    BreakerConfig, HealthConfig, LaneMode, Lifecycle, WorkerLaneOverride, WorkerRole, normalize_url,
+    BreakerConfig, HealthConfig, InFlightLimit, LaneMode, Lifecycle, WorkerLaneOverride,
+    WorkerRole, normalize_url,
 };
 
 mod compat;
@@ -684,11 +685,12 @@ pub struct LaunchArgs {
     /// Most requests one worker is sent at once; more wait in the gateway
     /// for a slot (bounded by the request timeout, and by admission's queue
     /// when --max-concurrent-requests is set), a PD/EPD request taking all
-    /// its workers' slots together. 0: the max_running_requests its engine
-    /// reports in GetLoads (re-read every --load-check-interval-secs; no
-    /// limit if it reports none).
-    #[arg(long, value_name = "REQUESTS", default_value_t = 0, help_heading = heading::CONNECTIONS)]
-    pub worker_max_in_flight: usize,
+    /// its workers' slots together. `engine` (or 0): the
+    /// max_running_requests its engine reports in GetLoads (re-read every
+    /// --load-check-interval-secs; no limit if it reports none). `none`: no
+    /// limit, whatever the engine reports (every request is sent at once).
+    #[arg(long, value_name = "REQUESTS|engine|none", value_parser = in_flight_limit, default_value = "engine", help_heading = heading::CONNECTIONS)]
+    pub worker_max_in_flight: InFlightLimit,
     /// HTTP/2 PING on each worker connection after this long without a
     /// byte from the worker (idle connections too). 30 s is what engines
     /// must tolerate (more often risks a `too_many_pings` GOAWAY).
@@ -988,6 +990,19 @@ fn runtime_arg(text: &str) -> Result<RuntimeArg, String> {
             "smg drives tokenspeed and sglang engines over gRPC; {text} workers are not supported"
         )),
         other => Err(format!("unknown runtime {other:?} (tokenspeed or sglang)")),
+    }
+}
+
+/// `--worker-max-in-flight`: a number of requests, `engine` (or 0) for
+/// what each engine reports, `none` for no limit.
+fn in_flight_limit(text: &str) -> Result<InFlightLimit, String> {
+    match text.trim() {
+        "engine" | "0" => Ok(InFlightLimit::Engine),
+        "none" => Ok(InFlightLimit::Unlimited),
+        number => number
+            .parse()
+            .map(InFlightLimit::Fixed)
+            .map_err(|_| format!("{text:?} is not a number of requests, `engine` or `none`")),
     }
 }
 
@@ -1726,7 +1741,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
                 )?,
                 ..ConnectionConfig::default()
             },
-            max_in_flight: (args.worker_max_in_flight > 0).then_some(args.worker_max_in_flight),
+            max_in_flight: args.worker_max_in_flight,
             max_dp_ranks: at_least("max-dp-ranks", args.max_dp_ranks, 1)?,
             remove_unhealthy: args.remove_unhealthy_workers,
         };
@@ -2188,7 +2203,7 @@ mod tests {
         assert_eq!(config.lifecycle.probe_timeout, Duration::from_secs(7));
         assert_eq!(routing.panic_threshold, 50, "Envoy's default");
         assert_eq!(config.lifecycle.connections, ConnectionConfig::default());
-        assert_eq!(config.lifecycle.max_in_flight, None);
+        assert_eq!(config.lifecycle.max_in_flight, InFlightLimit::Engine);
         let breaker = config.lifecycle.breaker;
         assert_eq!(breaker.probe_interval, Duration::from_millis(250));
         assert_eq!(breaker.max_probe_interval, Duration::from_secs(2));
@@ -2210,6 +2225,40 @@ mod tests {
         assert_eq!(config.dataplane.io, IoBackend::Plain);
         assert!(config.log.json);
         assert_eq!(config.listen.metrics_host, "127.0.0.1");
+    }
+
+    #[test]
+    fn the_worker_in_flight_limit_follows_the_engine_a_number_or_nothing() {
+        let limit = |flag: &str| {
+            config(&format!("smg launch --worker-urls grpc://a:1 {flag}"))
+                .map(|config| config.lifecycle.max_in_flight)
+        };
+        assert_eq!(limit("").ok(), Some(InFlightLimit::Engine), "the default");
+        assert_eq!(
+            limit("--worker-max-in-flight engine").ok(),
+            Some(InFlightLimit::Engine)
+        );
+        assert_eq!(
+            limit("--worker-max-in-flight 0").ok(),
+            Some(InFlightLimit::Engine),
+            "0 keeps meaning the engine's report"
+        );
+        assert_eq!(
+            limit("--worker-max-in-flight 16").ok(),
+            Some(InFlightLimit::Fixed(16))
+        );
+        assert_eq!(
+            limit("--worker-max-in-flight none").ok(),
+            Some(InFlightLimit::Unlimited)
+        );
+        assert!(!InFlightLimit::Unlimited.follows_engine());
+        assert!(!InFlightLimit::Fixed(16).follows_engine());
+        for bad in ["-1", "many", "1.5"] {
+            assert!(
+                limit(&format!("--worker-max-in-flight {bad}")).is_err(),
+                "{bad} is refused"
+            );
+        }
     }
 
     #[test]

@@ -356,15 +356,20 @@ impl MetricsHandle {
     }
 }
 
+/// How often the exporter folds the histogram observations it holds into
+/// their buckets when no scrape did (see [`start_upkeep`]).
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Installs the global recorder (the Prometheus exporter, with the worker
-/// families in [`WorkerSeries`]) and describes every family; call once at
-/// start-up.
+/// families in [`WorkerSeries`]), describes every family and starts the
+/// exporter's upkeep; call once at start-up.
 pub fn install() -> Result<MetricsHandle, String> {
     let exporter = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
         .map_err(|err| err.to_string())?
         .build_recorder();
     let handle = exporter.handle();
+    start_upkeep(handle.clone());
     let workers = WORKER_SERIES.get_or_init(WorkerSeries::default);
     metrics::set_global_recorder(Split { exporter, workers }).map_err(|err| err.to_string())?;
     for family in FAMILIES {
@@ -378,6 +383,26 @@ pub fn install() -> Result<MetricsHandle, String> {
         exporter: handle,
         workers,
     })
+}
+
+/// The exporter keeps every histogram observation (a few per request) until
+/// it is folded into the histogram's buckets, which a scrape of `/metrics`
+/// does; a gateway nobody scrapes would hold them all. A thread of its own
+/// folds them every [`UPKEEP_INTERVAL`], as the exporter's own `build()`
+/// would (`build_recorder`, which lets the worker families be split off,
+/// starts no upkeep).
+fn start_upkeep(exporter: PrometheusHandle) {
+    let started = std::thread::Builder::new()
+        .name("smg-metrics".to_owned())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                exporter.run_upkeep();
+            }
+        });
+    if let Err(err) = started {
+        tracing::warn!(%err, "no metrics upkeep thread: histogram observations wait for a scrape");
+    }
 }
 
 /// The global recorder: the worker families go to [`WorkerSeries`], the

@@ -180,7 +180,7 @@ impl ModelTable {
             entry.workers(),
             &entry.policies,
             config.routing.load_check_interval,
-            config.lifecycle.max_in_flight.is_none(),
+            config.lifecycle.max_in_flight.follows_engine(),
         );
         tokio::spawn(discover(
             Arc::clone(config),

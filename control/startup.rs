@@ -267,7 +267,7 @@ pub async fn bring_up(
         &workers,
         &policies,
         routing.load_check_interval,
-        config.lifecycle.max_in_flight.is_none(),
+        config.lifecycle.max_in_flight.follows_engine(),
     );
 
     // Those still coming join as they answer.
@@ -313,7 +313,7 @@ fn join(
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .with_breaker(config.lifecycle.breaker)
-        .with_max_in_flight(config.lifecycle.max_in_flight);
+        .with_in_flight_limit(config.lifecycle.max_in_flight);
         let worker = Arc::new(if dp_aware {
             worker.with_dp_rank(rank)
         } else {
@@ -502,7 +502,7 @@ impl Reach {
                 .dp_ranks(url, &load)
                 .map_err(|err| Failure::Fatal(anyhow::anyhow!("{err}")))?;
             (ranks, Some(load))
-        } else if self.lifecycle.max_in_flight.is_none() {
+        } else if self.lifecycle.max_in_flight.follows_engine() {
             // Its in-flight limit from the start; the load polling keeps
             // it current. An engine without GetLoads has none.
             let load = discover("GetLoads", url, client.loads()).await;

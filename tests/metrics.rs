@@ -18,13 +18,56 @@
 
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::media::image_data_url;
 use support::{Gateway, SimWorker, bounded};
+
+/// The bytes this test process holds, counted by [`Counting`]: how the
+/// test of the exporter's upkeep sees observations held and let go.
+static HELD: AtomicIsize = AtomicIsize::new(0);
+
+/// The system allocator, counting what is held in [`HELD`].
+struct Counting;
+
+// SAFETY: every call is passed to the system allocator unchanged; only the
+// count is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is System's.
+        let block = unsafe { System.alloc(layout) };
+        if !block.is_null() {
+            HELD.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        block
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract is System's.
+        unsafe { System.dealloc(block, layout) };
+        HELD.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract is System's.
+        let moved = unsafe { System.realloc(block, layout, new_size) };
+        if !moved.is_null() {
+            HELD.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        moved
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
@@ -709,5 +752,47 @@ async fn a_refused_duplicate_registration_keeps_the_live_workers_connection_coun
             .await
             .expect("its body");
         assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    }
+}
+
+/// A gateway nobody scrapes must not hold every histogram observation:
+/// the exporter keeps each one until it is folded into its buckets, and
+/// its upkeep thread does that every `UPKEEP_INTERVAL` without a scrape.
+/// 4 million observations (~64 MB held) must be let go within a few
+/// intervals while observations keep coming, as in a gateway serving
+/// (the exporter frees folded blocks through crossbeam's epochs, which a
+/// recording thread advances); without the upkeep they stay until a
+/// scrape that never comes. The recorder is this test process's (the only
+/// test here that installs one); the other tests' gateways are processes
+/// of their own.
+#[test]
+fn histogram_observations_are_let_go_without_a_scrape() {
+    let _handle = smg::metrics::install().expect("the recorder installs");
+    let before = HELD.load(Ordering::Relaxed);
+    let histogram = metrics::histogram!(smg::metrics::REQUEST_DURATION, "router" => "upkeep-test");
+    for i in 0..4_000_000u32 {
+        histogram.record(f64::from(i % 1000) / 1000.0);
+    }
+    let recorded = HELD.load(Ordering::Relaxed) - before;
+    assert!(
+        recorded > 24 << 20,
+        "the observations are held until folded: {recorded} bytes"
+    );
+    let patience = smg::metrics::UPKEEP_INTERVAL * 4;
+    let deadline = Instant::now() + patience;
+    loop {
+        let held = HELD.load(Ordering::Relaxed) - before;
+        if held < 8 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{held} bytes of {recorded} still held {patience:?} later, with no scrape"
+        );
+        // Requests go on: a thousand observations per 100 ms.
+        for i in 0..1000u32 {
+            histogram.record(f64::from(i) / 1000.0);
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -87,7 +87,7 @@ impl AppState {
                 probe_timeout: Duration::from_secs(5),
                 dp_aware: false,
                 connections: crate::engine::ConnectionConfig::default(),
-                max_in_flight: None,
+                max_in_flight: crate::workers::InFlightLimit::Engine,
                 max_dp_ranks: Lifecycle::DEFAULT_MAX_DP_RANKS,
                 remove_unhealthy: false,
             },

@@ -1121,8 +1121,10 @@ mod in_process {
             Script::Answer(answer(&hello_ids())),
         );
         let workers = WorkerSet::default();
-        let worker = workers
-            .add(self::worker(&engine, WorkerRole::Regular, None).with_max_in_flight(Some(1)));
+        let worker = workers.add(
+            self::worker(&engine, WorkerRole::Regular, None)
+                .with_in_flight_limit(crate::workers::InFlightLimit::Fixed(1)),
+        );
         let router = Arc::new(router(
             Mode::Regular,
             workers,
@@ -1168,10 +1170,14 @@ mod in_process {
         );
         let decode = ScriptedEngine::answering("grpc://decode:1", &hello_ids());
         let workers = WorkerSet::default();
-        let prefill_worker = workers
-            .add(worker(&prefill, WorkerRole::Prefill, Some(8998)).with_max_in_flight(Some(1)));
-        let decode_worker =
-            workers.add(worker(&decode, WorkerRole::Decode, None).with_max_in_flight(Some(1)));
+        let prefill_worker = workers.add(
+            worker(&prefill, WorkerRole::Prefill, Some(8998))
+                .with_in_flight_limit(crate::workers::InFlightLimit::Fixed(1)),
+        );
+        let decode_worker = workers.add(
+            worker(&decode, WorkerRole::Decode, None)
+                .with_in_flight_limit(crate::workers::InFlightLimit::Fixed(1)),
+        );
         let router = Arc::new(router(
             Mode::PrefillDecode,
             workers,

@@ -8,8 +8,9 @@
 //! request can never leak a load count. A worker caps the requests it holds
 //! at what its engine reports it runs at once (`max_running_requests` in
 //! `GetLoads`, re-read as the engine reports it), or at
-//! `--worker-max-in-flight` when that is given: a full worker takes nobody
-//! new, and the guard's drop wakes one request waiting for room.
+//! `--worker-max-in-flight` when that is given (`none`: no limit): a full
+//! worker takes nobody new, and the guard's drop wakes one request waiting
+//! for room.
 
 mod breaker;
 mod health;
@@ -90,6 +91,28 @@ fn next_serial() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// How many requests one worker is sent at once (`--worker-max-in-flight`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InFlightLimit {
+    /// The `max_running_requests` its engine reports in `GetLoads`, re-read
+    /// with the load polling; no limit while it reports none.
+    #[default]
+    Engine,
+    /// At most this many, whatever the engine reports.
+    Fixed(usize),
+    /// No limit, whatever the engine reports: every request is sent at
+    /// once and waits in the engine's queue (`none`).
+    Unlimited,
+}
+
+impl InFlightLimit {
+    /// Whether the limit follows what the engine reports (so its loads
+    /// must be read).
+    pub fn follows_engine(self) -> bool {
+        self == Self::Engine
+    }
+}
+
 /// One engine worker.
 #[derive(Debug)]
 pub struct Worker {
@@ -110,8 +133,8 @@ pub struct Worker {
     in_flight: AtomicUsize,
     /// Most requests held at once; 0: no limit.
     max_in_flight: AtomicUsize,
-    /// The limit was configured (`--worker-max-in-flight`): what the
-    /// engine reports does not change it.
+    /// The limit was configured (`--worker-max-in-flight N` or `none`):
+    /// what the engine reports does not change it.
     limit_configured: bool,
     /// Wakes one waiting request when a held one ends (limited workers).
     room: tokio::sync::Notify,
@@ -188,13 +211,20 @@ impl Worker {
         self.lane_override
     }
 
-    /// The worker holding at most `limit` requests at once, whatever its
-    /// engine reports (`None`: the engine's reports set the limit; a limit
-    /// below one is one).
-    pub fn with_max_in_flight(mut self, limit: Option<usize>) -> Self {
-        if let Some(limit) = limit {
-            self.max_in_flight = AtomicUsize::new(limit.max(1));
-            self.limit_configured = true;
+    /// The worker with its in-flight limit as configured: following its
+    /// engine's reports, at most `N` requests at once (a limit below one is
+    /// one), or none, whatever its engine reports.
+    pub fn with_in_flight_limit(mut self, limit: InFlightLimit) -> Self {
+        match limit {
+            InFlightLimit::Engine => {}
+            InFlightLimit::Fixed(limit) => {
+                self.max_in_flight = AtomicUsize::new(limit.max(1));
+                self.limit_configured = true;
+            }
+            InFlightLimit::Unlimited => {
+                self.max_in_flight = AtomicUsize::new(0);
+                self.limit_configured = true;
+            }
         }
         self
     }
@@ -750,9 +780,22 @@ mod tests {
         let configured = crate::policies::test_support::workers(1).remove(0);
         let configured = Arc::try_unwrap(configured)
             .expect("sole owner")
-            .with_max_in_flight(Some(3));
+            .with_in_flight_limit(InFlightLimit::Fixed(3));
         assert!(!configured.learn_limit(Some(100)), "the flag wins");
         assert_eq!(configured.max_in_flight(), Some(3));
+
+        let unlimited = crate::policies::test_support::workers(1).remove(0);
+        let unlimited = Arc::new(
+            Arc::try_unwrap(unlimited)
+                .expect("sole owner")
+                .with_in_flight_limit(InFlightLimit::Unlimited),
+        );
+        assert!(!unlimited.learn_limit(Some(1)), "`none` wins too");
+        assert_eq!(unlimited.max_in_flight(), None);
+        let held: Vec<_> = (0..3)
+            .map(|_| unlimited.try_hold(0, false).expect("no limit"))
+            .collect();
+        assert_eq!(unlimited.in_flight(), held.len());
     }
 
     #[test]

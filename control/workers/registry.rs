@@ -30,8 +30,8 @@ use serde::Serialize;
 
 use super::transport::{LaneDirectory, LaneMode, WorkerLaneOverride, WorkerTransport};
 use super::{
-    BreakerConfig, HealthConfig, HealthState, Worker, WorkerRole, WorkerSet, probe, reported_limit,
-    spawn_circuit_probe, spawn_probe_loop, worker_id,
+    BreakerConfig, HealthConfig, HealthState, InFlightLimit, Worker, WorkerRole, WorkerSet, probe,
+    reported_limit, spawn_circuit_probe, spawn_probe_loop, worker_id,
 };
 use crate::engine::{
     ConnectionConfig, Engine, EngineClient, Load, Runtime, ServerInfo, WorkerTls, check_worker_tls,
@@ -56,9 +56,9 @@ pub struct Lifecycle {
     pub dp_aware: bool,
     /// The HTTP/2 connections to each worker.
     pub connections: ConnectionConfig,
-    /// Most requests one worker holds at once (`--worker-max-in-flight`);
-    /// `None`: no limit.
-    pub max_in_flight: Option<usize>,
+    /// Most requests one worker holds at once (`--worker-max-in-flight`):
+    /// its engine's report, a number, or no limit.
+    pub max_in_flight: InFlightLimit,
     /// The most data-parallel ranks one engine may bring
     /// (`--max-dp-ranks`): each becomes a worker with its own probes and
     /// load, so an engine reporting 50,000 must be refused, not obeyed.
@@ -389,7 +389,7 @@ impl WorkerRegistry {
                 .dp_ranks(client.url(), &load)
                 .map_err(|err| err.message)?;
             (Some(ranks), Some(load))
-        } else if self.lifecycle.max_in_flight.is_none() {
+        } else if self.lifecycle.max_in_flight.follows_engine() {
             // Its in-flight limit from the start; the load polling keeps
             // it current. An engine without GetLoads has none.
             let load = tokio::time::timeout(DISCOVERY_TIMEOUT, client.loads()).await;
@@ -410,7 +410,7 @@ impl WorkerRegistry {
                     .map_err(|err| err.message)?
                     .with_lane_override(lane_override)
                     .with_breaker(self.lifecycle.breaker)
-                    .with_max_in_flight(self.lifecycle.max_in_flight)
+                    .with_in_flight_limit(self.lifecycle.max_in_flight)
                     .with_health(HealthState::Pending);
                 if let Some(load) = &load {
                     worker.learn_limit(reported_limit(load, ranks.is_some()));
@@ -675,7 +675,7 @@ mod tests {
             probe_timeout: Duration::from_secs(1),
             dp_aware: true,
             connections: ConnectionConfig::default(),
-            max_in_flight: None,
+            max_in_flight: InFlightLimit::Engine,
             max_dp_ranks,
             remove_unhealthy: false,
         }
