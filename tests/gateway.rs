@@ -1199,6 +1199,10 @@ fn model_with_a_looping_template() -> tempfile::TempDir {
     dir
 }
 
+/// How long one of the flood's 8 MB prompts may take (the chats asked
+/// during the flood keep the usual 30 s bound).
+const FLOOD_REQUEST_LIMIT: Duration = Duration::from_secs(120);
+
 /// Issue 19: a template that loops past `--chat-template-fuel` is the
 /// client's 400 with a stable code naming the flag, and the gateway serves
 /// on; and while a stream of 8 MB prompts is being tokenized (known to be
@@ -1249,9 +1253,16 @@ async fn template_loops_run_out_of_fuel_and_huge_prompts_leave_the_gateway_servi
                 huge.clone(),
             );
             tokio::spawn(async move {
+                // One 8 MB prompt takes seconds to tokenize in a debug build,
+                // more on a loaded 2-core machine with two of them at once:
+                // the flood's own requests get longer than the usual 30 s.
+                let client = reqwest::Client::builder()
+                    .timeout(FLOOD_REQUEST_LIMIT)
+                    .build()
+                    .expect("http client");
                 let mut codes = Vec::new();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let response = http()
+                    let response = client
                         .post(&url)
                         .json(&json!({"model": "model", "prompt": huge, "max_tokens": 1}))
                         .send()
@@ -1274,7 +1285,10 @@ async fn template_loops_run_out_of_fuel_and_huge_prompts_leave_the_gateway_servi
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for client in flood {
-        let codes = bounded("the flood ends", client).await.expect("joined");
+        let codes = tokio::time::timeout(FLOOD_REQUEST_LIMIT, client)
+            .await
+            .expect("the flood ends within its request limit")
+            .expect("joined");
         assert!(!codes.is_empty());
         // Tokenized in full, then found too long for the model.
         for code in codes {
