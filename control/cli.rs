@@ -352,28 +352,28 @@ impl LogLevel {
 
 /// The help headings of `smg launch`, in SMG's order where SMG has them.
 mod heading {
-    pub const GENERAL: &str = "Config file";
-    pub const WORKERS: &str = "Worker configuration";
-    pub const ROUTING: &str = "Routing policy";
-    pub const PD: &str = "PD / EPD disaggregation";
-    pub const IGW: &str = "Several models (IGW)";
-    pub const MODEL: &str = "Model and tokenizer";
-    pub const PARSERS: &str = "Parsers";
-    pub const HISTORY: &str = "Responses and conversation history";
-    pub const MEDIA: &str = "Images";
-    pub const MCP: &str = "MCP tools";
-    pub const LANES: &str = "Tensor lanes";
-    pub const DATAPLANE: &str = "Data plane";
-    pub const CONNECTIONS: &str = "Worker connections";
-    pub const HEALTH: &str = "Health checks";
-    pub const BREAKER: &str = "Circuit breaker";
-    pub const RETRY: &str = "Retries";
-    pub const REQUESTS: &str = "Request handling";
-    pub const ADMISSION: &str = "Rate limiting and admission";
-    pub const AUTH: &str = "Authentication";
-    pub const TLS: &str = "TLS / mTLS";
-    pub const PROMETHEUS: &str = "Prometheus metrics and probes";
-    pub const LOGGING: &str = "Logging";
+    pub(super) const GENERAL: &str = "Config file";
+    pub(super) const WORKERS: &str = "Worker configuration";
+    pub(super) const ROUTING: &str = "Routing policy";
+    pub(super) const PD: &str = "PD / EPD disaggregation";
+    pub(super) const IGW: &str = "Several models (IGW)";
+    pub(super) const MODEL: &str = "Model and tokenizer";
+    pub(super) const PARSERS: &str = "Parsers";
+    pub(super) const HISTORY: &str = "Responses and conversation history";
+    pub(super) const MEDIA: &str = "Images";
+    pub(super) const MCP: &str = "MCP tools";
+    pub(super) const LANES: &str = "Tensor lanes";
+    pub(super) const DATAPLANE: &str = "Data plane";
+    pub(super) const CONNECTIONS: &str = "Worker connections";
+    pub(super) const HEALTH: &str = "Health checks";
+    pub(super) const BREAKER: &str = "Circuit breaker";
+    pub(super) const RETRY: &str = "Retries";
+    pub(super) const REQUESTS: &str = "Request handling";
+    pub(super) const ADMISSION: &str = "Rate limiting and admission";
+    pub(super) const AUTH: &str = "Authentication";
+    pub(super) const TLS: &str = "TLS / mTLS";
+    pub(super) const PROMETHEUS: &str = "Prometheus metrics and probes";
+    pub(super) const LOGGING: &str = "Logging";
 }
 
 /// `--history-backend`.

@@ -31,14 +31,14 @@ use crate::tokenizer::Tokenizer;
 use crate::workers::{Worker, WorkerRole, WorkerSet, spawn_load_polling};
 
 /// How long a worker's discovery RPC may take.
-pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The context length assumed when neither the worker nor the model
 /// directory states one.
 const DEFAULT_CONTEXT_LENGTH: u32 = 32_768;
 
 /// Runs one discovery RPC of the worker at `url` under [`DISCOVERY_TIMEOUT`].
-pub async fn discover<T>(
+pub(crate) async fn discover<T>(
     what: &str,
     url: &str,
     call: impl std::future::Future<Output = crate::error::Result<T>>,
@@ -235,7 +235,7 @@ impl DiscoveryEnv {
 /// Polls GetLoads every `interval` for each role whose policy reads engine
 /// load, and for every role when the workers' in-flight limits follow what
 /// their engines report (`engine_limits`: no `--worker-max-in-flight`).
-pub fn start_load_polling(
+pub(crate) fn start_load_polling(
     workers: &WorkerSet,
     policies: &RolePolicies,
     interval: Duration,

@@ -13,34 +13,35 @@
 
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(unreachable_pub)]
 
-pub mod admission;
+pub(crate) mod admission;
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod demo;
-pub mod discovery;
+pub(crate) mod discovery;
 pub mod engine;
 pub mod error;
-pub mod history;
-pub mod lanes;
+pub(crate) mod history;
+pub(crate) mod lanes;
 mod log_throttle;
 pub mod logging;
 pub mod mcp;
-pub mod media;
-pub mod memo;
+pub(crate) mod media;
+pub(crate) mod memo;
 pub mod metrics;
-pub mod mode;
-pub mod models;
-pub mod offload;
-pub mod pipeline;
+pub(crate) mod mode;
+pub(crate) mod models;
+pub(crate) mod offload;
+pub(crate) mod pipeline;
 pub mod policies;
 pub mod proto;
-pub mod router;
+pub(crate) mod router;
 pub mod server;
-pub mod shutdown;
-pub mod startup;
-pub mod tls;
+pub(crate) mod shutdown;
+pub(crate) mod startup;
+pub(crate) mod tls;
 pub mod tokenizer;
 pub mod workers;
 

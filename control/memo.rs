@@ -29,7 +29,7 @@ const ENTRY_OVERHEAD_BYTES: usize = 64;
 
 /// Text → `V`, bounded by bytes. `V` is cloned out on a hit, so it should
 /// be cheap to clone (an `Arc`).
-pub struct Memo<V> {
+pub(crate) struct Memo<V> {
     shards: Vec<Mutex<Shard<V>>>,
     hasher: RandomState,
 }
@@ -48,7 +48,7 @@ struct Entry<V> {
 
 impl<V: Clone> Memo<V> {
     /// A memo holding about `total_bytes` in all (keys and charges).
-    pub fn new(total_bytes: usize) -> Self {
+    pub(crate) fn new(total_bytes: usize) -> Self {
         // Each shard holds up to two generations of `budget_bytes`.
         let budget_bytes = (total_bytes / SHARDS / 2).max(1);
         Self {
@@ -72,7 +72,7 @@ impl<V: Clone> Memo<V> {
     }
 
     /// The value remembered for exactly `key`.
-    pub fn get(&self, key: &str) -> Option<V> {
+    pub(crate) fn get(&self, key: &str) -> Option<V> {
         let mut shard = self.shard(key).lock().ok()?;
         if let Some(entry) = shard.young.get(key) {
             return Some(entry.value.clone());
@@ -86,7 +86,7 @@ impl<V: Clone> Memo<V> {
     /// Remembers `value` for `key`; `charge` is what the value holds in
     /// memory (the key's own bytes are counted here). A key larger than a
     /// shard's budget is not remembered.
-    pub fn insert(&self, key: &str, value: V, charge: usize) {
+    pub(crate) fn insert(&self, key: &str, value: V, charge: usize) {
         let cost = key.len() + charge + ENTRY_OVERHEAD_BYTES;
         if let Ok(mut shard) = self.shard(key).lock()
             && cost <= shard.budget_bytes
@@ -96,7 +96,7 @@ impl<V: Clone> Memo<V> {
     }
 
     /// Forgets everything.
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         for shard in &self.shards {
             if let Ok(mut shard) = shard.lock() {
                 shard.young.clear();
@@ -106,8 +106,9 @@ impl<V: Clone> Memo<V> {
         }
     }
 
-    /// Entries held, in both generations.
-    pub fn len(&self) -> usize {
+    /// Entries held, in both generations (the tests' view).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
             .filter_map(|shard| shard.lock().ok())
@@ -115,7 +116,8 @@ impl<V: Clone> Memo<V> {
             .sum()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

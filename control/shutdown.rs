@@ -40,10 +40,10 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// How long dropped connections may take to wind down after the cut (their
 /// tasks only have to notice they were dropped).
-pub const CUT_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const CUT_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the engine aborts sent after the cut may take.
-pub const ABORT_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const ABORT_WAIT: Duration = Duration::from_secs(5);
 
 /// A signal asking the gateway to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl StopSignal {
 /// The stop signals this process receives, in order. The handlers are
 /// installed before this returns, so a signal that arrives later is never
 /// the default (fatal) action.
-pub fn os_signals() -> mpsc::Receiver<StopSignal> {
+pub(crate) fn os_signals() -> mpsc::Receiver<StopSignal> {
     use tokio::signal::unix::{SignalKind, signal};
     let (sender, receiver) = mpsc::channel(4);
     match (

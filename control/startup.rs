@@ -153,7 +153,7 @@ enum Attempt {
 /// Brings up `fleet` in `mode` and returns its router, once one worker of
 /// each required role has answered; workers answering later join the
 /// router in the background (until the deadline).
-pub async fn bring_up(
+pub(crate) async fn bring_up(
     config: &GatewayConfig,
     mode: Mode,
     fleet: &[WorkerAddress],

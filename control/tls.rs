@@ -27,11 +27,11 @@ use crate::config::{TlsFiles, WorkerTlsFiles};
 use crate::engine::WorkerTls;
 
 /// `smg_tls_reloads_total{outcome}`: SIGHUP reloads, `ok` or `failed`.
-pub use crate::metrics::TLS_RELOADS;
+pub(crate) use crate::metrics::TLS_RELOADS;
 
 /// Why certificate or key files cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub(crate) enum TlsError {
     #[error("cannot read {}: {source}", path.display())]
     Read {
         path: PathBuf,
@@ -82,7 +82,7 @@ fn provider() -> CryptoProvider {
 }
 
 /// Loads and checks a certificate chain and its key.
-pub fn load_certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
+pub(crate) fn load_certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
     let chain = certificates(&files.cert_path)?;
     let key_pem = read(&files.key_path)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|err| TlsError::BadKey {
@@ -98,14 +98,14 @@ pub fn load_certified_key(files: &TlsFiles) -> Result<CertifiedKey, TlsError> {
 
 /// The certificate the listeners present, swapped by [`ReloadableCert::reload`].
 #[derive(Debug)]
-pub struct ReloadableCert {
+pub(crate) struct ReloadableCert {
     files: TlsFiles,
     current: RwLock<Arc<CertifiedKey>>,
 }
 
 impl ReloadableCert {
     /// Loads `files` (start-up fails if they cannot be used).
-    pub fn load(files: &TlsFiles) -> Result<Arc<Self>, TlsError> {
+    pub(crate) fn load(files: &TlsFiles) -> Result<Arc<Self>, TlsError> {
         let key = load_certified_key(files)?;
         Ok(Arc::new(Self {
             files: files.clone(),
@@ -115,7 +115,7 @@ impl ReloadableCert {
 
     /// Reads the files again; on success new handshakes get the new
     /// certificate, on failure the old one stays.
-    pub fn reload(&self) -> Result<(), TlsError> {
+    pub(crate) fn reload(&self) -> Result<(), TlsError> {
         let key = Arc::new(load_certified_key(&self.files)?);
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = key;
         Ok(())
@@ -123,7 +123,7 @@ impl ReloadableCert {
 
     /// An acceptor whose handshakes present the current certificate,
     /// offering HTTP/2 and HTTP/1.1.
-    pub fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, TlsError> {
+    pub(crate) fn acceptor(self: &Arc<Self>) -> Result<TlsAcceptor, TlsError> {
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
             .map_err(|err| TlsError::Setup(err.to_string()))?
@@ -145,7 +145,7 @@ impl ResolvesServerCert for ReloadableCert {
 /// Reloads `cert` on every SIGHUP, for as long as the process runs. The
 /// handler is installed before this returns, so a SIGHUP after it never
 /// ends the process (the default action).
-pub fn reload_on_sighup(cert: Arc<ReloadableCert>) -> std::io::Result<()> {
+pub(crate) fn reload_on_sighup(cert: Arc<ReloadableCert>) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = signal(SignalKind::hangup())?;
     tokio::spawn(async move {
@@ -170,7 +170,7 @@ pub fn reload_on_sighup(cert: Arc<ReloadableCert>) -> std::io::Result<()> {
 
 /// Reads the files `grpcs://` workers are dialled with, checking each
 /// (a bad file fails start-up, not the first request).
-pub fn load_worker_tls(files: &WorkerTlsFiles) -> Result<WorkerTls, TlsError> {
+pub(crate) fn load_worker_tls(files: &WorkerTlsFiles) -> Result<WorkerTls, TlsError> {
     let mut ca_pems = Vec::new();
     for path in &files.ca_cert_paths {
         certificates(path)?;

@@ -24,7 +24,7 @@ use crate::workers::WorkerSpec;
 
 /// The admin routes: on the admin listener, or on the public one behind
 /// control-plane keys (see `http::admin_on_public`).
-pub fn routes() -> axum::Router<SharedState> {
+pub(super) fn routes() -> axum::Router<SharedState> {
     axum::Router::new()
         .route("/workers", get(list).post(register))
         .route("/workers/{id}", get(show).delete(remove))

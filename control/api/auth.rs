@@ -119,7 +119,7 @@ impl<T: Clone> KeyTable<T> {
 
 /// The inference routes' gate.
 #[derive(Debug)]
-pub struct InferenceGate {
+pub(super) struct InferenceGate {
     keys: KeyTable<Tenant>,
     /// Also read `x-api-key` (Anthropic's header).
     accepts_x_api_key: bool,
@@ -128,7 +128,7 @@ pub struct InferenceGate {
 impl InferenceGate {
     /// The gate of `config`'s inference keys; `x_api_key`: whether the
     /// route also takes the key in `x-api-key`.
-    pub fn new(config: &AuthConfig, x_api_key: bool) -> Self {
+    pub(super) fn new(config: &AuthConfig, x_api_key: bool) -> Self {
         Self {
             keys: KeyTable {
                 keys: config
@@ -180,7 +180,7 @@ impl InferenceGate {
 
 /// Where admin routes are served, and so who may call them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdminAccess {
+pub(super) enum AdminAccess {
     /// On the public listener, behind control-plane keys.
     Keys,
     /// On the admin listener, to whoever reaches it.
@@ -189,13 +189,13 @@ pub enum AdminAccess {
 
 /// The admin routes' gate.
 #[derive(Debug)]
-pub struct AdminGate {
+pub(super) struct AdminGate {
     keys: KeyTable<Operator>,
     access: AdminAccess,
 }
 
 impl AdminGate {
-    pub fn new(config: &AuthConfig, access: AdminAccess) -> Self {
+    pub(super) fn new(config: &AuthConfig, access: AdminAccess) -> Self {
         Self {
             keys: KeyTable {
                 keys: config

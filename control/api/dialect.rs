@@ -31,7 +31,7 @@ use crate::pipeline::request_context::client_request_id;
 
 /// The shape errors take on a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorDialect {
+pub(super) enum ErrorDialect {
     /// `{"error": {"message", "type", "param", "code"}}`: every route but
     /// Anthropic's (admin and probes included).
     OpenAi,
@@ -41,7 +41,7 @@ pub enum ErrorDialect {
 
 impl ErrorDialect {
     /// The dialect of the route at `path`.
-    pub fn of_path(path: &str) -> Self {
+    pub(super) fn of_path(path: &str) -> Self {
         let path = path.trim_end_matches('/');
         if path == "/v1/messages" || path.starts_with("/v1/messages/") {
             ErrorDialect::Anthropic
@@ -52,7 +52,7 @@ impl ErrorDialect {
 
     /// `err` as this dialect's JSON body, its message as the client may
     /// read it ([`Error::client_message`], naming the request's id).
-    pub fn body(self, err: &Error) -> serde_json::Value {
+    pub(super) fn body(self, err: &Error) -> serde_json::Value {
         let id = client_request_id();
         match self {
             ErrorDialect::OpenAi => err.to_openai_json(id.as_deref()),
@@ -64,7 +64,7 @@ impl ErrorDialect {
 
 /// What an error response was made from, and in which dialect.
 #[derive(Debug, Clone)]
-pub struct Rendered {
+pub(super) struct Rendered {
     pub error: Error,
     pub dialect: ErrorDialect,
 }
@@ -72,7 +72,7 @@ pub struct Rendered {
 /// The error response for `err` in `dialect`: the code's status, the JSON
 /// body, `Retry-After` when the error says when to come back, and the
 /// error itself as a [`Rendered`] extension for [`speak`].
-pub fn render(err: &Error, dialect: ErrorDialect) -> Response {
+pub(super) fn render(err: &Error, dialect: ErrorDialect) -> Response {
     let status =
         StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = (status, axum::Json(dialect.body(err))).into_response();
@@ -96,7 +96,7 @@ const REJECTION_TEXT_BYTES: usize = 4096;
 /// The outermost error layer of a router with no other front door (the
 /// metrics listener): renders every error response in the dialect of the
 /// request's route.
-pub async fn speak(request: Request, next: Next) -> Response {
+pub(super) async fn speak(request: Request, next: Next) -> Response {
     let speaker = Speaker::of(&request);
     speaker.answer(next.run(request).await).await
 }

@@ -53,7 +53,7 @@ pub(crate) enum Overflow {
 impl Overflow {
     /// The refusal, naming what limits it; `max_header_bytes` is
     /// `--max-header-size`.
-    pub fn error(self, max_header_bytes: usize) -> Error {
+    pub(super) fn error(self, max_header_bytes: usize) -> Error {
         let message = match self {
             Overflow::Bytes(cap) => format!(
                 "the request line and headers take more than {cap} bytes, over \
@@ -110,7 +110,7 @@ pub(crate) struct HeadScan {
 
 impl HeadScan {
     /// A scan whose heads may take up to `cap` bytes without ending.
-    pub fn new(cap: usize) -> Self {
+    pub(super) fn new(cap: usize) -> Self {
         Self {
             cap,
             state: Scan::Reading,
@@ -126,19 +126,19 @@ impl HeadScan {
     }
 
     /// A new head begins.
-    pub fn restart(&mut self) {
+    pub(super) fn restart(&mut self) {
         *self = Self::new(self.cap);
     }
 
     /// Where the scan is.
-    pub fn state(&self) -> Scan {
+    pub(super) fn state(&self) -> Scan {
         self.state
     }
 
     /// Reads the head's next bytes (bytes after its end are not looked
     /// at). Returns where the scan is. Line ends are found with `memchr`;
     /// only the request line is looked at byte by byte.
-    pub fn feed(&mut self, bytes: &[u8]) -> Scan {
+    pub(super) fn feed(&mut self, bytes: &[u8]) -> Scan {
         let mut rest = bytes;
         while self.state == Scan::Reading && !rest.is_empty() {
             if self.seen == 0 {
@@ -232,7 +232,7 @@ impl HeadScan {
 
     /// The dialect of the route the request line names (OpenAI's when it
     /// names none).
-    pub fn dialect(&self) -> ErrorDialect {
+    pub(super) fn dialect(&self) -> ErrorDialect {
         dialect_of_head_start(&self.kept[..self.kept_len])
     }
 }

@@ -177,7 +177,7 @@ fn cors(policy: &CorsPolicy) -> Option<CorsLayer> {
 }
 
 /// A front-door refusal: its JSON error, counted by code.
-pub fn refusal(err: &Error) -> Response {
+pub(super) fn refusal(err: &Error) -> Response {
     crate::metrics::record_refusal(err.code.as_str());
     error_response(err)
 }
@@ -221,7 +221,7 @@ pub async fn serve_metrics(
 
 /// An error response with the code's status, OpenAI-shaped; the
 /// front door renders it again on a route of another dialect.
-pub fn error_response(err: &Error) -> Response {
+pub(super) fn error_response(err: &Error) -> Response {
     dialect::render(err, ErrorDialect::OpenAi)
 }
 
@@ -232,7 +232,7 @@ impl IntoResponse for Error {
 }
 
 /// A `text/event-stream` response from already-framed SSE bytes.
-pub fn sse_response(frames: impl Stream<Item = Bytes> + Send + 'static) -> Response {
+pub(super) fn sse_response(frames: impl Stream<Item = Bytes> + Send + 'static) -> Response {
     let mut response = Response::new(Body::from_stream(frames.map(Ok::<_, Infallible>)));
     let headers: &mut HeaderMap = response.headers_mut();
     headers.insert(
@@ -245,7 +245,7 @@ pub fn sse_response(frames: impl Stream<Item = Bytes> + Send + 'static) -> Respo
 }
 
 /// One `data: <json>\n\n` frame.
-pub fn data_frame(json: &impl serde::Serialize) -> Bytes {
+pub(super) fn data_frame(json: &impl serde::Serialize) -> Bytes {
     let mut frame = b"data: ".to_vec();
     if serde_json::to_writer(&mut frame, json).is_err() {
         frame.extend_from_slice(b"{}");
@@ -255,13 +255,13 @@ pub fn data_frame(json: &impl serde::Serialize) -> Bytes {
 }
 
 /// One `event: <name>\ndata: <json>\n\n` frame (Anthropic streams).
-pub fn named_frame(event: &str, json: &impl serde::Serialize) -> Bytes {
+pub(super) fn named_frame(event: &str, json: &impl serde::Serialize) -> Bytes {
     let mut frame = format!("event: {event}\n").into_bytes();
     frame.extend_from_slice(&data_frame(json));
     Bytes::from(frame)
 }
 
-pub const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
+pub(super) const DONE_FRAME: &[u8] = b"data: [DONE]\n\n";
 
 async fn health(State(state): State<SharedState>) -> Response {
     readiness(State(state)).await

@@ -29,15 +29,15 @@ const DRAIN_TIME: Duration = Duration::from_secs(1);
 
 /// `--max-header-size`, in bytes.
 #[derive(Debug, Clone, Copy)]
-pub struct HeadLimit(pub usize);
+pub(super) struct HeadLimit(pub usize);
 
 /// `--max-payload-size`, in bytes.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
+pub(super) struct BodyLimit(pub usize);
 
 /// The size of a request's head as sent in HTTP/1.1: request line, then
 /// `name: value\r\n` per header, then the blank line.
-pub fn head_size(method: &http::Method, uri: &http::Uri, headers: &HeaderMap) -> usize {
+pub(super) fn head_size(method: &http::Method, uri: &http::Uri, headers: &HeaderMap) -> usize {
     const LINE_FRAMING: usize = " HTTP/1.1\r\n".len() + 1 + "\r\n".len();
     let target = uri
         .path_and_query()

@@ -178,7 +178,7 @@ pub(crate) struct ConnClock {
 impl ConnClock {
     /// A connection accepted at `now`: its first head is on its way, and
     /// may take `head_cap` bytes without ending.
-    pub fn new(timeouts: ConnTimeouts, head_cap: usize, now: Instant) -> Self {
+    pub(super) fn new(timeouts: ConnTimeouts, head_cap: usize, now: Instant) -> Self {
         Self {
             timeouts,
             protocol: Protocol::Undecided(0),
@@ -190,7 +190,7 @@ impl ConnClock {
 
     /// Whether [`ConnClock::on_bytes`] can change anything now (the I/O
     /// path skips it otherwise).
-    pub fn wants_bytes(&self) -> bool {
+    pub(super) fn wants_bytes(&self) -> bool {
         match self.protocol {
             Protocol::Undecided(_) => true,
             Protocol::Http1 => match self.phase {
@@ -203,7 +203,7 @@ impl ConnClock {
     }
 
     /// Bytes arrived at `now`. Returns whether the deadline moved.
-    pub fn on_bytes(&mut self, bytes: &[u8], now: Instant) -> bool {
+    pub(super) fn on_bytes(&mut self, bytes: &[u8], now: Instant) -> bool {
         if bytes.is_empty() {
             return false;
         }
@@ -243,7 +243,7 @@ impl ConnClock {
 
     /// The current head's refusal, once its scan refused it, with the
     /// dialect of the route it names.
-    pub fn head_refused(&self) -> Option<(Overflow, ErrorDialect)> {
+    pub(super) fn head_refused(&self) -> Option<(Overflow, ErrorDialect)> {
         match (self.phase, self.head.state()) {
             (Phase::Head(_), Scan::Refused(overflow)) => Some((overflow, self.head.dialect())),
             _ => None,
@@ -251,7 +251,7 @@ impl ConnClock {
     }
 
     /// A request's head is complete and its handler runs.
-    pub fn on_request(&mut self) {
+    pub(super) fn on_request(&mut self) {
         if let Protocol::Undecided(_) = self.protocol {
             self.protocol = Protocol::Http1;
         }
@@ -261,7 +261,7 @@ impl ConnClock {
 
     /// A response ended (sent or abandoned) at `now`. Returns whether the
     /// deadline moved.
-    pub fn on_response_end(&mut self, now: Instant) -> bool {
+    pub(super) fn on_response_end(&mut self, now: Instant) -> bool {
         self.in_flight = self.in_flight.saturating_sub(1);
         if self.in_flight == 0 {
             self.phase = Phase::Idle(now);
@@ -271,7 +271,7 @@ impl ConnClock {
     }
 
     /// When the connection's timer fires, and why.
-    pub fn deadline(&self) -> Option<(Instant, Expiry)> {
+    pub(super) fn deadline(&self) -> Option<(Instant, Expiry)> {
         match self.phase {
             Phase::Head(since) => Some((since + self.timeouts.header_read, Expiry::HeaderRead)),
             Phase::Idle(since) => Some((since + self.timeouts.keep_alive, Expiry::KeepAlive)),
@@ -280,7 +280,7 @@ impl ConnClock {
     }
 
     /// The timer that has fired by `now`, if any.
-    pub fn expired(&self, now: Instant) -> Option<Expiry> {
+    pub(super) fn expired(&self, now: Instant) -> Option<Expiry> {
         self.deadline()
             .filter(|(at, _)| *at <= now)
             .map(|(_, why)| why)

@@ -27,7 +27,7 @@ use super::types::openai::Tool;
 use super::types::parse::parse_json;
 use crate::error::{Error, Result};
 
-pub fn routes() -> axum::Router<SharedState> {
+pub(super) fn routes() -> axum::Router<SharedState> {
     axum::Router::new()
         .route("/parse/function_call", post(function_call))
         .route("/parse/reasoning", post(reasoning_text))

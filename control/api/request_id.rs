@@ -24,7 +24,7 @@ use super::auth::Tenant;
 use crate::metrics;
 
 /// The header the id is returned in (and handed to handlers in).
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(super) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The longest client id kept.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
@@ -35,13 +35,13 @@ pub struct RequestId(pub Arc<str>);
 
 /// Where ids are read from.
 #[derive(Debug, Clone)]
-pub struct RequestIds {
+pub(super) struct RequestIds {
     headers: Arc<[HeaderName]>,
 }
 
 impl RequestIds {
     /// Reads ids from `headers` (valid lowercase names; others are skipped).
-    pub fn new(headers: &[String]) -> Self {
+    pub(super) fn new(headers: &[String]) -> Self {
         Self {
             headers: headers
                 .iter()
@@ -62,7 +62,7 @@ impl RequestIds {
 }
 
 /// Whether a client's id can be kept as it is.
-pub fn usable(id: &str) -> bool {
+pub(super) fn usable(id: &str) -> bool {
     (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
         && id
             .bytes()

@@ -510,7 +510,7 @@ pub const IGNORED_HEADING: &str = "SMG flags accepted without effect (each logs 
 /// `launch` with an argument for each SMG flag smg does not implement:
 /// ignored ones listed in the help under their own heading with why they
 /// do nothing, refused ones hidden.
-pub fn with_smg_flags(launch: Command) -> Command {
+pub(super) fn with_smg_flags(launch: Command) -> Command {
     let mut launch = launch;
     for flag in SMG_FLAGS {
         let help = match flag.treatment {
@@ -544,7 +544,7 @@ pub fn with_smg_flags(launch: Command) -> Command {
 /// The SMG flags of a parsed `launch` command line that smg does not
 /// implement: the WARNs of those it ignores, or the refusal of the first
 /// one it refuses.
-pub fn check(launch: &ArgMatches) -> Result<Vec<String>, (&'static str, String)> {
+pub(super) fn check(launch: &ArgMatches) -> Result<Vec<String>, (&'static str, String)> {
     let mut warnings = Vec::new();
     for flag in SMG_FLAGS {
         let given = match flag.treatment {

@@ -84,7 +84,7 @@ impl OutputBounds {
     /// The bounds of `request`: its `n`, its output budget (its
     /// `output_budget`, else its `max_new_tokens`, else none) and its
     /// logprob ask.
-    pub fn for_request(request: &GenerateRequest) -> Self {
+    pub(super) fn for_request(request: &GenerateRequest) -> Self {
         let budget = request
             .output_budget
             .or(request.sampling.max_new_tokens)
@@ -101,18 +101,18 @@ impl OutputBounds {
     }
 
     /// Whether every sequence has ended.
-    pub fn all_done(&self) -> bool {
+    pub(super) fn all_done(&self) -> bool {
         self.states.iter().all(|state| *state != Sequence::Open)
     }
 
     /// Whether the gateway cut a sequence the worker may still be
     /// generating (so the call must be aborted on the worker).
-    pub fn cut_any(&self) -> bool {
+    pub(super) fn cut_any(&self) -> bool {
         self.states.contains(&Sequence::Cut)
     }
 
     /// Checks one event: what to pass on, or why the event is refused.
-    pub fn admit(&mut self, event: GenerateEvent) -> Result<Admitted, Violation> {
+    pub(super) fn admit(&mut self, event: GenerateEvent) -> Result<Admitted, Violation> {
         match event {
             GenerateEvent::Chunk {
                 index,

@@ -23,7 +23,7 @@ pub struct LaneDecision {
 
 /// Whether a receiver shares this gateway's `/dev/shm` (read for `auto`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharedMemory {
+pub(crate) enum SharedMemory {
     Shared,
     /// It advertised another namespace, or none.
     NotShared,
@@ -33,14 +33,14 @@ pub enum SharedMemory {
 
 /// What the decision knows of one receiving worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Receiver {
+pub(crate) struct Receiver {
     pub transport: WorkerTransport,
     pub shm: SharedMemory,
 }
 
 /// The lanes that exist now.
 #[derive(Debug, Clone)]
-pub struct AvailableLanes {
+pub(crate) struct AvailableLanes {
     /// The shm lane, or why it does not exist (the fallback reason).
     pub shm: Result<Arc<dyn TensorLane>, &'static str>,
     pub rdma: Option<Arc<dyn TensorLane>>,
@@ -48,7 +48,7 @@ pub struct AvailableLanes {
 
 /// The lane for tensors that go to `receivers` (the available workers of
 /// the receiving role).
-pub fn decide(receivers: &[Receiver], lanes: &AvailableLanes) -> LaneDecision {
+pub(crate) fn decide(receivers: &[Receiver], lanes: &AvailableLanes) -> LaneDecision {
     let mut min_bytes = 0usize;
     // The one lane every receiver accepts, if any.
     let mut common: Option<LaneKind> = None;

@@ -21,9 +21,6 @@ mod decision;
 mod pools;
 mod settings;
 
-pub use decision::{AvailableLanes, LaneDecision, Receiver, SharedMemory, decide};
-pub use pools::{
-    BYTES_TOTAL, FALLBACKS_TOTAL, SHM_SLOTS, SHM_SLOTS_IN_USE, TENSORS_TOTAL, TensorLanes,
-    engine_payload, open_rdma, record_fallback, record_tensor,
-};
-pub use settings::LaneSettings;
+pub(crate) use decision::LaneDecision;
+pub(crate) use pools::{TensorLanes, engine_payload, open_rdma, record_fallback, record_tensor};
+pub(crate) use settings::LaneSettings;

@@ -26,7 +26,7 @@ use crate::workers::{
 };
 
 // The names live with every other family in `crate::metrics::FAMILIES`.
-pub use crate::metrics::{
+pub(crate) use crate::metrics::{
     SHM_SLOTS, SHM_SLOTS_IN_USE, TENSOR_LANE_BYTES as BYTES_TOTAL,
     TENSOR_LANE_FALLBACKS as FALLBACKS_TOTAL, TENSOR_LANE_TENSORS as TENSORS_TOTAL,
 };
@@ -407,7 +407,7 @@ impl LaneDirectory for TensorLanes {
 /// host's first device, or the loopback arena in the shm directory. Without
 /// one, `None` after one log line saying why (those tensors go inline,
 /// counted as `rdma_unavailable` fallbacks).
-pub fn open_rdma(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
+pub(crate) fn open_rdma(settings: &LaneSettings) -> Option<Arc<RdmaLane>> {
     if !settings.wants_rdma() {
         return None;
     }
@@ -478,7 +478,7 @@ fn create_shm(settings: &LaneSettings, cores: usize) -> Result<Arc<ShmLane>, &'s
 }
 
 /// Counts a decision-level fallback once per tensor it affected.
-pub fn record_fallback(fallback: &Fallback) {
+pub(crate) fn record_fallback(fallback: &Fallback) {
     metrics::counter!(
         FALLBACKS_TOTAL,
         "requested" => fallback.requested.name(),
@@ -488,7 +488,7 @@ pub fn record_fallback(fallback: &Fallback) {
 }
 
 /// Counts a sealed tensor on its lane (and its own fallback, if any).
-pub fn record_tensor(tensor: &SealedTensor, nbytes: usize) {
+pub(crate) fn record_tensor(tensor: &SealedTensor, nbytes: usize) {
     let lane = tensor.lane.name();
     metrics::counter!(TENSORS_TOTAL, "lane" => lane).increment(1);
     metrics::counter!(BYTES_TOTAL, "lane" => lane).increment(nbytes as u64);
@@ -498,7 +498,7 @@ pub fn record_tensor(tensor: &SealedTensor, nbytes: usize) {
 }
 
 /// The engine payload of a sealed tensor.
-pub fn engine_payload(payload: smg_dataplane::lanes::WirePayload) -> TensorPayload {
+pub(crate) fn engine_payload(payload: smg_dataplane::lanes::WirePayload) -> TensorPayload {
     use smg_dataplane::lanes::WirePayload;
     match payload {
         WirePayload::Inline(bytes) => TensorPayload::Inline(bytes),

@@ -106,7 +106,7 @@ const IPV6_RANGES: &[(u128, u8, AddressClass)] = &[
 /// NAT64 `64:ff9b::a.b.c.d`, 6to4 `2002:AABB:CCDD::`) take the class of that
 /// IPv4 address, so `::ffff:169.254.169.254` is as link-local as the real
 /// thing.
-pub fn classify(ip: IpAddr) -> AddressClass {
+pub(crate) fn classify(ip: IpAddr) -> AddressClass {
     match ip {
         IpAddr::V4(v4) => classify_v4(v4),
         IpAddr::V6(v6) => match embedded_ipv4(v6) {
@@ -336,7 +336,7 @@ impl DestinationPolicy {
 /// What a failed request through a [`VettingResolver`] client comes to, as
 /// a client may read it.
 #[derive(Debug)]
-pub enum SendFailure<'a> {
+pub(crate) enum SendFailure<'a> {
     /// The guard refused the destination (the resolver's error, found in
     /// the client's error chain).
     Forbidden(&'a ForbiddenDestination),
@@ -348,7 +348,7 @@ pub enum SendFailure<'a> {
 }
 
 impl<'a> SendFailure<'a> {
-    pub fn of(error: &'a reqwest::Error) -> Self {
+    pub(crate) fn of(error: &'a reqwest::Error) -> Self {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
         while let Some(current) = source {
             if let Some(refusal) = current.downcast_ref::<ForbiddenDestination>() {
@@ -366,7 +366,7 @@ impl<'a> SendFailure<'a> {
     }
 }
 
-pub fn literal_address(host: &str) -> Option<IpAddr> {
+pub(crate) fn literal_address(host: &str) -> Option<IpAddr> {
     host.strip_prefix('[')
         .and_then(|inner| inner.strip_suffix(']'))
         .unwrap_or(host)
@@ -378,12 +378,12 @@ pub fn literal_address(host: &str) -> Option<IpAddr> {
 /// only the addresses the policy allows, so the connection goes exactly to
 /// a vetted address.
 #[derive(Debug, Clone)]
-pub struct VettingResolver {
+pub(crate) struct VettingResolver {
     policy: Arc<DestinationPolicy>,
 }
 
 impl VettingResolver {
-    pub fn new(policy: Arc<DestinationPolicy>) -> Self {
+    pub(crate) fn new(policy: Arc<DestinationPolicy>) -> Self {
         Self { policy }
     }
 }

@@ -21,7 +21,7 @@ use crate::error::Error;
 
 /// Why inline image data was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InlineProblem {
+pub(crate) enum InlineProblem {
     /// Not a `data:` URL this gateway takes (the reason is in the text).
     Malformed(String),
     /// Not valid base64 (the reason is in the text).
@@ -36,7 +36,7 @@ pub enum InlineProblem {
 ///
 /// Only base64 payloads are taken (images are binary), and only image media
 /// types (`image/*`), `application/octet-stream` or none at all.
-pub async fn decode_data_url(
+pub(crate) async fn decode_data_url(
     url: &str,
     max_bytes: usize,
     dataplane: &DataPlane,
@@ -75,7 +75,7 @@ pub async fn decode_data_url(
 
 /// Decodes standard, padded base64 on a data-plane core, with the size cap
 /// checked first from the encoded length.
-pub async fn decode_base64(
+pub(crate) async fn decode_base64(
     encoded: &str,
     max_bytes: usize,
     dataplane: &DataPlane,

@@ -57,7 +57,7 @@ impl Default for MediaConfig {
 
 /// A [`MediaConfig`] the fetcher cannot run with.
 #[derive(Debug, thiserror::Error)]
-pub enum MediaConfigError {
+pub(crate) enum MediaConfigError {
     #[error("allowed file directory {}: {source}", path.display())]
     AllowedFileDir {
         path: PathBuf,
@@ -69,7 +69,7 @@ pub enum MediaConfigError {
 
 /// Where an image's bytes came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MediaSource {
+pub(crate) enum MediaSource {
     DataUrl,
     Http,
     File,
@@ -79,7 +79,7 @@ pub enum MediaSource {
 /// One image's raw, undecoded bytes (the file as the client or server
 /// provided it: PNG, JPEG, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FetchedMedia {
+pub(crate) struct FetchedMedia {
     pub bytes: Bytes,
     /// blake3 of `bytes`: the image's identity for encode routing and caches.
     pub content_hash: [u8; 32],
@@ -90,7 +90,7 @@ pub struct FetchedMedia {
 /// holds the HTTP connection pool, and reads `file://` images through the
 /// data plane.
 #[derive(Debug, Clone)]
-pub struct MediaFetcher {
+pub(crate) struct MediaFetcher {
     config: MediaConfig,
     remote: RemoteFetcher,
     file_roots: Arc<FileRoots>,
@@ -98,7 +98,7 @@ pub struct MediaFetcher {
 }
 
 impl MediaFetcher {
-    pub fn new(config: MediaConfig, dataplane: DataPlane) -> Result<Self, MediaConfigError> {
+    pub(crate) fn new(config: MediaConfig, dataplane: DataPlane) -> Result<Self, MediaConfigError> {
         let file_roots = FileRoots::new(&config.allowed_file_dirs)
             .map_err(|(path, source)| MediaConfigError::AllowedFileDir { path, source })?;
         let policy = Arc::new(DestinationPolicy::new(config.allow_private_hosts.clone()));
@@ -111,14 +111,10 @@ impl MediaFetcher {
         })
     }
 
-    pub fn config(&self) -> &MediaConfig {
-        &self.config
-    }
-
     /// Fetches every image concurrently; the result is in the order of
     /// `images`. Fails with the first failing image's error, whose message
     /// starts with `images[i]`.
-    pub async fn fetch_all(&self, images: &[String]) -> Result<Vec<FetchedMedia>> {
+    pub(crate) async fn fetch_all(&self, images: &[String]) -> Result<Vec<FetchedMedia>> {
         if images.len() > self.config.max_images_per_request {
             return Err(Error::new(
                 ErrorCode::TooManyImages,

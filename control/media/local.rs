@@ -48,7 +48,7 @@ use crate::error::excerpt;
 
 /// Why a `file://` image was refused or could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FileProblem {
+pub(crate) enum FileProblem {
     /// The URL is not a usable local file URL.
     Malformed(String),
     /// The path is not under an allowed directory, or not a regular file.
@@ -71,13 +71,13 @@ struct AllowedDir {
 
 /// The directories `file://` URLs may read from.
 #[derive(Debug, Clone, Default)]
-pub struct FileRoots {
+pub(crate) struct FileRoots {
     dirs: Vec<AllowedDir>,
 }
 
 /// A confined file, opened and known to be regular.
 #[derive(Debug)]
-pub struct OpenedFile {
+pub(crate) struct OpenedFile {
     /// The path as the URL wrote it (for messages).
     pub path: PathBuf,
     pub file: OwnedFd,
@@ -97,7 +97,7 @@ const OPEN_ATTEMPTS: usize = 4;
 impl FileRoots {
     /// Resolves and opens each directory once; a missing directory is a
     /// configuration error, reported with its path.
-    pub fn new(dirs: &[PathBuf]) -> Result<Self, (PathBuf, io::Error)> {
+    pub(crate) fn new(dirs: &[PathBuf]) -> Result<Self, (PathBuf, io::Error)> {
         let dirs = dirs
             .iter()
             .map(|dir| {
@@ -127,7 +127,7 @@ impl FileRoots {
 
     /// Opens the file a `file://` URL names, within the rules above.
     /// Blocking file-system calls: run it off the async runtime.
-    pub fn open(&self, url: &Url) -> Result<OpenedFile, FileProblem> {
+    pub(crate) fn open(&self, url: &Url) -> Result<OpenedFile, FileProblem> {
         if self.dirs.is_empty() {
             return Err(FileProblem::Forbidden(
                 "file:// URLs are disabled (no allowed file directories are configured)".to_owned(),

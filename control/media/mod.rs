@@ -17,20 +17,20 @@
 //! - [`remote`]: `http(s)` fetching with manual, re-vetted redirects.
 //! - [`local`]: `file://` confined to allow-listed directories.
 
-pub mod guard;
-pub mod inline;
-pub mod intake;
-pub mod local;
-pub mod remote;
+pub(crate) mod guard;
+pub(crate) mod inline;
+pub(crate) mod intake;
+pub(crate) mod local;
+pub(crate) mod remote;
 
 use bytes::Bytes;
 
-pub use guard::{AddressClass, PrivateHostAllowance, classify};
-pub use intake::{FetchedMedia, MediaConfig, MediaConfigError, MediaFetcher, MediaSource};
+pub(crate) use guard::PrivateHostAllowance;
+pub(crate) use intake::{FetchedMedia, MediaConfig, MediaFetcher};
 
 /// Bytes with their blake3 hash, computed in the pass that produced them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HashedBytes {
+pub(crate) struct HashedBytes {
     pub bytes: Bytes,
     pub content_hash: [u8; 32],
 }

@@ -35,7 +35,7 @@ const MAX_PREALLOCATION: usize = 4 * 1024 * 1024;
 
 /// Why an `http(s)` image could not be fetched.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RemoteProblem {
+pub(crate) enum RemoteProblem {
     /// A URL (the client's, or a redirect's `Location`) is not fetchable.
     Malformed(String),
     /// The SSRF guard refused a hop, or a redirect left http(s).
@@ -48,14 +48,17 @@ pub enum RemoteProblem {
 
 /// Fetches image URLs; one per gateway, sharing its connection pool.
 #[derive(Debug, Clone)]
-pub struct RemoteFetcher {
+pub(crate) struct RemoteFetcher {
     client: Client,
     policy: Arc<DestinationPolicy>,
     max_redirects: usize,
 }
 
 impl RemoteFetcher {
-    pub fn new(policy: Arc<DestinationPolicy>, max_redirects: usize) -> reqwest::Result<Self> {
+    pub(crate) fn new(
+        policy: Arc<DestinationPolicy>,
+        max_redirects: usize,
+    ) -> reqwest::Result<Self> {
         let client = Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
@@ -72,7 +75,11 @@ impl RemoteFetcher {
 
     /// Fetches `url`, following up to `max_redirects` redirects, each hop
     /// vetted before it is requested. Callers bound the time it takes.
-    pub async fn fetch(&self, url: Url, max_bytes: usize) -> Result<HashedBytes, RemoteProblem> {
+    pub(crate) async fn fetch(
+        &self,
+        url: Url,
+        max_bytes: usize,
+    ) -> Result<HashedBytes, RemoteProblem> {
         let mut url = url;
         let mut redirects = 0;
         loop {

@@ -34,7 +34,7 @@ use crate::workers::{Worker, WorkerSet};
 
 /// What every stage of an attempt may read.
 #[derive(Debug)]
-pub struct AttemptContext<'a> {
+pub(crate) struct AttemptContext<'a> {
     pub mode: Mode,
     pub request: &'a PreparedRequest,
     pub workers: &'a WorkerSet,
@@ -52,7 +52,7 @@ pub struct AttemptContext<'a> {
 }
 
 /// What an attempt produced, and whom it used.
-pub struct AttemptOutcome {
+pub(crate) struct AttemptOutcome {
     /// The response, its first event already received (so a failure before
     /// any byte reached the client is still retryable).
     pub result: Result<OutputStream>,
@@ -113,7 +113,7 @@ fn earlier<T>(slot: &mut Option<T>, stage: StageKind, needs: &str) -> Result<T> 
 
 /// Runs the attempt-scoped stages of `pipeline`, in order, stopping at the
 /// first that fails.
-pub async fn run(pipeline: &RequestPipeline, cx: AttemptContext<'_>) -> AttemptOutcome {
+pub(crate) async fn run(pipeline: &RequestPipeline, cx: AttemptContext<'_>) -> AttemptOutcome {
     let mut state = AttemptState::default();
     let mut ran = Vec::with_capacity(pipeline.stages().len());
     let mut chosen = Vec::new();

@@ -36,7 +36,7 @@ use smg_dataplane::lanes::TensorLease;
 
 /// One Generate call to make.
 #[derive(Debug)]
-pub struct Leg {
+pub(crate) struct Leg {
     pub client: Arc<dyn Engine>,
     pub request: GenerateRequest,
 }
@@ -44,7 +44,7 @@ pub struct Leg {
 /// One Encode call to make (EPD): a media item to an encode worker, which
 /// publishes its embedding under `room` for prefill to fetch.
 #[derive(Debug)]
-pub struct EncodeCall {
+pub(crate) struct EncodeCall {
     pub client: Arc<dyn Engine>,
     /// Set by DispatchMetadata: `<engine request id>-enc<item index>`.
     pub request_id: String,
@@ -56,7 +56,7 @@ pub struct EncodeCall {
 type SideCall = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
 
 /// Everything one attempt executes.
-pub struct ExecutionPlan {
+pub(crate) struct ExecutionPlan {
     /// The leg whose events are the response (regular or decode).
     pub primary: Leg,
     /// PD/EPD: the prefill leg, drained in parallel.
@@ -84,7 +84,7 @@ impl ExecutionPlan {
     /// DispatchMetadata: names every call of the attempt after
     /// `engine_request_id` (the legs share it; encode calls add their item's
     /// index), so a worker's logs, aborts and the gateway's agree.
-    pub fn stamp(&mut self, engine_request_id: &str) {
+    pub(crate) fn stamp(&mut self, engine_request_id: &str) {
         self.primary.request.request_id = engine_request_id.to_owned();
         if let Some(prefill) = &mut self.prefill {
             prefill.request.request_id = engine_request_id.to_owned();
@@ -195,7 +195,7 @@ impl Drop for AbortOnDrop {
 ///
 /// Returns an error without any stream when a leg fails to start; the other
 /// legs are aborted first.
-pub async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventStream> {
+pub(crate) async fn execute(plan: ExecutionPlan, tasks: &RequestTasks) -> Result<EventStream> {
     let ExecutionPlan {
         primary,
         prefill,

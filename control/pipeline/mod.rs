@@ -7,16 +7,16 @@
 //! attempt. Resources the stages hold (worker load guards, leg aborts, lane
 //! leases) are released by `Drop` when the request ends, however it ends.
 
-pub mod attempt;
-pub mod execution;
-pub mod media;
-pub mod parsing;
-pub mod prepare;
-pub mod request_context;
-pub mod respond;
+pub(crate) mod attempt;
+pub(crate) mod execution;
+pub(crate) mod media;
+pub(crate) mod parsing;
+pub(crate) mod prepare;
+pub(crate) mod request_context;
+pub(crate) mod respond;
 pub mod spec;
-pub mod stages;
-pub mod tool_set;
+pub(crate) mod stages;
+pub(crate) mod tool_set;
 
 use crate::engine::Runtime;
 use crate::mode::Mode;

@@ -177,7 +177,7 @@ enum CallIds {
 /// One request's parsing, built in Preparation; each sequence gets fresh
 /// parsers from it ([`OutputParsing::sequence`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct OutputParsing {
+pub(crate) struct OutputParsing {
     reasoning: Option<(String, ReasoningOptions)>,
     calls: Option<(CallMode, Tools)>,
     /// Harmony output: this replaces `reasoning` and `calls`.
@@ -189,7 +189,7 @@ pub struct OutputParsing {
 impl OutputParsing {
     /// The parsing `chat` asks of a model with `parsers`; `None` when the
     /// output is plain text.
-    pub fn for_request(parsers: &ModelParsers, chat: &ChatPrompt) -> Option<Self> {
+    pub(crate) fn for_request(parsers: &ModelParsers, chat: &ChatPrompt) -> Option<Self> {
         let constrained = !chat.tools.is_empty()
             && matches!(
                 chat.tool_choice,
@@ -253,7 +253,7 @@ impl OutputParsing {
 
     /// Fresh parsers for one sequence. A name the parser crates do not know
     /// was refused at start-up, so a failure here only drops that parser.
-    pub fn sequence(&self) -> SequenceParser {
+    pub(crate) fn sequence(&self) -> SequenceParser {
         let reader = match &self.harmony {
             Some(options) => Reader::Harmony(HarmonyParser::new(options.clone())),
             None => self.text_reader(),
@@ -315,14 +315,14 @@ pub struct ToolCallDelta {
 
 /// What one piece of a sequence's text turned out to be.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ParsedText {
+pub(crate) struct ParsedText {
     pub reasoning: String,
     pub content: String,
     pub calls: Vec<ToolCallDelta>,
 }
 
 impl ParsedText {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.reasoning.is_empty() && self.content.is_empty() && self.calls.is_empty()
     }
 }
@@ -352,7 +352,7 @@ enum Reader {
 
 /// The parsers of one sequence.
 #[derive(Debug)]
-pub struct SequenceParser {
+pub(crate) struct SequenceParser {
     reader: Reader,
     call_ids: CallIds,
     single_call: bool,
@@ -372,7 +372,7 @@ enum End {
 
 impl SequenceParser {
     /// Parses the next piece of text.
-    pub fn push(&mut self, text: &str) -> ParsedText {
+    pub(crate) fn push(&mut self, text: &str) -> ParsedText {
         let (parsed, calls) = match &mut self.reader {
             Reader::Harmony(parser) => harmony_parsed(parser.push(text)),
             Reader::Text { reasoning, calls } => {
@@ -391,7 +391,7 @@ impl SequenceParser {
     }
 
     /// The text ended: flush what the parsers held back.
-    pub fn finish(&mut self) -> ParsedText {
+    pub(crate) fn finish(&mut self) -> ParsedText {
         self.finish_as(false)
     }
 
@@ -400,13 +400,13 @@ impl SequenceParser {
     /// before its arguments were complete is no call: its text is content,
     /// and [`SequenceParser::cut_call`] names it if its first fragment went
     /// out. Unfinished reasoning stays reasoning.
-    pub fn finish_cut(&mut self) -> ParsedText {
+    pub(crate) fn finish_cut(&mut self) -> ParsedText {
         self.finish_as(true)
     }
 
     /// The call [`SequenceParser::finish_cut`] withdrew, if its first
     /// fragment had gone out: collectors drop it (a stream cannot).
-    pub fn cut_call(&self) -> Option<usize> {
+    pub(crate) fn cut_call(&self) -> Option<usize> {
         self.cut_call
     }
 
@@ -431,7 +431,7 @@ impl SequenceParser {
     }
 
     /// Whether any call went out: the finish reason becomes `tool_calls`.
-    pub fn made_calls(&self) -> bool {
+    pub(crate) fn made_calls(&self) -> bool {
         self.calls_made > 0
     }
 

@@ -32,8 +32,7 @@ pub struct ServedModel {
 
 /// A request after Preparation.
 #[derive(Debug, Clone)]
-pub struct PreparedRequest {
-    pub endpoint: Endpoint,
+pub(crate) struct PreparedRequest {
     pub model: String,
     /// The id clients see; engine calls get `<id>-<attempt>`, after the
     /// client's own id when it sent one (see [`super::request_context`]).
@@ -53,9 +52,7 @@ pub struct PreparedRequest {
     pub output_budget: u32,
     pub stop_strings: Vec<String>,
     pub stream: bool,
-    pub include_usage: bool,
     pub logprobs: Option<u32>,
-    pub echo: bool,
     /// How the output is split into reasoning, text and tool calls; `None`
     /// for plain text.
     pub parsing: Option<OutputParsing>,
@@ -77,13 +74,13 @@ fn id_prefix(endpoint: Endpoint) -> &'static str {
 }
 
 /// A fresh request id for `endpoint`.
-pub fn mint_request_id(endpoint: Endpoint) -> String {
+pub(crate) fn mint_request_id(endpoint: Endpoint) -> String {
     format!("{}-{:032x}", id_prefix(endpoint), rand::random::<u128>())
 }
 
 /// Runs Preparation.
 #[allow(clippy::too_many_arguments)]
-pub async fn prepare(
+pub(crate) async fn prepare(
     endpoint: Endpoint,
     mut spec: GenerationSpec,
     model: &ServedModel,
@@ -216,7 +213,6 @@ pub async fn prepare(
         Prompt::Text(_) | Prompt::TokenIds(_) => None,
     };
     Ok(PreparedRequest {
-        endpoint,
         model: model.name.clone(),
         request_id: spec.request_id.unwrap_or_else(|| mint_request_id(endpoint)),
         client_request_id: super::request_context::client_request_id(),
@@ -228,9 +224,7 @@ pub async fn prepare(
         output_budget,
         stop_strings: spec.stop_strings,
         stream: spec.stream,
-        include_usage: spec.include_usage,
         logprobs: spec.logprobs,
-        echo: spec.echo,
         parsing,
         routing_key,
     })

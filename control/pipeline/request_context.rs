@@ -19,13 +19,13 @@ tokio::task_local! {
 }
 
 /// Runs `work` with `id` as the client's request id.
-pub async fn with_client_request_id<F: Future>(id: Arc<str>, work: F) -> F::Output {
+pub(crate) async fn with_client_request_id<F: Future>(id: Arc<str>, work: F) -> F::Output {
     CLIENT_REQUEST_ID.scope(id, work).await
 }
 
 /// The client's request id of the request being served, if the front door
 /// gave it one.
-pub fn client_request_id() -> Option<Arc<str>> {
+pub(crate) fn client_request_id() -> Option<Arc<str>> {
     CLIENT_REQUEST_ID.try_with(Arc::clone).ok()
 }
 
@@ -33,7 +33,7 @@ pub fn client_request_id() -> Option<Arc<str>> {
 /// spawned to outlive the handler (a stream, a background response), so
 /// its engine calls, its log lines and the errors it answers still name
 /// the request.
-pub fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
+pub(crate) fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
     use tracing::Instrument;
     let id = client_request_id();
     // Boxed: the block below holds `work` in two of its states, so inline it
@@ -52,7 +52,7 @@ pub fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
 /// The id an engine call carries: `<client id>-<request id>-<suffix>`, or
 /// `<request id>-<suffix>` without a client id. The request id keeps engine
 /// ids unique even when a client reuses its own id.
-pub fn engine_request_id(client: Option<&str>, request_id: &str, suffix: u32) -> String {
+pub(crate) fn engine_request_id(client: Option<&str>, request_id: &str, suffix: u32) -> String {
     match client {
         Some(client) => format!("{client}-{request_id}-{suffix}"),
         None => format!("{request_id}-{suffix}"),

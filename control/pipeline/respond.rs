@@ -88,11 +88,11 @@ pub enum OutputEvent {
     Usage(Usage),
 }
 
-pub type OutputStream = Pin<Box<dyn Stream<Item = Result<OutputEvent>> + Send + 'static>>;
+pub(crate) type OutputStream = Pin<Box<dyn Stream<Item = Result<OutputEvent>> + Send + 'static>>;
 
 /// How to turn one request's events into text.
 #[derive(Debug, Clone)]
-pub struct ResponseOptions {
+pub(crate) struct ResponseOptions {
     pub tokenizer: Tokenizer,
     pub n: u32,
     pub skip_special_tokens: bool,
@@ -418,7 +418,7 @@ fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
 }
 
 /// Turns a request's engine events into client output events.
-pub fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
+pub(crate) fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
     let keep_special_tokens = options.parsing.is_some();
     let sequences = (0..options.n.max(1))
         .map(|_| Sequence {
@@ -467,7 +467,7 @@ fn tail_of(mut report: LogProbs, count: usize) -> LogProbs {
 
 /// One sequence's whole output, for JSON answers.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CollectedChoice {
+pub(crate) struct CollectedChoice {
     pub index: u32,
     pub text: String,
     /// Reasoning split off the text (empty when not parsed).
@@ -482,7 +482,7 @@ pub struct CollectedChoice {
 
 /// One whole tool call of a non-streaming response.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CollectedCall {
+pub(crate) struct CollectedCall {
     pub id: String,
     pub name: String,
     /// JSON text.
@@ -495,7 +495,7 @@ pub struct CollectedCall {
 
 /// A whole non-streaming response.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct CollectedOutput {
+pub(crate) struct CollectedOutput {
     pub choices: Vec<CollectedChoice>,
     pub usage: Usage,
     /// Time to the first text, for metrics.
@@ -503,7 +503,7 @@ pub struct CollectedOutput {
 }
 
 /// Drains an output stream into one response.
-pub async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput> {
+pub(crate) async fn collect(mut output: OutputStream, n: u32) -> Result<CollectedOutput> {
     let started = Instant::now();
     let mut collected = CollectedOutput {
         choices: (0..n.max(1))

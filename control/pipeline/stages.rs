@@ -44,7 +44,7 @@ impl RolePolicies {
 
 /// The workers one attempt uses, each held by a load guard.
 #[derive(Debug)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// Regular worker, or decode in PD/EPD: its stream is the response.
     pub primary: LoadGuard,
     pub prefill: Option<LoadGuard>,
@@ -54,7 +54,7 @@ pub struct Selection {
 
 impl Selection {
     /// Every chosen worker: primary, prefill, then the encoders.
-    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+    pub(crate) fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
         std::iter::once(&self.primary)
             .chain(&self.prefill)
             .chain(&self.encoders)
@@ -65,13 +65,13 @@ impl Selection {
 /// Whether selection panics: fewer than `threshold` percent of the
 /// `candidates` (workers that have been in rotation and are not leaving)
 /// are `available`. Envoy's rule, with its default of 50%.
-pub fn panics(available: usize, candidates: usize, threshold: u8) -> bool {
+pub(crate) fn panics(available: usize, candidates: usize, threshold: u8) -> bool {
     candidates > 0 && available * 100 < usize::from(threshold) * candidates
 }
 
 /// What [`try_pick`] found.
 #[derive(Debug)]
-pub enum Picked {
+pub(crate) enum Picked {
     Held(LoadGuard),
     /// Workers could take the request, but each holds as many as its
     /// in-flight limit allows: wait for room.
@@ -91,7 +91,7 @@ pub enum Picked {
 ///
 /// Workers in `avoid` (a retry's: their connections failed under the
 /// request) are chosen only when no other could take it.
-pub fn try_pick(
+pub(crate) fn try_pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
@@ -194,7 +194,7 @@ fn only_full(workers: &WorkerSet, policies: &RolePolicies, role: WorkerRole) -> 
 /// [`try_pick`], waiting for room while every worker that could take the
 /// request is at its in-flight limit (the request's deadline bounds the
 /// wait: see the router).
-pub async fn pick(
+pub(crate) async fn pick(
     workers: &WorkerSet,
     policies: &RolePolicies,
     role: WorkerRole,
@@ -252,7 +252,7 @@ async fn with_room<T>(
 /// WorkerSelection: one worker, or prefill + decode, plus an encode worker
 /// per media item in EPD (keyed by the item's content hash). Waits while
 /// any role it needs has only full workers, holding none meanwhile.
-pub async fn select_workers(
+pub(crate) async fn select_workers(
     mode: Mode,
     request: &PreparedRequest,
     workers: &WorkerSet,
@@ -346,13 +346,13 @@ fn try_select(
 
 /// ClientAcquisition: the gRPC client of each chosen worker.
 #[derive(Debug)]
-pub struct Clients {
+pub(crate) struct Clients {
     pub primary: Arc<dyn Engine>,
     pub prefill: Option<Arc<dyn Engine>>,
     pub encoders: Vec<Arc<dyn Engine>>,
 }
 
-pub fn acquire_clients(selection: &Selection) -> Clients {
+pub(crate) fn acquire_clients(selection: &Selection) -> Clients {
     let client = |guard: &LoadGuard| Arc::clone(guard.worker().client());
     Clients {
         primary: client(&selection.primary),
@@ -364,7 +364,7 @@ pub fn acquire_clients(selection: &Selection) -> Clients {
 /// What the Encode stage decided: where prefill fetches each embedding and
 /// the supervised encode calls.
 #[derive(Debug, Default)]
-pub struct EncodeDispatch {
+pub(crate) struct EncodeDispatch {
     pub bootstrap: Vec<EncodeBootstrap>,
     pub calls: Vec<EncodeCall>,
 }
@@ -407,7 +407,7 @@ fn check_message_size(items: &[MediaItem], what: &str) -> Result<()> {
 
 /// The request's media for one attempt: each lane-held tensor renewed, so a
 /// retry never names a shm file a worker already consumed.
-pub fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaItem>> {
+pub(crate) fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaItem>> {
     let mut media = request.media.clone();
     for (item, lease) in media.iter_mut().zip(&request.leases) {
         let Some(lease) = lease else { continue };
@@ -426,7 +426,7 @@ pub fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaItem>> {
 
 /// Encode (EPD only): a room per media item, the encode worker's bootstrap
 /// host/port, and the Encode call that carries the item's tensor.
-pub fn plan_encodes(
+pub(crate) fn plan_encodes(
     media: &[MediaItem],
     selection: &Selection,
     clients: &Clients,
@@ -472,7 +472,7 @@ fn metadata_only(item: &MediaItem) -> MediaItem {
 
 /// RequestBuilding: the engine requests of one attempt, still unnamed
 /// (DispatchMetadata gives them their ids: [`ExecutionPlan::stamp`]).
-pub fn build_plan(
+pub(crate) fn build_plan(
     mode: Mode,
     request: &PreparedRequest,
     media: Vec<MediaItem>,

@@ -38,7 +38,7 @@ use super::{Policy, Pool, SelectionRequest, least_loaded_from, request_load};
 use crate::workers::Worker;
 
 /// Tokens per page (engines' prefix caches page at 16 tokens).
-pub const PAGE_TOKENS: usize = 16;
+pub(super) const PAGE_TOKENS: usize = 16;
 
 /// Lock shards of the tree (a power of two).
 const SHARDS: usize = 16;

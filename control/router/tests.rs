@@ -420,7 +420,6 @@ mod in_process {
     /// A prepared request carrying `media`, as Preparation would leave it.
     fn prepared(media: Vec<MediaItem>) -> PreparedRequest {
         PreparedRequest {
-            endpoint: Endpoint::ChatCompletions,
             model: "fixture".into(),
             request_id: "chatcmpl-test".into(),
             client_request_id: None,
@@ -436,9 +435,7 @@ mod in_process {
             },
             stop_strings: Vec::new(),
             stream: true,
-            include_usage: false,
             logprobs: None,
-            echo: false,
             parsing: None,
             routing_key: None,
         }

@@ -89,7 +89,7 @@ pub(super) struct ModelFiles {
 }
 
 impl ModelFiles {
-    pub fn from_dir(dir: &Path, links: Links) -> Result<Self> {
+    pub(super) fn from_dir(dir: &Path, links: Links) -> Result<Self> {
         Self::from_dir_within(dir, links, MAX_TOKENIZER_FILES_BYTES)
     }
 
@@ -103,7 +103,7 @@ impl ModelFiles {
 
     /// Reads the archive in memory. Files may sit at the root or in a
     /// folder; when a name appears more than once the shallowest copy wins.
-    pub fn from_archive(archive_bytes: &[u8]) -> Result<Self> {
+    pub(super) fn from_archive(archive_bytes: &[u8]) -> Result<Self> {
         Self::from_archive_within(archive_bytes, MAX_TOKENIZER_FILES_BYTES)
     }
 

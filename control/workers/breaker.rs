@@ -112,7 +112,7 @@ struct Core {
 
 /// Told about every state change, whichever call made it (an outcome, or
 /// an open circuit's timeout noticed by a selection or an admission).
-pub type TransitionObserver = Box<dyn Fn(BreakerState) + Send + Sync>;
+pub(super) type TransitionObserver = Box<dyn Fn(BreakerState) + Send + Sync>;
 
 /// One worker's breaker.
 pub struct CircuitBreaker {

@@ -36,7 +36,7 @@ pub(crate) use conversations::{
 };
 pub(crate) use embeddings::{classify, embeddings};
 pub(crate) use openai::{chat_completions, completions, models};
-pub use responses::InFlightResponses;
+pub(super) use responses::InFlightResponses;
 pub(crate) use responses::{
     cancel_response, create_response, delete_response, get_response, list_input_items,
 };

@@ -416,10 +416,15 @@ impl<'de> Deserialize<'de> for PromptInput {
 mod tests {
     use super::*;
 
-    literal_tag!(
-        /// A tag for the tests.
-        ExampleTag = "example"
-    );
+    // The macro declares a `pub` type, as the API's tags are.
+    #[allow(unreachable_pub)]
+    mod tag {
+        literal_tag!(
+            /// A tag for the tests.
+            ExampleTag = "example"
+        );
+    }
+    use tag::ExampleTag;
 
     #[test]
     fn prompt_input_parses_all_four_forms() {

@@ -30,7 +30,7 @@ enum Open {
 
 /// An MCP call the model asked for, to be run by the gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingMcpCall {
+pub(super) struct PendingMcpCall {
     pub output_index: usize,
     pub server_label: String,
     pub name: String,
@@ -38,7 +38,7 @@ pub struct PendingMcpCall {
 }
 
 #[derive(Debug, Default)]
-pub struct OutputBuilder {
+pub(super) struct OutputBuilder {
     items: Vec<Item>,
     open: Option<Open>,
     held_whitespace: String,
@@ -58,43 +58,43 @@ pub struct OutputBuilder {
 
 impl OutputBuilder {
     /// Which tool names are MCP tools, and of which server.
-    pub fn set_mcp_tools(&mut self, mcp_tools: HashMap<String, String>) {
+    pub(super) fn set_mcp_tools(&mut self, mcp_tools: HashMap<String, String>) {
         self.mcp_tools = mcp_tools;
     }
 
     /// The items so far.
     #[cfg(test)]
-    pub fn items(&self) -> &[Item] {
+    pub(crate) fn items(&self) -> &[Item] {
         &self.items
     }
 
-    pub fn into_items(self) -> Vec<Item> {
+    pub(super) fn into_items(self) -> Vec<Item> {
         self.items
     }
 
     /// The events since the last call.
-    pub fn take_events(&mut self) -> Vec<StreamEvent> {
+    pub(super) fn take_events(&mut self) -> Vec<StreamEvent> {
         std::mem::take(&mut self.events)
     }
 
     /// A new generation of the same response starts (MCP loop).
-    pub fn begin_generation(&mut self) {
+    pub(super) fn begin_generation(&mut self) {
         self.calls.clear();
         self.generation_start = self.items.len();
         self.called_function = false;
     }
 
     /// The items the current generation made.
-    pub fn generation_items(&self) -> &[Item] {
+    pub(super) fn generation_items(&self) -> &[Item] {
         &self.items[self.generation_start..]
     }
 
-    pub fn called_function(&self) -> bool {
+    pub(super) fn called_function(&self) -> bool {
         self.called_function
     }
 
     /// New output: `tokens` is how many tokens it came from.
-    pub fn delta(&mut self, parsed: ParsedText, tokens: usize) {
+    pub(super) fn delta(&mut self, parsed: ParsedText, tokens: usize) {
         if !parsed.reasoning.is_empty() {
             if parsed.content.is_empty() && parsed.calls.is_empty() {
                 self.reasoning_tokens = self
@@ -277,7 +277,7 @@ impl OutputBuilder {
 
     /// Closes the open item with `status` (`incomplete` when the output
     /// was cut short).
-    pub fn close(&mut self, status: ItemStatus) {
+    pub(super) fn close(&mut self, status: ItemStatus) {
         let Some(open) = self.open.take() else {
             return;
         };
@@ -381,7 +381,7 @@ impl OutputBuilder {
 
     /// The generation ended: closes what is open. Whitespace is an answer
     /// when nothing else came.
-    pub fn end_generation(&mut self, status: ItemStatus) {
+    pub(super) fn end_generation(&mut self, status: ItemStatus) {
         if self.items.len() == self.generation_start && !self.held_whitespace.is_empty() {
             let text = std::mem::take(&mut self.held_whitespace);
             let index = self.open_message();
@@ -403,12 +403,12 @@ impl OutputBuilder {
     }
 
     /// The MCP calls the generation asked for, not yet run.
-    pub fn take_pending_mcp(&mut self) -> Vec<PendingMcpCall> {
+    pub(super) fn take_pending_mcp(&mut self) -> Vec<PendingMcpCall> {
         std::mem::take(&mut self.pending_mcp)
     }
 
     /// An MCP call starts running.
-    pub fn mcp_call_started(&mut self, output_index: usize) {
+    pub(super) fn mcp_call_started(&mut self, output_index: usize) {
         if let Item::McpCall { id, .. } = &self.items[output_index] {
             self.events.push(StreamEvent::McpCallInProgress {
                 item_id: id.clone(),
@@ -418,7 +418,11 @@ impl OutputBuilder {
     }
 
     /// An MCP call ended with its output, or an error.
-    pub fn mcp_call_finished(&mut self, output_index: usize, result: Result<String, String>) {
+    pub(super) fn mcp_call_finished(
+        &mut self,
+        output_index: usize,
+        result: Result<String, String>,
+    ) {
         let Item::McpCall {
             id,
             output,
@@ -453,7 +457,7 @@ impl OutputBuilder {
     }
 
     /// An MCP server's tools were listed (or could not be: `error`).
-    pub fn mcp_list_tools(
+    pub(super) fn mcp_list_tools(
         &mut self,
         server_label: String,
         tools: Vec<McpToolInfo>,

@@ -25,7 +25,7 @@ use crate::error::{Error, ErrorCode, Result, excerpt};
 
 /// Messages built from items, in order.
 #[derive(Debug, Clone, Default)]
-pub struct Messages {
+pub(super) struct Messages {
     messages: Vec<ChatMessage>,
     /// Reasoning waiting for the assistant message it belongs to.
     pending_reasoning: Option<String>,
@@ -59,7 +59,7 @@ fn role_of(role: &str) -> Role {
 }
 
 impl Messages {
-    pub fn system(&mut self, text: &str) {
+    pub(super) fn system(&mut self, text: &str) {
         self.messages.push(ChatMessage {
             role: Role::System,
             content: Some(TextOrList::Text(text.to_owned())),
@@ -117,7 +117,7 @@ impl Messages {
     }
 
     /// Adds one item (history or input).
-    pub fn push(&mut self, item: &Item) {
+    pub(super) fn push(&mut self, item: &Item) {
         // Anything but another call ends the turn the held answers answer.
         if !matches!(
             item,
@@ -227,7 +227,7 @@ impl Messages {
     }
 
     /// The messages so far, held answers last.
-    pub fn messages(&self) -> Vec<ChatMessage> {
+    pub(super) fn messages(&self) -> Vec<ChatMessage> {
         let mut messages = self.messages.clone();
         messages.extend(self.held_answers.iter().cloned());
         messages
@@ -236,7 +236,7 @@ impl Messages {
 
 /// A function tool (`{"type": "function", "name", "parameters", ...}`, flat
 /// unlike chat's) as a chat tool.
-pub fn function_tool(tool: &Map<String, Value>, path: &str) -> Result<Tool> {
+pub(super) fn function_tool(tool: &Map<String, Value>, path: &str) -> Result<Tool> {
     let name = match tool.get("name") {
         Some(Value::String(name)) if !name.is_empty() => name.clone(),
         _ => {
@@ -261,7 +261,7 @@ pub fn function_tool(tool: &Map<String, Value>, path: &str) -> Result<Tool> {
 }
 
 /// `tool_choice` as chat's.
-pub fn tool_choice(choice: Option<&Value>) -> Result<Option<ToolChoice>> {
+pub(super) fn tool_choice(choice: Option<&Value>) -> Result<Option<ToolChoice>> {
     Ok(match choice {
         None | Some(Value::Null) => None,
         Some(Value::String(mode)) => Some(ToolChoice::Mode(match mode.as_str() {
@@ -309,7 +309,7 @@ pub fn tool_choice(choice: Option<&Value>) -> Result<Option<ToolChoice>> {
 }
 
 /// `text.format` as chat's `response_format`.
-pub fn response_format(format: Option<&TextFormat>) -> Option<ResponseFormat> {
+pub(super) fn response_format(format: Option<&TextFormat>) -> Option<ResponseFormat> {
     match format? {
         TextFormat::Text => None,
         TextFormat::JsonObject => Some(ResponseFormat::JsonObject),
@@ -332,7 +332,7 @@ pub fn response_format(format: Option<&TextFormat>) -> Option<ResponseFormat> {
 /// `tools` as a chat request's `tools` text, `None` when there are none.
 /// Made once per response: every generation of it (one per MCP round)
 /// sends the same text, which the tool-set memo then knows.
-pub fn chat_tools(tools: &[Tool]) -> Result<Option<ToolsJson>> {
+pub(super) fn chat_tools(tools: &[Tool]) -> Result<Option<ToolsJson>> {
     if tools.is_empty() {
         return Ok(None);
     }
@@ -342,7 +342,7 @@ pub fn chat_tools(tools: &[Tool]) -> Result<Option<ToolsJson>> {
 /// The chat request that generates `request`'s output from `messages`,
 /// offering `tools` (function tools and the MCP servers' tools, in chat
 /// shape; see [`chat_tools`]).
-pub fn chat_request(
+pub(super) fn chat_request(
     request: &ResponsesRequest,
     model: String,
     messages: Vec<ChatMessage>,

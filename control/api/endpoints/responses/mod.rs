@@ -58,11 +58,11 @@ use crate::pipeline::respond::{FinishReason, OutputEvent};
 use crate::router::Router;
 
 /// The longest `previous_response_id` chain replayed.
-pub const MAX_CHAIN_STEPS: usize = 1000;
+pub(super) const MAX_CHAIN_STEPS: usize = 1000;
 /// The most items a conversation replays into one response.
-pub const MAX_CONVERSATION_ITEMS: usize = 10_000;
+pub(super) const MAX_CONVERSATION_ITEMS: usize = 10_000;
 /// MCP calls one response may run, unless `max_tool_calls` says fewer.
-pub const DEFAULT_MAX_TOOL_CALLS: u32 = 16;
+pub(super) const DEFAULT_MAX_TOOL_CALLS: u32 = 16;
 /// How long a cancel waits for the response to stop.
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
