@@ -22,6 +22,7 @@ use http::{HeaderName, HeaderValue};
 
 use super::auth::Tenant;
 use crate::metrics;
+use crate::pipeline::request_context::push_hex_u128;
 
 /// The header the id is returned in (and handed to handlers in).
 pub(super) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -71,7 +72,9 @@ pub(super) fn usable(id: &str) -> bool {
 
 /// A fresh id: 32 hex digits.
 fn mint() -> Arc<str> {
-    Arc::from(format!("{:032x}", rand::random::<u128>()))
+    let mut id = String::with_capacity(32);
+    push_hex_u128(&mut id, rand::random());
+    Arc::from(id)
 }
 
 /// A request's id as the front door assigned it: the id, its header value

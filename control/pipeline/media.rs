@@ -66,6 +66,9 @@ const VISION_START: &str = "<|vision_start|>";
 const VISION_END: &str = "<|vision_end|>";
 const VIDEO_PAD: &str = "<|video_pad|>";
 
+/// The tokens [`Placeholders`] guards.
+const PLACEHOLDER_TOKENS: [&str; 4] = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD];
+
 /// What the neutralized form of a token puts after its `<`.
 const ZERO_WIDTH_SPACE: char = '\u{200B}';
 
@@ -81,7 +84,7 @@ pub struct Placeholders {
 
 impl Placeholders {
     fn for_tokenizer(tokenizer: &Tokenizer) -> Self {
-        let tokens = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+        let tokens = PLACEHOLDER_TOKENS
             .into_iter()
             .filter_map(|text| Some((text, tokenizer.token_id(text)?)))
             .collect();
@@ -150,8 +153,28 @@ impl Placeholders {
     /// The backstop: `input_ids` hold exactly one image placeholder, one
     /// vision start and one vision end per image, and no video placeholder.
     pub fn check(&self, input_ids: &[u32], images: usize) -> Result<()> {
-        for (token, id) in &self.tokens {
-            let found = input_ids.iter().filter(|&&seen| seen == *id).count();
+        // One pass over the ids for every token (not one per token); an id
+        // outside the tokens' range, as nearly all are, costs two
+        // comparisons.
+        let ids = self.tokens.iter().map(|(_, id)| *id);
+        let (Some(lowest), Some(highest)) = (ids.clone().min(), ids.max()) else {
+            return Ok(());
+        };
+        let mut counts = [0usize; PLACEHOLDER_TOKENS.len()];
+        for &seen in input_ids {
+            if seen < lowest || seen > highest {
+                continue;
+            }
+            if let Some(count) = self
+                .tokens
+                .iter()
+                .position(|(_, id)| *id == seen)
+                .and_then(|at| counts.get_mut(at))
+            {
+                *count += 1;
+            }
+        }
+        for ((token, _), &found) in self.tokens.iter().zip(&counts) {
             let wanted = if *token == VIDEO_PAD { 0 } else { images };
             if found != wanted {
                 return Err(Error::new(

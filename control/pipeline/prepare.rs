@@ -7,6 +7,7 @@
 //! prompt's multimodal tokens are counted against the attached images after
 //! (see `super::media`, "Placeholders belong to the gateway").
 
+use super::request_context::push_hex_u128;
 use super::spec::{GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result, excerpt};
@@ -75,7 +76,12 @@ fn id_prefix(endpoint: Endpoint) -> &'static str {
 
 /// A fresh request id for `endpoint`.
 pub(crate) fn mint_request_id(endpoint: Endpoint) -> String {
-    format!("{}-{:032x}", id_prefix(endpoint), rand::random::<u128>())
+    let prefix = id_prefix(endpoint);
+    let mut id = String::with_capacity(prefix.len() + 33);
+    id.push_str(prefix);
+    id.push('-');
+    push_hex_u128(&mut id, rand::random());
+    id
 }
 
 /// Runs Preparation.

@@ -52,11 +52,46 @@ pub(crate) fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
 /// The id an engine call carries: `<client id>-<request id>-<suffix>`, or
 /// `<request id>-<suffix>` without a client id. The request id keeps engine
 /// ids unique even when a client reuses its own id.
+///
+/// Ids are put together by hand, not with `format!`: `core::fmt` costs
+/// several hundred instructions an id, and every request mints two and
+/// composes one per attempt (callgrind, BENCHMARKS.md, issue 13).
 pub(crate) fn engine_request_id(client: Option<&str>, request_id: &str, suffix: u32) -> String {
-    match client {
-        Some(client) => format!("{client}-{request_id}-{suffix}"),
-        None => format!("{request_id}-{suffix}"),
+    let client_len = client.map_or(0, |client| client.len() + 1);
+    let mut id = String::with_capacity(client_len + request_id.len() + 11);
+    if let Some(client) = client {
+        id.push_str(client);
+        id.push('-');
     }
+    id.push_str(request_id);
+    id.push('-');
+    push_decimal(&mut id, suffix);
+    id
+}
+
+/// Appends `n` in decimal, as `format!("{n}")` writes it.
+fn push_decimal(out: &mut String, mut n: u32) {
+    let mut digits = [0u8; 10];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[start..].iter().map(|&digit| char::from(digit)));
+}
+
+/// Appends `n` as 32 lowercase hex digits, as `format!("{n:032x}")` writes
+/// it: the random part of a minted id.
+pub(crate) fn push_hex_u128(out: &mut String, n: u128) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.extend((0..32).rev().map(|nibble| {
+        let digit = (n >> (nibble * 4)) & 0xf;
+        char::from(DIGITS[digit as usize])
+    }));
 }
 
 #[cfg(test)]
@@ -85,5 +120,28 @@ mod tests {
             engine_request_id(None, "chatcmpl-00ff", 1),
             "chatcmpl-00ff-1"
         );
+    }
+
+    #[test]
+    fn ids_are_written_as_format_writes_them() {
+        for n in [
+            0,
+            1,
+            0xf,
+            0x10,
+            u128::MAX,
+            u128::MAX / 3,
+            1 << 127,
+            0xdead_beef,
+        ] {
+            let mut hex = String::new();
+            push_hex_u128(&mut hex, n);
+            assert_eq!(hex, format!("{n:032x}"));
+        }
+        for n in [0, 7, 9, 10, 11, 99, 100, 4_294_967, u32::MAX] {
+            let mut decimal = String::from("x");
+            push_decimal(&mut decimal, n);
+            assert_eq!(decimal, format!("x{n}"));
+        }
     }
 }
