@@ -515,6 +515,7 @@ impl Plan {
             input: Value::Array(input),
             output: Value::Array(output),
             raw: serde_json::to_value(object).unwrap_or(Value::Null),
+            owner: None,
         };
         (response, items)
     }
