@@ -620,8 +620,8 @@ async fn generate(
         }
     }
     builder.set_mcp_tools(servers.names());
-    for (label, tools) in servers.list_items() {
-        builder.mcp_list_tools(label, tools, None);
+    for (label, tools, error) in servers.list_items() {
+        builder.mcp_list_tools(label, tools, error);
     }
     if !sink.emit(builder.take_events()).await {
         return Outcome::Cancelled;
