@@ -1,8 +1,8 @@
 //! What the two SQL backends share: the `HistoryStore` implementation over
 //! an sqlx pool, the error mapping and the JSON decoding.
 //!
-//! Why it exists: sqlite and postgres differ only in their SQL text (JSONB
-//! casts, `BEGIN IMMEDIATE`), not in what a method does. Each backend
+//! Why it exists: sqlite and postgres differ only in their SQL text (the
+//! clock, NULL-safe equality, `BEGIN IMMEDIATE`), not in what a method does. Each backend
 //! module writes its statements into a [`Queries`] and invokes
 //! [`sql_store!`] for its store type; the method bodies (transactions,
 //! paging, error mapping) exist once. A macro rather than generic code: sqlx

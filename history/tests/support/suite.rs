@@ -35,6 +35,7 @@ macro_rules! for_each_case {
             save_response_to_a_missing_conversation_saves_nothing,
             a_duplicate_item_id_is_a_conflict_and_adds_nothing,
             orphans_are_responses_of_gone_gateways_never_of_live_ones,
+            json_keeps_the_order_of_its_keys,
         );
     };
 }
@@ -169,6 +170,40 @@ pub async fn json_round_trips_unchanged(store: &dyn HistoryStore) {
         store.get_item("conv_json", "item_json").await.unwrap(),
         Some(first)
     );
+}
+
+/// Objects read back with their keys in the order they were written
+/// (values compare equal whatever the order, so the text is compared):
+/// a function call's arguments, an item, a response, metadata.
+pub async fn json_keeps_the_order_of_its_keys(store: &dyn HistoryStore) {
+    let text = r#"{"zeta":1,"id":"fc_1","type":"function_call","arguments":"{\"b\":1,\"a\":2}","a":{"yy":true,"x":null}}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    let mut stored = response("resp_order", None);
+    stored.input = Value::Array(vec![value.clone()]);
+    stored.output = Value::Array(vec![value.clone()]);
+    stored.raw = value.clone();
+    store.save_response(&stored, &[]).await.unwrap();
+    let got = store.get_response("resp_order").await.unwrap().unwrap();
+    assert_eq!(got.raw.to_string(), text);
+    assert_eq!(got.input.to_string(), format!("[{text}]"));
+    assert_eq!(got.output.to_string(), format!("[{text}]"));
+
+    let mut conv = conversation("conv_order");
+    conv.metadata = value.clone();
+    let mut first = item("item_order", "conv_order");
+    first.item = value;
+    store
+        .create_conversation(&conv, std::slice::from_ref(&first))
+        .await
+        .unwrap();
+    let got = store.get_conversation("conv_order").await.unwrap().unwrap();
+    assert_eq!(got.metadata.to_string(), text);
+    let got = store
+        .get_item("conv_order", "item_order")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.item.to_string(), text);
 }
 
 pub async fn a_chain_of_three_is_returned_oldest_first(store: &dyn HistoryStore) {
