@@ -580,6 +580,13 @@ pub struct LaunchArgs {
     /// and how long start-up waits for the first.
     #[arg(long, value_name = "SECS", default_value_t = 5, help_heading = heading::HISTORY)]
     pub history_connect_timeout_secs: u64,
+    /// This gateway's name in the history store, unique among the live
+    /// gateways sharing it (default HOSTNAME:PORT). Background responses a
+    /// gateway leaves unfinished when it dies are ended as failed
+    /// (response_orphaned) when a gateway of the same name starts, or by
+    /// another replica once its 30 s lease has run out.
+    #[arg(long, value_name = "NAME", help_heading = heading::HISTORY)]
+    pub history_instance: Option<String>,
 
     // ==== Images ====
     /// Directories `file://` image URLs may read from (repeatable).
@@ -1807,6 +1814,11 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             runtime: args.runtime.map(RuntimeArg::runtime),
             parsers: parser_settings(&args)?,
             history: history_config(&args)?,
+            history_instance: args
+                .history_instance
+                .as_deref()
+                .map(history_instance)
+                .transpose()?,
             model: ModelSource {
                 model_path: args.model_path,
                 tokenizer_path: args.tokenizer_path,
@@ -1862,6 +1874,22 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             },
         })
     }
+}
+
+/// `--history-instance`: a name the store can key a lease by, and a log
+/// line can show.
+fn history_instance(name: &str) -> Result<String, ConfigError> {
+    let refuse = |reason: &str| Err(ConfigError::new("history-instance", reason.to_owned()));
+    if name.trim().is_empty() {
+        return refuse("the instance name is empty");
+    }
+    if name.len() > 200 {
+        return refuse("the instance name is longer than 200 bytes");
+    }
+    if name.chars().any(char::is_control) {
+        return refuse("the instance name holds a control character");
+    }
+    Ok(name.to_owned())
 }
 
 /// `--history-backend` and the options of the backend it names.
@@ -2103,6 +2131,28 @@ mod tests {
              --history-url postgres://db/h --history-connect-timeout-secs 0",
         );
         assert_eq!(refused.flag, "history-connect-timeout-secs");
+    }
+
+    #[test]
+    fn the_history_instance_is_a_printable_name_or_left_to_the_host_and_port() {
+        let line = "smg launch --worker-urls grpc://a:1";
+        assert_eq!(config_ok(line).history_instance, None);
+        assert_eq!(
+            config_ok(&format!("{line} --history-instance gw-eu-1"))
+                .history_instance
+                .as_deref(),
+            Some("gw-eu-1")
+        );
+        let long = "x".repeat(201);
+        for bad in ["", "   ", "a\tb", long.as_str()] {
+            let argv = line.split(' ').chain(["--history-instance", bad]);
+            match parse_from(argv) {
+                Err(CliError::Config(refused)) => {
+                    assert_eq!(refused.flag, "history-instance", "{bad:?}");
+                }
+                other => panic!("{bad:?}: expected a config error, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub struct GatewayConfig {
     pub parsers: ParserSettings,
     /// Where stored responses and conversations are kept.
     pub history: HistoryConfig,
+    /// This gateway's name in the history store (`--history-instance`):
+    /// the owner of the responses it runs in the background. `None`: the
+    /// host name and the bound port (`HOSTNAME:PORT`).
+    pub history_instance: Option<String>,
     pub routing: RoutingConfig,
     pub lifecycle: Lifecycle,
     pub lanes: LaneSettings,

@@ -214,6 +214,11 @@ error_codes! {
     /// The history store failed (unreachable, or an error in its
     /// database): nothing was stored, and no chain was changed.
     HistoryUnavailable => ("history_unavailable", 503, Gateway, true, free),
+    /// (In a stored response's `error`, never an HTTP answer.) The gateway
+    /// running the response stopped before it ended (killed, crashed); the
+    /// response was ended as failed when a gateway of that name started
+    /// again, or when another replica saw its lease run out.
+    ResponseOrphaned => ("response_orphaned", 500, Gateway, false, free),
     /// The model's registered workers do not yet make up a servable mode
     /// (e.g. prefill without decode), or none is registered.
     ModelNotReady => ("model_not_ready", 503, Gateway, true, free),

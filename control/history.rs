@@ -6,9 +6,34 @@
 //! decide what a database error tells a client. A store's own message may
 //! carry a host name or a query; it goes to the log, and the client gets
 //! `history_unavailable` (503, retryable) with the operation that failed.
+//!
+//! It also keeps this gateway's lease in the store, so that responses a
+//! dead gateway left in flight do not read `in_progress` forever. A
+//! background response is stored `queued`, then `in_progress`, and only
+//! its final write ends it; a gateway killed in between never writes it.
+//! Each such row names its owner, this gateway's instance name
+//! (`--history-instance`, by default `HOSTNAME:PORT`), and the gateway
+//! renews a heartbeat row every [`HEARTBEAT_EVERY`], stamped by the
+//! database's clock. Two rules end orphans as `failed` with
+//! `response_orphaned`:
+//! - at start, before serving, the rows in flight under the gateway's own
+//!   name: a gateway of that name is starting, so the one that wrote them
+//!   is gone (its previous life);
+//! - on every heartbeat, rows whose owner's heartbeat is [`LEASE`] old: a
+//!   replica that died and never came back (scaled down, renamed).
+//!
+//! A live replica's rows are never touched, as long as live replicas have
+//! distinct names (two processes cannot listen on one `HOSTNAME:PORT`)
+//! and a replica does not fail to reach the store for longer than the
+//! lease; if it does, its final write still replaces the failed row with
+//! the real outcome. A per-process random id alone would be safer against
+//! duplicate names but could not tell a restarted gateway its previous
+//! life's rows: they would wait for the lease. An orphan is ended only if
+//! it is still in flight under the owner it was found with, so a replica
+//! racing another (or the owner's own last write) never undoes an end.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use smg_history::{
@@ -19,10 +44,21 @@ use smg_history::{
 use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 
+/// How often a gateway renews its lease in the store.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+/// How old a gateway's last heartbeat must be before another replica
+/// ends the responses it left in flight (six missed heartbeats).
+pub const LEASE: Duration = Duration::from_secs(30);
+/// Orphans read (and ended) per query.
+const ORPHANS_PER_QUERY: usize = 256;
+
 /// The store, as handlers use it.
 #[derive(Debug, Clone)]
 pub struct History {
     store: Arc<dyn HistoryStore>,
+    /// This gateway's name in the store: the owner of the responses it
+    /// runs in flight.
+    instance: Arc<str>,
 }
 
 /// What a `NotFound` from the store means at a call site.
@@ -32,7 +68,106 @@ fn not_found(code: ErrorCode, what: &str) -> Error {
 
 impl History {
     pub fn new(store: Arc<dyn HistoryStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            instance: Arc::from(""),
+        }
+    }
+
+    /// This history, owned in the store by the instance `name`.
+    pub fn with_instance(mut self, name: &str) -> Self {
+        self.instance = Arc::from(name);
+        self
+    }
+
+    /// This gateway's name in the store.
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Takes this gateway's lease and ends the responses its previous life
+    /// left in flight (and any orphan of a gone replica): call once at
+    /// start, before serving. Returns how many were ended.
+    pub async fn start_lease(&self) -> Result<usize> {
+        self.timed(
+            "heartbeat",
+            self.store.heartbeat(&self.instance),
+            ErrorCode::HistoryUnavailable,
+            "heartbeat",
+        )
+        .await?;
+        self.end_orphans(true).await
+    }
+
+    /// Renews the lease every [`HEARTBEAT_EVERY`] and ends the orphans of
+    /// gateways whose lease ran out, until the process ends. A failure is
+    /// logged and tried again on the next beat.
+    pub fn keep_lease(&self) {
+        if !self.keeps_anything() || self.backend() == "memory" {
+            return;
+        }
+        let history = self.clone();
+        tokio::spawn(async move {
+            let mut beats = tokio::time::interval(HEARTBEAT_EVERY);
+            beats.tick().await;
+            loop {
+                beats.tick().await;
+                let beat = history.timed(
+                    "heartbeat",
+                    history.store.heartbeat(&history.instance),
+                    ErrorCode::HistoryUnavailable,
+                    "heartbeat",
+                );
+                if beat.await.is_ok() {
+                    // A failure is logged where it happens (`timed`).
+                    let _ = history.end_orphans(false).await;
+                }
+            }
+        });
+    }
+
+    /// Ends, as failed with `response_orphaned`, the responses in flight
+    /// whose gateway is gone; with `mine`, this instance's own too.
+    async fn end_orphans(&self, mine: bool) -> Result<usize> {
+        let mut ended = 0;
+        loop {
+            let orphans = self
+                .timed(
+                    "orphaned_responses",
+                    self.store
+                        .orphaned_responses(&self.instance, mine, LEASE, ORPHANS_PER_QUERY),
+                    ErrorCode::HistoryUnavailable,
+                    "orphaned responses",
+                )
+                .await?;
+            let full = orphans.len() == ORPHANS_PER_QUERY;
+            let mut progress = false;
+            for orphan in orphans {
+                let owner = orphan.owner.clone();
+                let restarted = owner.as_deref() == Some(&*self.instance);
+                let replaced = self
+                    .timed(
+                        "end_orphan",
+                        self.store
+                            .end_orphan(&orphaned(orphan, restarted), owner.as_deref()),
+                        ErrorCode::HistoryUnavailable,
+                        "orphaned response",
+                    )
+                    .await?;
+                if replaced {
+                    tracing::warn!(
+                        owner = owner.as_deref().unwrap_or("(none)"),
+                        by = %self.instance,
+                        "a response left in flight by a gateway that stopped was ended as failed"
+                    );
+                    ended += 1;
+                    progress = true;
+                }
+            }
+            if !full || !progress {
+                return Ok(ended);
+            }
+        }
     }
 
     /// An in-memory store (tests, and gateways built without one).
@@ -246,6 +381,34 @@ impl History {
     }
 }
 
+/// `orphan` ended as failed with `response_orphaned`: its stored object
+/// says so (`restarted`: found by its own gateway starting again, else by
+/// a replica that saw its lease run out).
+fn orphaned(mut orphan: StoredResponse, restarted: bool) -> StoredResponse {
+    let why = if restarted {
+        "it was found unfinished when that gateway started again"
+    } else {
+        "its gateway stopped renewing its lease in the history store"
+    };
+    let message = format!(
+        "the gateway running this response stopped before it finished ({why}); \
+         it was ended as failed, and nothing more was generated"
+    );
+    orphan.status = "failed".to_owned();
+    orphan.owner = None;
+    if let Value::Object(raw) = &mut orphan.raw {
+        raw.insert("status".to_owned(), Value::from("failed"));
+        raw.insert(
+            "error".to_owned(),
+            serde_json::json!({
+                "code": ErrorCode::ResponseOrphaned.as_str(),
+                "message": message,
+            }),
+        );
+    }
+    orphan
+}
+
 /// What the store was asked to do, as a client's error message tells it
 /// ("failed to ..."); `operation` is the metrics label.
 fn step(operation: &str) -> &'static str {
@@ -262,6 +425,9 @@ fn step(operation: &str) -> &'static str {
         "list_items" => "list the conversation items",
         "get_item" => "read the conversation item",
         "delete_item" => "delete the conversation item",
+        "heartbeat" => "renew this gateway's lease",
+        "orphaned_responses" => "find responses left in flight by a stopped gateway",
+        "end_orphan" => "end a response left in flight by a stopped gateway",
         _ => "answer",
     }
 }

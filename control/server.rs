@@ -143,6 +143,30 @@ async fn serve_with(
         anyhow::anyhow!("{err} ({flags})")
     })?;
     tracing::info!(backend = history.backend(), "history store open");
+    let listen = &config.listen;
+    let front = &config.front;
+    // The public listener's backlog holds a burst of up to
+    // --max-connections while the accept loop catches up.
+    let backlog = u32::try_from(front.limits.max_connections).unwrap_or(u32::MAX);
+    let http = api::bind(listen.host.as_str(), listen.port, backlog)
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", listen.host, listen.port))?;
+    // The history's owner name needs the bound port (HOSTNAME:PORT); its
+    // previous life's orphans are ended before anything is served.
+    let history = crate::history::History::new(history)
+        .with_instance(&history_instance(&config, http.local_addr()?.port()));
+    let orphans = history
+        .start_lease()
+        .await
+        .map_err(|err| anyhow::anyhow!("history store: {}", err.message))?;
+    if orphans > 0 {
+        tracing::warn!(
+            orphans,
+            instance = history.instance(),
+            "ended background responses a previous run left unfinished"
+        );
+    }
+    history.keep_lease();
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
     let (state, label, static_fleet) = match &config.fleet {
@@ -170,7 +194,7 @@ async fn serve_with(
         state
             .with_aliases(config.routing.aliases.clone())
             .with_admission(config.admission.clone())
-            .with_history(crate::history::History::new(history))
+            .with_history(history)
             .with_mcp(
                 crate::mcp::McpClients::new(config.mcp.clone())
                     .map_err(|err| anyhow::anyhow!("MCP client: {}", err.message))?,
@@ -179,14 +203,6 @@ async fn serve_with(
             .with_offload(env.offload.clone()),
     );
 
-    let listen = &config.listen;
-    let front = &config.front;
-    // The public listener's backlog holds a burst of up to
-    // --max-connections while the accept loop catches up.
-    let backlog = u32::try_from(front.limits.max_connections).unwrap_or(u32::MAX);
-    let http = api::bind(listen.host.as_str(), listen.port, backlog)
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", listen.host, listen.port))?;
     let metrics_listener = TcpListener::bind((listen.metrics_host.as_str(), listen.metrics_port))
         .await
         .with_context(|| {
@@ -340,6 +356,19 @@ async fn serve_with(
 
 /// How long the metrics listener's last scrapes may take at shutdown.
 const METRICS_STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// This gateway's name in the history store: `--history-instance`, or
+/// `HOSTNAME:PORT` (two live processes cannot listen on one port of one
+/// host, so live replicas get distinct names, and a restart on the same
+/// address finds its previous life's rows).
+fn history_instance(config: &GatewayConfig, port: u16) -> String {
+    config.history_instance.clone().unwrap_or_else(|| {
+        let host = nix::unistd::gethostname()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".to_owned());
+        format!("{host}:{port}")
+    })
+}
 
 /// Warns when a route group is reachable beyond loopback without a key.
 fn warn_if_exposed(config: &GatewayConfig, http: SocketAddr, admin: SocketAddr) {

@@ -377,6 +377,79 @@ async fn a_streamed_response_tells_the_mcp_call_as_it_runs_and_is_stored_as_stre
     assert_eq!(stored, response);
 }
 
+/// One of two MCP servers is down (its process was stopped, so its port
+/// refuses): as with OpenAI, its `mcp_list_tools` item carries the `error`
+/// (and `response.mcp_list_tools.failed` is streamed), and the response
+/// goes on with the other server's tools: the model's call to `add` runs
+/// and it answers. Whole and streamed tell the same story; the stored
+/// response is the streamed one.
+#[tokio::test]
+async fn a_server_that_cannot_list_its_tools_is_an_error_item_and_the_response_goes_on() {
+    let fleet = Fleet::start(&sum_script());
+    let down = McpTestServer::start(&[]);
+    let down_url = down.url.clone();
+    drop(down);
+    let mut request = sum_request(&fleet);
+    request["tools"] = json!([
+        {"type": "mcp", "server_label": "down", "server_url": down_url,
+         "require_approval": "never"},
+        fleet.calc(),
+    ]);
+    let whole = bounded("the response", create(&fleet.gateway, request.clone())).await;
+    request["stream"] = json!(true);
+    let events = bounded("the stream", events(&fleet.gateway, &request)).await;
+    let streamed = check_stream(&events);
+    assert_eq!(
+        shape(&events)[..10],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added mcp_list_tools",
+            "response.mcp_list_tools.in_progress",
+            "response.mcp_list_tools.failed",
+            "response.output_item.done mcp_list_tools",
+            "response.output_item.added mcp_list_tools",
+            "response.mcp_list_tools.in_progress",
+            "response.mcp_list_tools.completed",
+            "response.output_item.done mcp_list_tools",
+        ]
+    );
+    for response in [&whole, &streamed] {
+        assert_eq!(response["status"], "completed", "{response}");
+        assert_eq!(response["error"], Value::Null);
+        assert_eq!(
+            kinds(response),
+            [
+                "mcp_list_tools",
+                "mcp_list_tools",
+                "reasoning",
+                "mcp_call",
+                "reasoning",
+                "message"
+            ]
+        );
+        let failed = &response["output"][0];
+        assert_eq!(failed["server_label"], "down");
+        assert_eq!(failed["tools"], json!([]));
+        let error = failed["error"].as_str().expect("an error");
+        assert!(error.starts_with("mcp_server_unavailable: "), "{error}");
+        let listed = &response["output"][1];
+        assert_eq!(listed["server_label"], "calc");
+        assert_eq!(listed["error"], Value::Null);
+        assert!(!listed["tools"].as_array().expect("tools").is_empty());
+        let mcp_call = &response["output"][3];
+        assert_eq!(
+            (&mcp_call["name"], &mcp_call["output"]),
+            (&json!("add"), &json!("5"))
+        );
+        assert_eq!(output_text(response), SUM_ANSWER);
+    }
+    let id = streamed["id"].as_str().expect("id");
+    let (status, stored) = get(&fleet.gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored, streamed);
+}
+
 const FAIL: &str = "Try the tool that fails.";
 const FAIL_ANSWER: &str = "The tool failed.";
 

@@ -116,6 +116,142 @@ async fn a_sqlite_history_survives_a_gateway_restart() {
     assert_ne!(digest(&output_text(&alone)), digest(&output_text(&second)));
 }
 
+/// A worker that stalls every stream after two tokens (a background
+/// response on it stays `in_progress` until its gateway goes), and its
+/// flags.
+fn stalling_worker() -> (SimWorker, Vec<String>) {
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--zero-delay", "--stall-after-tokens", "2"],
+    );
+    let flags = vec![
+        "--worker-urls".to_owned(),
+        worker.grpc_url(),
+        "--served-model-name".to_owned(),
+        "model".to_owned(),
+    ];
+    (worker, flags)
+}
+
+/// Starts a background response on `gateway` and returns its id once a
+/// poll reads it `in_progress` (it runs, its row is written).
+async fn running_in_background(gateway: &Gateway) -> String {
+    let body = json!({"input": "go on", "max_output_tokens": 100, "background": true});
+    let (status, queued) = post(gateway, "/v1/responses", &body).await;
+    assert_eq!(status, 200, "{queued}");
+    let id = queued["id"].as_str().expect("id").to_owned();
+    poll_until("the background response runs", async || {
+        let (_, polled) = get(gateway, &format!("/v1/responses/{id}")).await;
+        (polled["status"] == "in_progress").then_some(())
+    })
+    .await;
+    id
+}
+
+/// The orphan's stored object: failed, with the documented code.
+fn assert_orphaned(stored: &Value) {
+    assert_eq!(stored["status"], "failed", "{stored}");
+    assert_eq!(stored["error"]["code"], "response_orphaned", "{stored}");
+    let message = stored["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("the gateway running this response stopped before it finished"),
+        "{stored}"
+    );
+}
+
+/// A gateway killed (SIGKILL) while a background response runs leaves its
+/// row `in_progress`; the gateway started again on the same file and
+/// instance name ends it as failed (`response_orphaned`) before it serves,
+/// and leaves a finished response as it was.
+#[tokio::test]
+async fn a_restart_ends_the_background_responses_its_previous_life_left_running() {
+    let (_worker, fleet) = stalling_worker();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("h.sqlite3");
+    let file = file.to_str().expect("a UTF-8 path");
+    let history = [
+        "--history-backend",
+        "sqlite",
+        "--history-path",
+        file,
+        "--history-instance",
+        "gateway-1",
+    ];
+
+    let first_gateway = gateway(&fleet, &history);
+    // Ended (cut at its two tokens) before the kill.
+    let (status, done) = post(
+        &first_gateway,
+        "/v1/responses",
+        &json!({"input": "short", "max_output_tokens": 2}),
+    )
+    .await;
+    assert_eq!(
+        (status, &done["status"]),
+        (200, &json!("incomplete")),
+        "{done}"
+    );
+    let id = running_in_background(&first_gateway).await;
+    drop(first_gateway);
+
+    let second_gateway = gateway(&fleet, &history);
+    let (status, stored) = get(&second_gateway, &format!("/v1/responses/{id}")).await;
+    assert_eq!(status, 200, "{stored}");
+    assert_orphaned(&stored);
+    assert_eq!(stored["id"], id.as_str());
+    assert_eq!(stored["background"], true);
+    let (status, cancel) = post(
+        &second_gateway,
+        &format!("/v1/responses/{id}/cancel"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, code(&cancel)),
+        (400, Some("response_not_cancellable"))
+    );
+    let done_id = done["id"].as_str().expect("id");
+    let (_, stored) = get(&second_gateway, &format!("/v1/responses/{done_id}")).await;
+    assert_eq!(stored, done, "a finished response is left as it was");
+}
+
+/// Two replicas share one PostgreSQL, each running a background response.
+/// B is killed and starts again under its name: its own orphan is ended,
+/// A's response (A is alive, its lease fresh) is left running, and A still
+/// owns it: A's cancel ends it as cancelled.
+#[tokio::test]
+async fn a_restarted_replica_ends_its_own_orphans_never_a_live_replicas() {
+    let url = postgres::fresh_database().await;
+    let (_worker, fleet) = stalling_worker();
+    let named = |name: &'static str| {
+        [
+            "--history-backend",
+            "postgres",
+            "--history-url",
+            url.as_str(),
+            "--history-instance",
+            name,
+        ]
+    };
+    let a = gateway(&fleet, &named("replica-a"));
+    let b = gateway(&fleet, &named("replica-b"));
+    let of_a = running_in_background(&a).await;
+    let of_b = running_in_background(&b).await;
+    drop(b);
+
+    let b = gateway(&fleet, &named("replica-b"));
+    let (_, stored) = get(&b, &format!("/v1/responses/{of_b}")).await;
+    assert_orphaned(&stored);
+    let (_, stored) = get(&b, &format!("/v1/responses/{of_a}")).await;
+    assert_eq!(stored["status"], "in_progress", "{stored}");
+    let (status, cancelled) = post(&a, &format!("/v1/responses/{of_a}/cancel"), &json!({})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["status"], "cancelled");
+    let (_, stored) = get(&b, &format!("/v1/responses/{of_a}")).await;
+    assert_eq!(stored["status"], "cancelled", "{stored}");
+}
+
 #[tokio::test]
 async fn two_gateways_share_one_postgres_history() {
     let url = postgres::fresh_database().await;

@@ -40,6 +40,7 @@ fn response(id: &str, previous: Option<&str>) -> StoredResponse {
             "content": [{"type": "output_text", "text": "Paris is the capital of France. ".repeat(16)}]}]),
         raw: json!({"id": id, "object": "response", "status": "completed", "model": "bench-model",
             "usage": {"input_tokens": 64, "output_tokens": 128, "total_tokens": 192}}),
+        owner: None,
     }
 }
 

@@ -24,6 +24,7 @@ mod sql;
 pub mod sqlite;
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -52,6 +53,10 @@ pub struct StoredResponse {
     pub output: Value,
     /// The whole response object as the API served it.
     pub raw: Value,
+    /// The gateway instance running it while it is in flight (`queued` or
+    /// `in_progress`); `None` once it has ended. Orphans are found by it
+    /// (see [`HistoryStore::orphaned_responses`]).
+    pub owner: Option<String>,
 }
 
 /// A conversation (`conv_…`).
@@ -205,4 +210,34 @@ pub trait HistoryStore: Send + Sync + Debug {
 
     /// Deletes one item; `false` if the conversation has no such item.
     async fn delete_item(&self, conversation_id: &str, item_id: &str) -> HistoryResult<bool>;
+
+    /// Renews `instance`'s lease: records that the gateway of that name is
+    /// alive now (by the store's clock, so replicas' clocks need not
+    /// agree).
+    async fn heartbeat(&self, instance: &str) -> HistoryResult<()>;
+
+    /// Responses left in flight (`queued` or `in_progress`) by a gateway
+    /// that is gone, at most `limit` of them: those with no owner, those
+    /// whose owner's last heartbeat is `lease` old or older (or never
+    /// came), and, when `mine`, those owned by `instance` itself (a
+    /// gateway's previous life: ask only before running anything). Rows
+    /// of `instance` are never returned otherwise, nor rows of an owner
+    /// whose lease is fresh.
+    async fn orphaned_responses(
+        &self,
+        instance: &str,
+        mine: bool,
+        lease: Duration,
+        limit: usize,
+    ) -> HistoryResult<Vec<StoredResponse>>;
+
+    /// Replaces the orphan `ended.id` by `ended` if it is still in flight
+    /// and still owned by `owner` (its gateway did not finish it after
+    /// all, and no other replica ended it first); `true` if replaced.
+    async fn end_orphan(&self, ended: &StoredResponse, owner: Option<&str>) -> HistoryResult<bool>;
+}
+
+/// Whether a stored status is one of a response still running.
+pub fn in_flight(status: &str) -> bool {
+    matches!(status, "queued" | "in_progress")
 }

@@ -8,6 +8,7 @@
 //! leaves the maps as they were.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -32,6 +33,8 @@ struct Inner {
     items: HashMap<String, Vec<ConversationItem>>,
     /// Item id → its conversation: item ids are unique in the whole store.
     item_owner: HashMap<String, String>,
+    /// Gateway instance → its last heartbeat.
+    heartbeats: HashMap<String, Instant>,
 }
 
 impl MemoryStore {
@@ -253,6 +256,56 @@ impl HistoryStore for MemoryStore {
         };
         items.remove(at);
         inner.item_owner.remove(item_id);
+        Ok(true)
+    }
+
+    async fn heartbeat(&self, instance: &str) -> HistoryResult<()> {
+        self.inner
+            .lock()
+            .heartbeats
+            .insert(instance.to_owned(), Instant::now());
+        Ok(())
+    }
+
+    async fn orphaned_responses(
+        &self,
+        instance: &str,
+        mine: bool,
+        lease: Duration,
+        limit: usize,
+    ) -> HistoryResult<Vec<StoredResponse>> {
+        let inner = self.inner.lock();
+        let live = |owner: &str| {
+            inner
+                .heartbeats
+                .get(owner)
+                .is_some_and(|beat| beat.elapsed() < lease)
+        };
+        let mut orphans: Vec<StoredResponse> = inner
+            .responses
+            .values()
+            .filter(|response| crate::in_flight(&response.status))
+            .filter(|response| match response.owner.as_deref() {
+                None => true,
+                Some(owner) if owner == instance => mine,
+                Some(owner) => !live(owner),
+            })
+            .cloned()
+            .collect();
+        orphans.sort_by(|a, b| a.id.cmp(&b.id));
+        orphans.truncate(limit);
+        Ok(orphans)
+    }
+
+    async fn end_orphan(&self, ended: &StoredResponse, owner: Option<&str>) -> HistoryResult<bool> {
+        let mut inner = self.inner.lock();
+        let Some(stored) = inner.responses.get_mut(&ended.id) else {
+            return Ok(false);
+        };
+        if !crate::in_flight(&stored.status) || stored.owner.as_deref() != owner {
+            return Ok(false);
+        }
+        *stored = ended.clone();
         Ok(true)
     }
 }

@@ -6,6 +6,8 @@
 //! answers "not found" for anything it would have had to remember (a
 //! `previous_response_id`, a conversation), which is the honest answer.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use serde_json::Value;
 
@@ -102,6 +104,28 @@ impl HistoryStore for NoneStore {
     async fn delete_item(&self, _conversation_id: &str, _item_id: &str) -> HistoryResult<bool> {
         Ok(false)
     }
+
+    async fn heartbeat(&self, _instance: &str) -> HistoryResult<()> {
+        Ok(())
+    }
+
+    async fn orphaned_responses(
+        &self,
+        _instance: &str,
+        _mine: bool,
+        _lease: Duration,
+        _limit: usize,
+    ) -> HistoryResult<Vec<StoredResponse>> {
+        Ok(Vec::new())
+    }
+
+    async fn end_orphan(
+        &self,
+        _ended: &StoredResponse,
+        _owner: Option<&str>,
+    ) -> HistoryResult<bool> {
+        Ok(false)
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +147,7 @@ mod tests {
             input: json!([]),
             output: json!([]),
             raw: json!({}),
+            owner: None,
         };
         let conversation = Conversation {
             id: "conv_1".into(),

@@ -2,8 +2,9 @@
 //!
 //! Why it exists: replicas behind one load balancer must see each other's
 //! responses (a `previous_response_id` made on one replica is continued on
-//! another) and conversations. JSON columns are JSONB (written as text with
-//! a `::jsonb` cast, read back `::text`, so sqlx needs no JSON feature).
+//! another) and conversations. JSON columns are TEXT, exactly as the
+//! gateway serialized it (migration 0003: JSONB reordered object keys),
+//! so sqlx needs no JSON feature.
 //! The migrator takes a PostgreSQL advisory lock, so replicas that start
 //! together migrate once and the others wait for it.
 //!
@@ -130,11 +131,20 @@ fn check_certificate_files(url: &str) -> HistoryResult<()> {
     Ok(())
 }
 
+/// Now, in unix milliseconds, by the database's clock (heartbeats and
+/// leases are compared on one clock, whatever the replicas' clocks say).
+macro_rules! now_ms {
+    () => {
+        "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+    };
+}
+
 const QUERIES: Queries = Queries {
     begin_write: "BEGIN",
     upsert_response: "INSERT INTO responses
-            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw)
-        VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb)
+            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw,
+            owner)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
         ON CONFLICT (id) DO UPDATE SET
             previous_response_id = excluded.previous_response_id,
             conversation_id = excluded.conversation_id,
@@ -143,9 +153,10 @@ const QUERIES: Queries = Queries {
             created_at = excluded.created_at,
             input = excluded.input,
             output = excluded.output,
-            raw = excluded.raw",
+            raw = excluded.raw,
+            owner = excluded.owner",
     get_response: "SELECT id, previous_response_id, conversation_id, model, status, created_at,
-            input::text, output::text, raw::text
+            input, output, raw, owner
         FROM responses WHERE id = $1",
     delete_response: "DELETE FROM responses WHERE id = $1",
     // Walks previous_response_id by primary key, one row per step, newest
@@ -158,32 +169,56 @@ const QUERIES: Queries = Queries {
             WHERE chain.depth < $2
         )
         SELECT r.id, r.previous_response_id, r.conversation_id, r.model, r.status, r.created_at,
-            r.input::text, r.output::text, r.raw::text
+            r.input, r.output, r.raw, r.owner
         FROM chain JOIN responses r ON r.id = chain.id
         ORDER BY chain.depth DESC",
     insert_conversation: "INSERT INTO conversations (id, created_at, metadata)
-        VALUES ($1, $2, $3::jsonb)",
-    get_conversation: "SELECT id, created_at, metadata::text FROM conversations WHERE id = $1",
-    update_conversation: "UPDATE conversations SET metadata = $2::jsonb WHERE id = $1
-        RETURNING id, created_at, metadata::text",
+        VALUES ($1, $2, $3)",
+    get_conversation: "SELECT id, created_at, metadata FROM conversations WHERE id = $1",
+    update_conversation: "UPDATE conversations SET metadata = $2 WHERE id = $1
+        RETURNING id, created_at, metadata",
     delete_conversation: "DELETE FROM conversations WHERE id = $1",
     insert_item: "INSERT INTO conversation_items (id, conversation_id, created_at, item)
-        VALUES ($1, $2, $3, $4::jsonb)",
-    list_asc: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+        VALUES ($1, $2, $3, $4)",
+    list_asc: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 ORDER BY seq ASC LIMIT $2",
-    list_desc: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+    list_desc: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 ORDER BY seq DESC LIMIT $2",
-    list_asc_after: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+    list_asc_after: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 AND seq > (
             SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
         ORDER BY seq ASC LIMIT $2",
-    list_desc_after: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+    list_desc_after: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 AND seq < (
             SELECT seq FROM conversation_items WHERE conversation_id = $1 AND id = $3)
         ORDER BY seq DESC LIMIT $2",
-    get_item: "SELECT id, conversation_id, created_at, item::text FROM conversation_items
+    get_item: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 AND id = $2",
     delete_item: "DELETE FROM conversation_items WHERE conversation_id = $1 AND id = $2",
+    heartbeat: concat!(
+        "INSERT INTO history_instances (instance, heartbeat_at) VALUES ($1, ",
+        now_ms!(),
+        ")
+        ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+    ),
+    // In flight, and: no owner; or this instance's own (when $2); or an
+    // owner whose heartbeat is $3 ms old or older, or never came.
+    orphans: concat!(
+        "SELECT id, previous_response_id, conversation_id, model, status, created_at,
+            input, output, raw, owner
+        FROM responses r
+        WHERE status IN ('queued', 'in_progress') AND (
+            owner IS NULL
+            OR (owner = $1 AND $2)
+            OR (owner <> $1 AND NOT EXISTS (
+                SELECT 1 FROM history_instances i
+                WHERE i.instance = r.owner AND i.heartbeat_at > ",
+        now_ms!(),
+        " - $3)))
+        ORDER BY id LIMIT $4"
+    ),
+    end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
+        WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS NOT DISTINCT FROM $5::text",
 };
 
 sql_store!(PostgresStore, sqlx::Postgres, "postgres", QUERIES);

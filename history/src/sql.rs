@@ -1,8 +1,8 @@
 //! What the two SQL backends share: the `HistoryStore` implementation over
 //! an sqlx pool, the error mapping and the JSON decoding.
 //!
-//! Why it exists: sqlite and postgres differ only in their SQL text (JSONB
-//! casts, `BEGIN IMMEDIATE`), not in what a method does. Each backend
+//! Why it exists: sqlite and postgres differ only in their SQL text (the
+//! clock, NULL-safe equality, `BEGIN IMMEDIATE`), not in what a method does. Each backend
 //! module writes its statements into a [`Queries`] and invokes
 //! [`sql_store!`] for its store type; the method bodies (transactions,
 //! paging, error mapping) exist once. A macro rather than generic code: sqlx
@@ -24,7 +24,7 @@ use crate::{HistoryError, HistoryResult};
 pub(crate) struct Queries {
     /// Starts a transaction that writes.
     pub begin_write: &'static str,
-    /// ($1 id, … $6 created_at, $7 input, $8 output, $9 raw).
+    /// ($1 id, … $6 created_at, $7 input, $8 output, $9 raw, $10 owner).
     pub upsert_response: &'static str,
     /// ($1 id).
     pub get_response: &'static str,
@@ -54,6 +54,14 @@ pub(crate) struct Queries {
     pub get_item: &'static str,
     /// ($1 conversation_id, $2 item id).
     pub delete_item: &'static str,
+    /// ($1 instance): its heartbeat is now, by the database's clock.
+    pub heartbeat: &'static str,
+    /// ($1 instance, $2 mine, $3 lease in ms, $4 limit): responses in
+    /// flight whose owner is gone (see `HistoryStore::orphaned_responses`).
+    pub orphans: &'static str,
+    /// ($1 id, $2 status, $3 output, $4 raw, $5 owner): replaces the row if
+    /// it is still in flight and owned by `$5` (NULL-safe).
+    pub end_orphan: &'static str,
 }
 
 /// Maps an sqlx error to what the gateway answers. `missing` names what a
@@ -115,6 +123,7 @@ macro_rules! sql_store {
                 let output: String = row.try_get(7).map_err(db_err)?;
                 let raw: String = row.try_get(8).map_err(db_err)?;
                 Ok(StoredResponse {
+                    owner: row.try_get(9).map_err(db_err)?,
                     previous_response_id: row.try_get(1).map_err(db_err)?,
                     conversation_id: row.try_get(2).map_err(db_err)?,
                     model: row.try_get(3).map_err(db_err)?,
@@ -189,7 +198,8 @@ macro_rules! sql_store {
                         .bind(response.created_at)
                         .bind(response.input.to_string())
                         .bind(response.output.to_string())
-                        .bind(response.raw.to_string());
+                        .bind(response.raw.to_string())
+                        .bind(&response.owner);
                     // One statement is atomic on its own: no transaction's
                     // BEGIN and COMMIT round trips.
                     if items.is_empty() {
@@ -376,6 +386,51 @@ macro_rules! sql_store {
                     let done = sqlx::query(Q.delete_item)
                         .bind(conversation_id)
                         .bind(item_id)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(db_err)?;
+                    Ok(done.rows_affected() > 0)
+                }
+
+                async fn heartbeat(&self, instance: &str) -> HistoryResult<()> {
+                    sqlx::query(Q.heartbeat)
+                        .bind(instance)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(db_err)?;
+                    Ok(())
+                }
+
+                async fn orphaned_responses(
+                    &self,
+                    instance: &str,
+                    mine: bool,
+                    lease: std::time::Duration,
+                    limit: usize,
+                ) -> HistoryResult<Vec<StoredResponse>> {
+                    let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+                    let rows = sqlx::query(Q.orphans)
+                        .bind(instance)
+                        .bind(mine)
+                        .bind(lease_ms)
+                        .bind(to_i64(limit))
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_err)?;
+                    rows.iter().map(response_from).collect()
+                }
+
+                async fn end_orphan(
+                    &self,
+                    ended: &StoredResponse,
+                    owner: Option<&str>,
+                ) -> HistoryResult<bool> {
+                    let done = sqlx::query(Q.end_orphan)
+                        .bind(&ended.id)
+                        .bind(&ended.status)
+                        .bind(ended.output.to_string())
+                        .bind(ended.raw.to_string())
+                        .bind(owner)
                         .execute(&self.pool)
                         .await
                         .map_err(db_err)?;

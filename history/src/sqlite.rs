@@ -63,11 +63,20 @@ impl SqliteStore {
     }
 }
 
+/// Now, in unix milliseconds, by the database's clock (heartbeats and
+/// leases are compared on one clock, whatever the replicas' clocks say).
+macro_rules! now_ms {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
 const QUERIES: Queries = Queries {
     begin_write: "BEGIN IMMEDIATE",
     upsert_response: "INSERT INTO responses
-            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+            (id, previous_response_id, conversation_id, model, status, created_at, input, output, raw,
+            owner)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
         ON CONFLICT (id) DO UPDATE SET
             previous_response_id = excluded.previous_response_id,
             conversation_id = excluded.conversation_id,
@@ -76,9 +85,10 @@ const QUERIES: Queries = Queries {
             created_at = excluded.created_at,
             input = excluded.input,
             output = excluded.output,
-            raw = excluded.raw",
+            raw = excluded.raw,
+            owner = excluded.owner",
     get_response: "SELECT id, previous_response_id, conversation_id, model, status, created_at,
-            input, output, raw
+            input, output, raw, owner
         FROM responses WHERE id = $1",
     delete_response: "DELETE FROM responses WHERE id = $1",
     // Walks previous_response_id by primary key, one row per step, newest
@@ -91,7 +101,7 @@ const QUERIES: Queries = Queries {
             WHERE chain.depth < $2
         )
         SELECT r.id, r.previous_response_id, r.conversation_id, r.model, r.status, r.created_at,
-            r.input, r.output, r.raw
+            r.input, r.output, r.raw, r.owner
         FROM chain JOIN responses r ON r.id = chain.id
         ORDER BY chain.depth DESC",
     insert_conversation: "INSERT INTO conversations (id, created_at, metadata) VALUES ($1, $2, $3)",
@@ -116,6 +126,30 @@ const QUERIES: Queries = Queries {
     get_item: "SELECT id, conversation_id, created_at, item FROM conversation_items
         WHERE conversation_id = $1 AND id = $2",
     delete_item: "DELETE FROM conversation_items WHERE conversation_id = $1 AND id = $2",
+    heartbeat: concat!(
+        "INSERT INTO history_instances (instance, heartbeat_at) VALUES ($1, ",
+        now_ms!(),
+        ")
+        ON CONFLICT (instance) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+    ),
+    // In flight, and: no owner; or this instance's own (when $2); or an
+    // owner whose heartbeat is $3 ms old or older, or never came.
+    orphans: concat!(
+        "SELECT id, previous_response_id, conversation_id, model, status, created_at,
+            input, output, raw, owner
+        FROM responses r
+        WHERE status IN ('queued', 'in_progress') AND (
+            owner IS NULL
+            OR (owner = $1 AND $2)
+            OR (owner <> $1 AND NOT EXISTS (
+                SELECT 1 FROM history_instances i
+                WHERE i.instance = r.owner AND i.heartbeat_at > ",
+        now_ms!(),
+        " - $3)))
+        ORDER BY id LIMIT $4"
+    ),
+    end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
+        WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS $5",
 };
 
 sql_store!(SqliteStore, sqlx::Sqlite, "sqlite", QUERIES);

@@ -34,6 +34,8 @@ macro_rules! for_each_case {
             save_response_appends_its_items_to_the_conversation,
             save_response_to_a_missing_conversation_saves_nothing,
             a_duplicate_item_id_is_a_conflict_and_adds_nothing,
+            orphans_are_responses_of_gone_gateways_never_of_live_ones,
+            json_keeps_the_order_of_its_keys,
         );
     };
 }
@@ -51,6 +53,7 @@ pub fn response(id: &str, previous: Option<&str>) -> StoredResponse {
         output: json!([{"id": format!("msg_out_{id}"), "type": "message", "role": "assistant",
             "content": [{"type": "output_text", "text": format!("answer {id}")}]}]),
         raw: json!({"id": id, "object": "response", "status": "completed"}),
+        owner: None,
     }
 }
 
@@ -167,6 +170,40 @@ pub async fn json_round_trips_unchanged(store: &dyn HistoryStore) {
         store.get_item("conv_json", "item_json").await.unwrap(),
         Some(first)
     );
+}
+
+/// Objects read back with their keys in the order they were written
+/// (values compare equal whatever the order, so the text is compared):
+/// a function call's arguments, an item, a response, metadata.
+pub async fn json_keeps_the_order_of_its_keys(store: &dyn HistoryStore) {
+    let text = r#"{"zeta":1,"id":"fc_1","type":"function_call","arguments":"{\"b\":1,\"a\":2}","a":{"yy":true,"x":null}}"#;
+    let value: Value = serde_json::from_str(text).unwrap();
+    let mut stored = response("resp_order", None);
+    stored.input = Value::Array(vec![value.clone()]);
+    stored.output = Value::Array(vec![value.clone()]);
+    stored.raw = value.clone();
+    store.save_response(&stored, &[]).await.unwrap();
+    let got = store.get_response("resp_order").await.unwrap().unwrap();
+    assert_eq!(got.raw.to_string(), text);
+    assert_eq!(got.input.to_string(), format!("[{text}]"));
+    assert_eq!(got.output.to_string(), format!("[{text}]"));
+
+    let mut conv = conversation("conv_order");
+    conv.metadata = value.clone();
+    let mut first = item("item_order", "conv_order");
+    first.item = value;
+    store
+        .create_conversation(&conv, std::slice::from_ref(&first))
+        .await
+        .unwrap();
+    let got = store.get_conversation("conv_order").await.unwrap().unwrap();
+    assert_eq!(got.metadata.to_string(), text);
+    let got = store
+        .get_item("conv_order", "item_order")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.item.to_string(), text);
 }
 
 pub async fn a_chain_of_three_is_returned_oldest_first(store: &dyn HistoryStore) {
@@ -600,6 +637,122 @@ pub async fn a_duplicate_item_id_is_a_conflict_and_adds_nothing(store: &dyn Hist
 
 /// Writes a chain of 3 and a conversation of 3 items, for a second store to
 /// read with [`read_the_sample`].
+/// `id` in flight (`status`), run by `owner`.
+fn running(id: &str, status: &str, owner: Option<&str>) -> StoredResponse {
+    StoredResponse {
+        status: status.into(),
+        output: json!([]),
+        raw: json!({"id": id, "object": "response", "status": status}),
+        owner: owner.map(Into::into),
+        ..response(id, None)
+    }
+}
+
+/// The ids of `responses`, sorted.
+fn sorted_ids(responses: &[StoredResponse]) -> Vec<&str> {
+    let mut ids: Vec<&str> = responses.iter().map(|r| r.id.as_str()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Two live gateways `a` and `b` share the store. At `b`'s start it may
+/// claim its own previous life's rows (`mine`), rows nobody owns and rows
+/// of an owner that never beat; never `a`'s while `a`'s lease is fresh.
+/// Once `a`'s lease has run out (a zero lease here), its rows are orphans
+/// too. Ending one replaces it only while it is still in flight under the
+/// owner it was found with.
+pub async fn orphans_are_responses_of_gone_gateways_never_of_live_ones(store: &dyn HistoryStore) {
+    let hour = std::time::Duration::from_secs(3600);
+    store.heartbeat("a").await.unwrap();
+    store.heartbeat("b").await.unwrap();
+    store.heartbeat("b").await.unwrap();
+    for response in [
+        running("resp_of_a", "in_progress", Some("a")),
+        running("resp_of_b", "queued", Some("b")),
+        running("resp_of_nobody", "in_progress", None),
+        running("resp_of_dead", "in_progress", Some("dead")),
+        response("resp_done", None),
+    ] {
+        store.save_response(&response, &[]).await.unwrap();
+    }
+    let found = store.get_response("resp_of_a").await.unwrap().unwrap();
+    assert_eq!(found.owner.as_deref(), Some("a"));
+
+    let at_start = store
+        .orphaned_responses("b", true, hour, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        sorted_ids(&at_start),
+        ["resp_of_b", "resp_of_dead", "resp_of_nobody"]
+    );
+    let sweep = store
+        .orphaned_responses("b", false, hour, 100)
+        .await
+        .unwrap();
+    assert_eq!(sorted_ids(&sweep), ["resp_of_dead", "resp_of_nobody"]);
+    let expired = store
+        .orphaned_responses("b", false, std::time::Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        sorted_ids(&expired),
+        ["resp_of_a", "resp_of_dead", "resp_of_nobody"]
+    );
+    assert_eq!(
+        store
+            .orphaned_responses("b", true, hour, 2)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+
+    let ended = StoredResponse {
+        status: "failed".into(),
+        raw: json!({"id": "resp_of_b", "status": "failed", "error": {"code": "x"}}),
+        owner: None,
+        ..running("resp_of_b", "queued", None)
+    };
+    assert!(store.end_orphan(&ended, Some("b")).await.unwrap());
+    assert_eq!(
+        store.get_response("resp_of_b").await.unwrap(),
+        Some(ended.clone())
+    );
+    // Ended already: not again.
+    assert!(!store.end_orphan(&ended, Some("b")).await.unwrap());
+    // Not under the owner it was found with: untouched.
+    let not_yours = StoredResponse {
+        id: "resp_of_a".into(),
+        ..ended.clone()
+    };
+    assert!(!store.end_orphan(&not_yours, Some("b")).await.unwrap());
+    assert_eq!(
+        store
+            .get_response("resp_of_a")
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        "in_progress"
+    );
+    // A row nobody owns is ended under `None`.
+    let nobody = StoredResponse {
+        id: "resp_of_nobody".into(),
+        ..ended
+    };
+    assert!(store.end_orphan(&nobody, None).await.unwrap());
+    assert_eq!(
+        sorted_ids(
+            &store
+                .orphaned_responses("b", true, hour, 100)
+                .await
+                .unwrap()
+        ),
+        ["resp_of_dead"]
+    );
+}
+
 pub async fn write_a_sample(store: &dyn HistoryStore) {
     save_chain(store, "sample", 3).await;
     conversation_with_items(store, "conv_sample", 3).await;

@@ -18,7 +18,7 @@ use super::{McpServerPlan, Sink, unless_cancelled};
 use crate::api::http::SharedState;
 use crate::api::types::openai::{self, FunctionDefinition, Tool};
 use crate::api::types::responses::McpToolInfo;
-use crate::error::{Error, Result, excerpt};
+use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::mcp::{McpServer, McpSession, McpTool};
 
 /// Reads an `{"type": "mcp", ...}` tool.
@@ -117,12 +117,17 @@ pub(crate) fn vet(state: &SharedState, plan: &McpServerPlan) -> Result<()> {
     })
 }
 
-/// A server whose tools were listed.
+/// A server whose tools were listed, or could not be.
 #[derive(Debug)]
 struct ListedServer {
     label: String,
-    session: McpSession,
+    /// `None` when connecting or listing failed: the server offers no
+    /// tools, and `error` says why.
+    session: Option<McpSession>,
     tools: Vec<McpTool>,
+    /// Why its tools could not be listed (its `mcp_list_tools` item's
+    /// `error`).
+    error: Option<String>,
 }
 
 /// The MCP servers of a response, connected and listed.
@@ -146,9 +151,17 @@ pub(crate) enum Ran {
 }
 
 impl McpTools {
-    /// Connects to each server and lists its tools. A tool name offered
-    /// twice (by two servers, or by a server and a function tool) is a
-    /// client error: the model could not tell which it calls.
+    /// Connects to each server and lists its tools. A server that cannot
+    /// be reached or fails to list (down, refusing, too slow, an answer
+    /// that is not MCP) does not fail the response, as with OpenAI: its
+    /// `mcp_list_tools` item carries the `error`, and the model is offered
+    /// the other servers' tools. The SSRF guard's refusal of a name that
+    /// resolves to a private address stays the response's failure
+    /// (`mcp_server_forbidden`), as it is for an IP literal refused before
+    /// the response runs: a policy the request broke, not a server that
+    /// failed. A tool name offered twice (by two
+    /// servers, or by a server and a function tool) is a client error: the
+    /// model could not tell which it calls.
     pub(crate) async fn list(
         state: &SharedState,
         plans: &[McpServerPlan],
@@ -169,8 +182,33 @@ impl McpTools {
             let clients = state.mcp.as_ref().ok_or_else(|| {
                 Error::internal("the gateway's MCP client could not be built (see its log)")
             })?;
-            let session = clients.connect(&server).await?;
-            let tools = session.list_tools().await?;
+            let listed = match clients.connect(&server).await {
+                Ok(session) => session.list_tools().await.map(|tools| (session, tools)),
+                Err(err) => Err(err),
+            };
+            let (session, tools) = match listed {
+                Ok(listed) => listed,
+                Err(err) if err.code == ErrorCode::McpServerForbidden => return Err(err),
+                Err(err) => {
+                    tracing::warn!(
+                        server = %plan.label,
+                        code = err.code.as_str(),
+                        error = %err.message,
+                        "an MCP server's tools could not be listed; the response goes on without them"
+                    );
+                    servers.push(ListedServer {
+                        label: plan.label.clone(),
+                        session: None,
+                        tools: Vec::new(),
+                        error: Some(format!(
+                            "{}: {}",
+                            err.code.as_str(),
+                            err.client_message(None)
+                        )),
+                    });
+                    continue;
+                }
+            };
             for tool in &tools {
                 let here = format!("MCP server {}", plan.label);
                 if let Some(there) = seen.insert(tool.name.clone(), here.clone()) {
@@ -182,8 +220,9 @@ impl McpTools {
             }
             servers.push(ListedServer {
                 label: plan.label.clone(),
-                session,
+                session: Some(session),
                 tools,
+                error: None,
             });
         }
         Ok(Self { servers })
@@ -202,8 +241,9 @@ impl McpTools {
             .collect()
     }
 
-    /// Each server's listing, as `mcp_list_tools` items show it.
-    pub(crate) fn list_items(&self) -> Vec<(String, Vec<McpToolInfo>)> {
+    /// Each server's listing, as `mcp_list_tools` items show it (with
+    /// the error of a server that could not list).
+    pub(crate) fn list_items(&self) -> Vec<(String, Vec<McpToolInfo>, Option<String>)> {
         self.servers
             .iter()
             .map(|server| {
@@ -217,7 +257,7 @@ impl McpTools {
                         annotations: None,
                     })
                     .collect();
-                (server.label.clone(), tools)
+                (server.label.clone(), tools, server.error.clone())
             })
             .collect()
     }
@@ -307,10 +347,11 @@ impl McpTools {
         cancel: &CancellationToken,
         call: &PendingMcpCall,
     ) -> Option<Result<String, String>> {
-        let Some(server) = self
+        let Some(session) = self
             .servers
             .iter()
             .find(|server| server.label == call.server_label)
+            .and_then(|server| server.session.as_ref())
         else {
             return Some(Err("unknown server".to_owned()));
         };
@@ -325,8 +366,7 @@ impl McpTools {
                 Err(err) => return Some(Err(format!("the model's arguments are not JSON: {err}"))),
             }
         };
-        let result =
-            unless_cancelled(cancel, server.session.call_tool(&call.name, arguments)).await?;
+        let result = unless_cancelled(cancel, session.call_tool(&call.name, arguments)).await?;
         Some(match result {
             Ok(output) if output.is_error => Err(output.output),
             Ok(output) => Ok(output.output),

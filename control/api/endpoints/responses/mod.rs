@@ -487,8 +487,13 @@ impl Plan {
     }
 
     /// The stored form of `object`, and the items it adds to its
-    /// conversation.
-    fn stored(&self, object: &ResponseObject) -> (StoredResponse, Vec<ConversationItem>) {
+    /// conversation. While it is in flight it is owned by `instance`, the
+    /// gateway running it (so its orphan can be found if that one dies).
+    fn stored(
+        &self,
+        object: &ResponseObject,
+        instance: &str,
+    ) -> (StoredResponse, Vec<ConversationItem>) {
         let input: Vec<Value> = self.input_items.iter().map(Item::to_value).collect();
         let output: Vec<Value> = object.output.iter().map(Item::to_value).collect();
         let items = match &self.conversation_id {
@@ -515,6 +520,7 @@ impl Plan {
             input: Value::Array(input),
             output: Value::Array(output),
             raw: serde_json::to_value(object).unwrap_or(Value::Null),
+            owner: (!object.status.is_terminal()).then(|| instance.to_owned()),
         };
         (response, items)
     }
@@ -614,8 +620,8 @@ async fn generate(
         }
     }
     builder.set_mcp_tools(servers.names());
-    for (label, tools) in servers.list_items() {
-        builder.mcp_list_tools(label, tools, None);
+    for (label, tools, error) in servers.list_items() {
+        builder.mcp_list_tools(label, tools, error);
     }
     if !sink.emit(builder.take_events()).await {
         return Outcome::Cancelled;
@@ -729,7 +735,7 @@ async fn execute(
     if plan.background {
         // A poll sees that the work has begun. A failure here is no reason
         // to stop: the final write says how the response ended, or fails.
-        let (stored, _) = plan.stored(&in_progress);
+        let (stored, _) = plan.stored(&in_progress, state.history.instance());
         let _ = state.history.save_response(&stored, &[]).await;
     }
     let mut builder = OutputBuilder::default();
@@ -770,7 +776,7 @@ async fn execute(
     );
     let mut failure = error;
     if plan.store {
-        let (stored, items) = plan.stored(&object);
+        let (stored, items) = plan.stored(&object, state.history.instance());
         if let Err(err) = state.history.save_response(&stored, &items).await {
             let _ = sink
                 .emit(vec![StreamEvent::Error {
@@ -843,7 +849,7 @@ pub(crate) async fn create_response(
     if plan.background {
         // Stored before the answer, so a GET right after it finds it.
         let queued = plan.object(ResponseStatus::Queued, Vec::new(), None, None, None);
-        let (stored, _) = plan.stored(&queued);
+        let (stored, _) = plan.stored(&queued, state.history.instance());
         if let Err(err) = state.history.save_response(&stored, &[]).await {
             return error_response(&err);
         }
@@ -1020,8 +1026,7 @@ pub(crate) async fn cancel_response(
         || stored.status == ResponseStatus::Queued.as_str()
     {
         format!(
-            "response {id} is {} on another gateway (or was orphaned by a restart); \
-             cancel it on the gateway that runs it",
+            "response {id} is {} on another gateway; cancel it on the gateway that runs it",
             stored.status
         )
     } else {
