@@ -45,10 +45,10 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::metrics;
 
 /// How often a gateway renews its lease in the store.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 /// How old a gateway's last heartbeat must be before another replica
 /// ends the responses it left in flight (six missed heartbeats).
-pub const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
 /// Orphans read (and ended) per query.
 const ORPHANS_PER_QUERY: usize = 256;
 
