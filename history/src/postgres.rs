@@ -22,6 +22,14 @@
 //! caller may say that nothing was changed. A query already sent is not
 //! timed out here, for the same reason.
 //!
+//! A cancel asked of one replica for a response another one runs is a
+//! flag on the row plus a NOTIFY on [`CANCEL_CHANNEL`] carrying the id,
+//! sent by the same statement (so it is delivered only if the flag was
+//! committed). Each gateway LISTENs on one connection of its pool
+//! ([`CancelNotices`]); a notice sent while that connection was down is
+//! lost, which the listener reports so the owner asks for its flagged
+//! rows (as it also does on every heartbeat).
+//!
 //! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
 //! `sslrootcert`. The certificate files the URL names are opened at start,
 //! so a wrong path fails there with its name: sqlx reads them only during
@@ -29,16 +37,28 @@
 
 use std::{str::FromStr, time::Duration};
 
+use async_trait::async_trait;
 use sqlx::{
     Connection, PgConnection, PgPool,
-    postgres::{PgConnectOptions, PgPoolOptions},
+    postgres::{PgConnectOptions, PgListener, PgPoolOptions},
 };
 
 use crate::{
-    HistoryError, HistoryResult,
+    CancelNotices, HistoryError, HistoryResult,
     config::redact_secret,
-    sql::{Queries, sql_store},
+    sql::{Queries, db_err, sql_store},
 };
+
+/// The NOTIFY channel of cancel requests, as SQL text and as
+/// [`CANCEL_CHANNEL`].
+macro_rules! cancel_channel {
+    () => {
+        "smg_history_cancel"
+    };
+}
+
+/// The NOTIFY channel of cancel requests; the payload is the response id.
+pub const CANCEL_CHANNEL: &str = cancel_channel!();
 
 /// The history in a PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -96,6 +116,36 @@ impl PostgresStore {
             .acquire_timeout(connect_timeout)
             .connect_lazy_with(options);
         Ok(Self { pool })
+    }
+
+    /// LISTENs on [`CANCEL_CHANNEL`] over a connection of the pool (held
+    /// for as long as the listener lives).
+    async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
+        let mut listener = PgListener::connect_with(&self.pool)
+            .await
+            .map_err(db_err)?;
+        listener.listen(CANCEL_CHANNEL).await.map_err(db_err)?;
+        Ok(Some(Box::new(PgCancelNotices { listener })))
+    }
+}
+
+/// Cancel requests as PostgreSQL notifies them.
+#[derive(Debug)]
+struct PgCancelNotices {
+    listener: PgListener,
+}
+
+#[async_trait]
+impl CancelNotices for PgCancelNotices {
+    async fn next(&mut self) -> HistoryResult<Option<String>> {
+        // `try_recv`, not `recv`: a lost connection is `None` here (notices
+        // may have been missed meanwhile), where `recv` would reconnect
+        // without saying so.
+        match self.listener.try_recv().await {
+            Ok(Some(notice)) => Ok(Some(notice.payload().to_owned())),
+            Ok(None) => Ok(None),
+            Err(err) => Err(db_err(err)),
+        }
     }
 }
 
@@ -219,6 +269,20 @@ const QUERIES: Queries = Queries {
     ),
     end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
         WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS NOT DISTINCT FROM $5::text",
+    // The flag and its notice in one statement (a notice is sent when the
+    // statement commits); the SELECT's row count says whether it was set.
+    request_cancel: concat!(
+        "WITH flagged AS (
+            UPDATE responses SET cancel_requested = TRUE
+            WHERE id = $1 AND status IN ('queued', 'in_progress')
+            RETURNING id)
+        SELECT pg_notify('",
+        cancel_channel!(),
+        "', id) FROM flagged"
+    ),
+    cancel_requests: "SELECT id FROM responses
+        WHERE owner = $1 AND status IN ('queued', 'in_progress') AND cancel_requested
+        ORDER BY id",
 };
 
 sql_store!(PostgresStore, sqlx::Postgres, "postgres", QUERIES);

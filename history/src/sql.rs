@@ -62,6 +62,12 @@ pub(crate) struct Queries {
     /// ($1 id, $2 status, $3 output, $4 raw, $5 owner): replaces the row if
     /// it is still in flight and owned by `$5` (NULL-safe).
     pub end_orphan: &'static str,
+    /// ($1 id): flags the row's cancel if it is in flight (and, where the
+    /// store pushes, notifies the listeners); one row affected if so.
+    pub request_cancel: &'static str,
+    /// ($1 instance): the ids of its rows in flight whose cancel was
+    /// requested.
+    pub cancel_requests: &'static str,
 }
 
 /// Maps an sqlx error to what the gateway answers. `missing` names what a
@@ -99,8 +105,9 @@ pub(crate) fn to_i64(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Implements `HistoryStore` for `$store` (with a field `pool: Pool<$db>`)
-/// with the statements of `$queries: Queries`.
+/// Implements `HistoryStore` for `$store` (with a field `pool: Pool<$db>`,
+/// and an inherent `async fn listen_for_cancels(&self)` that answers
+/// `cancel_notices`) with the statements of `$queries: Queries`.
 macro_rules! sql_store {
     ($store:ty, $db:ty, $backend:literal, $queries:expr) => {
         const _: () = {
@@ -435,6 +442,32 @@ macro_rules! sql_store {
                         .await
                         .map_err(db_err)?;
                     Ok(done.rows_affected() > 0)
+                }
+
+                async fn request_cancel(&self, id: &str) -> HistoryResult<bool> {
+                    let done = sqlx::query(Q.request_cancel)
+                        .bind(id)
+                        .execute(&self.pool)
+                        .await
+                        .map_err(db_err)?;
+                    Ok(done.rows_affected() > 0)
+                }
+
+                async fn cancel_requests(&self, instance: &str) -> HistoryResult<Vec<String>> {
+                    let rows = sqlx::query(Q.cancel_requests)
+                        .bind(instance)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(db_err)?;
+                    rows.iter()
+                        .map(|row| row.try_get::<String, _>(0).map_err(db_err))
+                        .collect()
+                }
+
+                async fn cancel_notices(
+                    &self,
+                ) -> HistoryResult<Option<Box<dyn $crate::CancelNotices>>> {
+                    self.listen_for_cancels().await
                 }
             }
         };

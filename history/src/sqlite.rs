@@ -61,6 +61,12 @@ impl SqliteStore {
             .map_err(|err| unavailable("cannot migrate", &err))?;
         Ok(Self { pool })
     }
+
+    /// sqlite cannot push a notice to another process: a gateway finds the
+    /// cancels of its responses by asking (`cancel_requests`).
+    async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn crate::CancelNotices>>> {
+        Ok(None)
+    }
 }
 
 /// Now, in unix milliseconds, by the database's clock (heartbeats and
@@ -150,6 +156,11 @@ const QUERIES: Queries = Queries {
     ),
     end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
         WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS $5",
+    request_cancel: "UPDATE responses SET cancel_requested = 1
+        WHERE id = $1 AND status IN ('queued', 'in_progress')",
+    cancel_requests: "SELECT id FROM responses
+        WHERE owner = $1 AND status IN ('queued', 'in_progress') AND cancel_requested = 1
+        ORDER BY id",
 };
 
 sql_store!(SqliteStore, sqlx::Sqlite, "sqlite", QUERIES);

@@ -81,6 +81,14 @@ mod sqlite {
     use super::*;
     for_each_case!(run_cases!(sqlite()));
 
+    /// Neither in-process store pushes cancel notices: their owners ask.
+    #[tokio::test]
+    async fn memory_and_sqlite_push_no_cancel_notices() {
+        for fixture in [memory().await, super::sqlite().await] {
+            assert!(fixture.store().cancel_notices().await.unwrap().is_none());
+        }
+    }
+
     /// What one store wrote, a store opened later on the same file reads:
     /// the gateway keeps its history across restarts.
     #[tokio::test]
@@ -169,6 +177,36 @@ mod postgres {
             .unwrap();
         let migrations = std::fs::read_dir("migrations/postgres").unwrap().count();
         assert_eq!(applied, i64::try_from(migrations).unwrap(), "each once");
+    }
+
+    /// A cancel requested through one store reaches the listener of
+    /// another on the same database at once, as a notice carrying the id
+    /// (the owner learns of it without waiting for its next heartbeat);
+    /// a request that records nothing (the response has ended) sends none.
+    #[tokio::test]
+    async fn a_cancel_requested_by_one_store_is_notified_to_another() {
+        let url = support::postgres::fresh_database().await;
+        let config = postgres_at(&url, 2);
+        let (owner, other) = tokio::join!(open(&config), open(&config));
+        let (owner, other) = (owner.unwrap(), other.unwrap());
+        let mut notices = owner.cancel_notices().await.unwrap().expect("postgres pushes");
+        let running = smg_history::StoredResponse {
+            status: "in_progress".into(),
+            owner: Some("a".into()),
+            ..support::suite::response("resp_notified", None)
+        };
+        owner.save_response(&running, &[]).await.unwrap();
+        other
+            .save_response(&support::suite::response("resp_ended", None), &[])
+            .await
+            .unwrap();
+        assert!(!other.request_cancel("resp_ended").await.unwrap());
+        assert!(other.request_cancel("resp_notified").await.unwrap());
+        let notice = tokio::time::timeout(Duration::from_secs(30), notices.next())
+            .await
+            .expect("a notice within 30 s")
+            .unwrap();
+        assert_eq!(notice.as_deref(), Some("resp_notified"), "the first notice");
     }
 
     /// A postgres config for `url`, with a small pool.
