@@ -3,8 +3,9 @@
 //! database shared by two gateways at once, a PostgreSQL server that goes
 //! away and comes back under a running gateway, one that goes away while a
 //! streamed response is in the middle of its stream (so its save fails),
-//! `--history-backend none`, and the start-up failures of a postgres
-//! backend that is misconfigured or out of reach.
+//! `--history-backend none`, a cancel sent to a gateway that does not run
+//! the response (postgres and a shared sqlite file), and the start-up
+//! failures of a postgres backend that is misconfigured or out of reach.
 //!
 //! Why it exists: `tests/responses.rs` proves the API on the memory backend
 //! inside one process; what a user of sqlite or postgres relies on is that a
@@ -24,6 +25,8 @@ mod postgres;
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use smg::proto::tokenspeed_scheduler as ts;
+use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use support::chat::http;
 use support::media::{metric, metrics_text};
 use support::responses::{chat_text, digest, get, names, output_text, parse_events, post, send};
@@ -250,6 +253,89 @@ async fn a_restarted_replica_ends_its_own_orphans_never_a_live_replicas() {
     assert_eq!(cancelled["status"], "cancelled");
     let (_, stored) = get(&b, &format!("/v1/responses/{of_a}")).await;
     assert_eq!(stored["status"], "cancelled", "{stored}");
+}
+
+/// How many requests the sim worker at `url` runs (its scheduler's load).
+async fn running_requests(url: &str) -> i32 {
+    let mut client = TokenSpeedSchedulerClient::connect(url.to_owned())
+        .await
+        .expect("connect");
+    client
+        .get_loads(ts::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .expect("loads")
+        .into_inner()
+        .aggregate
+        .map_or(-1, |loads| loads.total_running_reqs)
+}
+
+/// A background response runs on gateway `a`; its cancel is sent to `b`,
+/// which shares the store but does not run it. `b` answers with the
+/// response as it ended: `cancelled`, stopped where it runs (the worker's
+/// leg is aborted) and stored so, as every gateway reads it; a second
+/// cancel finds it over.
+async fn assert_cancelled_through_another_gateway(a: &Gateway, b: &Gateway, worker: &SimWorker) {
+    let id = running_in_background(a).await;
+    poll_until("the worker runs the request", async || {
+        (running_requests(&worker.url()).await == 1).then_some(())
+    })
+    .await;
+    let (status, cancelled) = post(b, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["id"], id.as_str());
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    poll_until("the worker's request is aborted", async || {
+        (running_requests(&worker.url()).await == 0).then_some(())
+    })
+    .await;
+    for gateway in [a, b] {
+        let (_, stored) = get(gateway, &format!("/v1/responses/{id}")).await;
+        assert_eq!(stored, cancelled);
+    }
+    let (status, again) = post(b, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(
+        (status, code(&again)),
+        (400, Some("response_not_cancellable")),
+        "{again}"
+    );
+}
+
+/// Two replicas on one PostgreSQL: a cancel sent to the one that does not
+/// run the response is recorded in the store and notified; the owner
+/// cancels it (see [`assert_cancelled_through_another_gateway`]).
+#[tokio::test]
+async fn a_cancel_sent_to_another_postgres_replica_stops_the_response_where_it_runs() {
+    let url = postgres::fresh_database().await;
+    let (worker, fleet) = stalling_worker();
+    let history = ["--history-backend", "postgres", "--history-url", &url];
+    let a = gateway(
+        &fleet,
+        &[&history[..], &["--history-instance", "replica-a"]].concat(),
+    );
+    let b = gateway(
+        &fleet,
+        &[&history[..], &["--history-instance", "replica-b"]].concat(),
+    );
+    assert_cancelled_through_another_gateway(&a, &b, &worker).await;
+    // And the other way round.
+    assert_cancelled_through_another_gateway(&b, &a, &worker).await;
+}
+
+/// Two gateways on one sqlite file (one host): sqlite pushes no notice,
+/// so the owner finds the request on its heartbeat, and cancels as above.
+#[tokio::test]
+async fn a_cancel_sent_to_another_gateway_on_one_sqlite_file_is_found_on_a_heartbeat() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("h.sqlite3");
+    let file = file.to_str().expect("a UTF-8 path");
+    let (worker, fleet) = stalling_worker();
+    let history = ["--history-backend", "sqlite", "--history-path", file];
+    let a = gateway(&fleet, &history);
+    let b = gateway(&fleet, &history);
+    assert_cancelled_through_another_gateway(&a, &b, &worker).await;
 }
 
 #[tokio::test]

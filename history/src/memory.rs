@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::{
-    CancelNotices, Conversation, ConversationItem, HistoryError, HistoryResult, HistoryStore, ItemPage, Order,
-    PageRequest, StoredResponse,
+    CancelNotices, Conversation, ConversationItem, HistoryError, HistoryResult, HistoryStore,
+    ItemPage, Order, PageRequest, StoredResponse,
 };
 
 /// The in-process store.

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::{
-    CancelNotices, Conversation, ConversationItem, HistoryResult, HistoryStore, ItemPage, PageRequest,
-    StoredResponse,
+    CancelNotices, Conversation, ConversationItem, HistoryResult, HistoryStore, ItemPage,
+    PageRequest, StoredResponse,
 };
 
 /// The store that keeps nothing.

@@ -121,9 +121,7 @@ impl PostgresStore {
     /// LISTENs on [`CANCEL_CHANNEL`] over a connection of the pool (held
     /// for as long as the listener lives).
     async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
-        let mut listener = PgListener::connect_with(&self.pool)
-            .await
-            .map_err(db_err)?;
+        let mut listener = PgListener::connect_with(&self.pool).await.map_err(db_err)?;
         listener.listen(CANCEL_CHANNEL).await.map_err(db_err)?;
         Ok(Some(Box::new(PgCancelNotices { listener })))
     }

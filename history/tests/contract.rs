@@ -189,7 +189,11 @@ mod postgres {
         let config = postgres_at(&url, 2);
         let (owner, other) = tokio::join!(open(&config), open(&config));
         let (owner, other) = (owner.unwrap(), other.unwrap());
-        let mut notices = owner.cancel_notices().await.unwrap().expect("postgres pushes");
+        let mut notices = owner
+            .cancel_notices()
+            .await
+            .unwrap()
+            .expect("postgres pushes");
         let running = smg_history::StoredResponse {
             status: "in_progress".into(),
             owner: Some("a".into()),
