@@ -111,6 +111,10 @@ impl History {
             "heartbeat",
         )
         .await?;
+        // Both series from start-up, at zero unless something is ended.
+        for by in ["restart", "lease"] {
+            metrics::record_orphans_ended(self.backend(), by, 0);
+        }
         self.end_orphans(true).await
     }
 
@@ -252,6 +256,7 @@ impl History {
             for orphan in orphans {
                 let owner = orphan.owner.clone();
                 let restarted = owner.as_deref() == Some(&*self.instance);
+                let by = if restarted { "restart" } else { "lease" };
                 let replaced = self
                     .timed(
                         "end_orphan",
@@ -267,6 +272,7 @@ impl History {
                         by = %self.instance,
                         "a response left in flight by a gateway that stopped was ended as failed"
                     );
+                    metrics::record_orphans_ended(self.backend(), by, 1);
                     ended += 1;
                     progress = true;
                 }

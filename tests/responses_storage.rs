@@ -165,8 +165,9 @@ fn assert_orphaned(stored: &Value) {
 
 /// A gateway killed (SIGKILL) while a background response runs leaves its
 /// row `in_progress`; the gateway started again on the same file and
-/// instance name ends it as failed (`response_orphaned`) before it serves,
-/// and leaves a finished response as it was.
+/// instance name ends it as failed (`response_orphaned`) before it serves
+/// (and counts it in `smg_history_orphans_ended_total`), and leaves a
+/// finished response as it was.
 #[tokio::test]
 async fn a_restart_ends_the_background_responses_its_previous_life_left_running() {
     let (_worker, fleet) = stalling_worker();
@@ -202,6 +203,17 @@ async fn a_restart_ends_the_background_responses_its_previous_life_left_running(
     let (status, stored) = get(&second_gateway, &format!("/v1/responses/{id}")).await;
     assert_eq!(status, 200, "{stored}");
     assert_orphaned(&stored);
+    // Counted, as ended by the restart.
+    let text = metrics_text(&second_gateway).await;
+    let ended = |by: &str| {
+        let by = format!("by=\"{by}\"");
+        metric(
+            &text,
+            "smg_history_orphans_ended_total",
+            &["backend=\"sqlite\"", &by],
+        )
+    };
+    assert_eq!((ended("restart"), ended("lease")), (1.0, 0.0), "{text}");
     assert_eq!(stored["id"], id.as_str());
     assert_eq!(stored["background"], true);
     let (status, cancel) = post(
