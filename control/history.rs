@@ -5,7 +5,9 @@
 //! Why it exists: handlers should not each time calls, label metrics or
 //! decide what a database error tells a client. A store's own message may
 //! carry a host name or a query; it goes to the log, and the client gets
-//! `history_unavailable` (503, retryable) with the operation that failed.
+//! `history_unavailable` (503, retryable) with the operation that failed
+//! (and, when the store is out of reach, the cause in words that name no
+//! host: "connection refused").
 //!
 //! It also keeps this gateway's lease in the store, so that responses a
 //! dead gateway left in flight do not read `in_progress` forever. A
@@ -330,6 +332,23 @@ impl History {
             HistoryError::NotFound(_) => not_found(not_found_code, what),
             HistoryError::Conflict(detail) => {
                 Error::invalid_request(format!("{what} exists already ({detail})"))
+            }
+            HistoryError::Unreachable { cause, detail } => {
+                tracing::warn!(
+                    backend = self.backend(),
+                    operation,
+                    error = %detail,
+                    "history store out of reach"
+                );
+                Error::new(
+                    ErrorCode::HistoryUnavailable,
+                    format!(
+                        "the history store ({}) failed to {}: it is out of reach ({cause}); \
+                         nothing was changed",
+                        self.backend(),
+                        step(operation)
+                    ),
+                )
             }
             HistoryError::Unavailable(detail) | HistoryError::Corrupt(detail) => {
                 tracing::warn!(

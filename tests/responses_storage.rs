@@ -427,12 +427,29 @@ async fn two_gateways_share_one_postgres_history() {
     );
 }
 
+/// Polls `GET /v1/responses/{id}` until the store answers it (a server
+/// started again is found back by the gateway's next probe), and returns
+/// that answer.
+async fn once_the_store_answers(gateway: &Gateway, id: &str) -> (u16, Value) {
+    poll_until("the gateway to find the store back", async || {
+        let (status, body) = get(gateway, &format!("/v1/responses/{id}")).await;
+        (status != 503).then_some((status, body))
+    })
+    .await
+}
+
+/// The PostgreSQL server stops under a running gateway whose calls may
+/// wait 120 s for a connection. Requests that need the store fail at
+/// their history step with `history_unavailable`, naming the store, the
+/// step and the cause, and they fail fast: each HTTP exchange is bounded
+/// to 30 s (`support::responses::send`), so a call that waited for the
+/// pool would fail the test. What needs no history is served meanwhile;
+/// once the server is back, the chain made before the outage goes on.
 #[tokio::test]
-async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
+async fn a_postgres_outage_fails_requests_fast_with_their_cause_and_passes() {
     let mut server = postgres::private_server().await;
     let url = server.create_database().await;
     let (_worker, fleet) = worker();
-    // Each call during the outage waits this long for a connection.
     let gateway = gateway(
         &fleet,
         &[
@@ -441,26 +458,29 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
             "--history-url",
             &url,
             "--history-connect-timeout-secs",
-            "2",
+            "120",
         ],
     );
     let one = step(&gateway, "one", None).await;
 
     server.stop().await;
-    // Continuing a chain fails at its read, before anything is generated.
-    let (status, body) = post(
-        &gateway,
-        "/v1/responses",
-        &json!({"input": "two", "previous_response_id": one["id"], "max_output_tokens": 64}),
-    )
-    .await;
-    assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
-    assert_eq!(
-        body["error"]["message"],
-        "the history store (postgres) failed to read the previous_response_id chain; \
-         nothing was changed",
-        "the message names the store and the step"
-    );
+    // Continuing a chain fails at its read, before anything is generated;
+    // the first call finds the outage, the next ones know it.
+    for _ in 0..3 {
+        let (status, body) = post(
+            &gateway,
+            "/v1/responses",
+            &json!({"input": "two", "previous_response_id": one["id"], "max_output_tokens": 64}),
+        )
+        .await;
+        assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
+        assert_eq!(
+            body["error"]["message"],
+            "the history store (postgres) failed to read the previous_response_id chain: \
+             it is out of reach (connection refused); nothing was changed",
+            "the message names the store, the step and the cause"
+        );
+    }
     // A new stored response is generated, then fails at its save.
     let (status, body) = post(
         &gateway,
@@ -471,7 +491,8 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
     assert_eq!(
         body["error"]["message"],
-        "the history store (postgres) failed to save the response; nothing was changed"
+        "the history store (postgres) failed to save the response: it is out of reach \
+         (connection refused); nothing was changed"
     );
     // The gateway is up: what needs no history is served.
     let chat = chat_text(&gateway, json!([{"role": "user", "content": "still here"}])).await;
@@ -484,7 +505,9 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     assert_eq!(unstored["store"], false);
 
     server.start_again().await;
-    // The pool reconnects; the chain made before the outage goes on.
+    // The gateway finds it back; the chain made before the outage goes on.
+    let (status, stored) = once_the_store_answers(&gateway, one["id"].as_str().expect("id")).await;
+    assert_eq!((status, &stored), (200, &one));
     let two = step(&gateway, "two", Some(&one)).await;
     assert_replayed(&gateway, &[("one", &one), ("two", &two)]).await;
     let three = step(&gateway, "three", Some(&two)).await;
@@ -583,7 +606,8 @@ async fn a_streamed_response_whose_save_fails_ends_with_error_then_response_fail
         .filter_map(|(_, data)| data["delta"].as_str())
         .collect();
 
-    let message = "the history store (postgres) failed to save the response; nothing was changed";
+    let message = "the history store (postgres) failed to save the response: it is out of \
+                   reach (connection refused); nothing was changed";
     let error = &events[events.len() - 2].1;
     assert_eq!(error["code"], "history_unavailable", "{error}");
     assert_eq!(error["message"], message);
@@ -610,7 +634,7 @@ async fn a_streamed_response_whose_save_fails_ends_with_error_then_response_fail
 
     server.start_again().await;
     let id = failed["id"].as_str().expect("id");
-    let (status, body) = get(&gateway, &format!("/v1/responses/{id}")).await;
+    let (status, body) = once_the_store_answers(&gateway, id).await;
     assert_eq!((status, code(&body)), (404, Some("response_not_found")));
     // The one slot is free, and the worker holds no more streams.
     let after = step(&gateway, "after", None).await;

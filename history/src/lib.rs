@@ -116,6 +116,14 @@ pub enum HistoryError {
     /// from the client's point of view: 503).
     #[error("history store unavailable: {0}")]
     Unavailable(String),
+    /// The database is out of reach: no connection can be made. `cause`
+    /// says why in words a client may be shown ("connection refused"; no
+    /// address, no name), `detail` tells the log the rest (the server's
+    /// address, the driver's error). Once a store knows this it fails
+    /// its calls at once, without waiting for a connection, until the
+    /// server answers again.
+    #[error("history store unreachable: {detail}")]
+    Unreachable { cause: String, detail: String },
     /// The operation names something that does not exist (a conversation
     /// items are added to, an `after` cursor outside the conversation).
     #[error("not found: {0}")]

@@ -12,13 +12,14 @@
 use std::{path::Path, time::Duration};
 
 use sqlx::{
-    SqlitePool,
+    Sqlite, SqlitePool,
+    pool::PoolConnection,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 
 use crate::{
     HistoryError, HistoryResult,
-    sql::{Queries, sql_store},
+    sql::{Queries, db_err, sql_store},
 };
 
 /// How long a write waits for another writer before giving up.
@@ -60,6 +61,12 @@ impl SqliteStore {
             .await
             .map_err(|err| unavailable("cannot migrate", &err))?;
         Ok(Self { pool })
+    }
+
+    /// A connection of the pool (a file is never out of reach; waiting
+    /// for a writer is the busy timeout's business).
+    async fn connection(&self) -> HistoryResult<PoolConnection<Sqlite>> {
+        self.pool.acquire().await.map_err(db_err)
     }
 
     /// sqlite cannot push a notice to another process: a gateway finds the

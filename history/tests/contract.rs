@@ -213,6 +213,56 @@ mod postgres {
         assert_eq!(notice.as_deref(), Some("resp_notified"), "the first notice");
     }
 
+    /// The server stops under an open store whose calls may wait 120 s
+    /// for a connection. Each call fails within the 30 s bound (so without
+    /// waiting for the pool) as `Unreachable`, with the cause in words a
+    /// client may see and the server's address for the log; once the
+    /// server is back, the store finds it again and reads what it wrote.
+    #[tokio::test]
+    async fn an_outage_fails_calls_at_once_with_its_cause_until_the_server_is_back() {
+        let mut server = support::postgres::private_server().await;
+        let url = server.create_database().await;
+        let store = open(&HistoryConfig::Postgres {
+            url,
+            max_connections: 2,
+            connect_timeout: Duration::from_secs(120),
+        })
+        .await
+        .unwrap();
+        let before = support::suite::response("resp_before", None);
+        store.save_response(&before, &[]).await.unwrap();
+
+        server.stop().await;
+        for _ in 0..3 {
+            let err =
+                tokio::time::timeout(Duration::from_secs(30), store.get_response("resp_before"))
+                    .await
+                    .expect("fails within 30 s")
+                    .unwrap_err();
+            let HistoryError::Unreachable { cause, detail } = err else {
+                panic!("{err:?}");
+            };
+            assert_eq!(cause, "connection refused");
+            assert!(
+                detail.starts_with("cannot connect to postgres at 127.0.0.1:"),
+                "{detail}"
+            );
+        }
+
+        server.start_again().await;
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(found) = store.get_response("resp_before").await {
+                    return found;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the store finds the server back within 30 s");
+        assert_eq!(found, Some(before));
+    }
+
     /// A postgres config for `url`, with a small pool.
     fn at(url: &str) -> HistoryConfig {
         postgres_at(url, 2)
