@@ -34,9 +34,9 @@
 //! A cancel asked of one replica for a response another one runs is a
 //! flag on the row plus a NOTIFY on [`CANCEL_CHANNEL`] carrying the id,
 //! sent by the same statement (so it is delivered only if the flag was
-//! committed). Each gateway LISTENs on one connection of its pool
-//! ([`CancelNotices`]); a notice sent while that connection was down is
-//! lost, which the listener reports so the owner asks for its flagged
+//! committed). Each gateway LISTENs on one connection of its own, beside
+//! the pool ([`CancelNotices`]); a notice sent while that connection was
+//! down is lost, which the listener reports so the owner asks for its flagged
 //! rows (as it also does on every heartbeat).
 //!
 //! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
@@ -89,6 +89,9 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The one connection that LISTENs for cancel requests, apart from
+    /// `pool` (a pool of one would otherwise have none left for calls).
+    listening: PgPool,
     reach: Arc<Reach>,
 }
 
@@ -290,6 +293,10 @@ impl PostgresStore {
             .max_connections(max_connections)
             .acquire_timeout(connect_timeout)
             .connect_lazy_with(options.clone());
+        let listening = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(connect_timeout)
+            .connect_lazy_with(options.clone());
         let reach = Arc::new(Reach {
             options,
             url: url.to_owned(),
@@ -299,7 +306,11 @@ impl PostgresStore {
             down: watch::Sender::new(None),
             probing: AtomicBool::new(false),
         });
-        Ok(Self { pool, reach })
+        Ok(Self {
+            pool,
+            listening,
+            reach,
+        })
     }
 
     /// A connection of the pool, as every call gets one: at once an
@@ -363,13 +374,15 @@ impl PostgresStore {
         }
     }
 
-    /// LISTENs on [`CANCEL_CHANNEL`] over a connection of the pool (held
-    /// for as long as the listener lives).
+    /// LISTENs on [`CANCEL_CHANNEL`] over a connection of its own (held
+    /// for as long as the listener lives; not one of the pool's).
     async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
         if let Some(outage) = self.reach.outage() {
             return Err(Reach::error(&outage));
         }
-        let mut listener = PgListener::connect_with(&self.pool).await.map_err(db_err)?;
+        let mut listener = PgListener::connect_with(&self.listening)
+            .await
+            .map_err(db_err)?;
         listener.listen(CANCEL_CHANNEL).await.map_err(db_err)?;
         Ok(Some(Box::new(PgCancelNotices { listener })))
     }
