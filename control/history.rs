@@ -5,7 +5,9 @@
 //! Why it exists: handlers should not each time calls, label metrics or
 //! decide what a database error tells a client. A store's own message may
 //! carry a host name or a query; it goes to the log, and the client gets
-//! `history_unavailable` (503, retryable) with the operation that failed.
+//! `history_unavailable` (503, retryable) with the operation that failed
+//! (and, when the store is out of reach, the cause in words that name no
+//! host: "connection refused").
 //!
 //! It also keeps this gateway's lease in the store, so that responses a
 //! dead gateway left in flight do not read `in_progress` forever. A
@@ -31,6 +33,15 @@
 //! life's rows: they would wait for the lease. An orphan is ended only if
 //! it is still in flight under the owner it was found with, so a replica
 //! racing another (or the owner's own last write) never undoes an end.
+//!
+//! A cancel may reach a replica that does not run the response (replicas
+//! share one store behind one load balancer). That replica records the
+//! request in the store ([`History::request_cancel`]); the owner learns of
+//! it from the store's notices at once where the store pushes them
+//! (postgres LISTEN/NOTIFY) and, in any case, by asking for the requests
+//! of its own responses on every heartbeat, and after a lost listening
+//! connection comes back. It then cancels the response as a local cancel
+//! does (the engine legs are aborted, it is stored `cancelled`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +62,12 @@ pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
 /// Orphans read (and ended) per query.
 const ORPHANS_PER_QUERY: usize = 256;
+/// How long the cancel listener waits before listening again after its
+/// connection failed (the heartbeat's sweep finds requests meanwhile).
+const LISTEN_AGAIN_AFTER: Duration = Duration::from_secs(1);
+
+/// Cancels the response of this id if this gateway runs it; `true` if so.
+pub(crate) type CancelLocal = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The store, as handlers use it.
 #[derive(Debug, Clone)]
@@ -96,34 +113,130 @@ impl History {
             "heartbeat",
         )
         .await?;
+        // Both series from start-up, at zero unless something is ended.
+        for by in ["restart", "lease"] {
+            metrics::record_orphans_ended(self.backend(), by, 0);
+        }
         self.end_orphans(true).await
     }
 
     /// Renews the lease every [`HEARTBEAT_EVERY`] and ends the orphans of
-    /// gateways whose lease ran out, until the process ends. A failure is
-    /// logged and tried again on the next beat.
-    pub fn keep_lease(&self) {
-        if !self.keeps_anything() || self.backend() == "memory" {
+    /// gateways whose lease ran out, until the process ends; and cancels,
+    /// through `cancel_local`, the responses this gateway runs whose cancel
+    /// another replica requested in the store: as the store's notices
+    /// come, and on every beat. A failure is logged and tried again on the
+    /// next beat.
+    pub(crate) fn keep_lease(&self, cancel_local: CancelLocal) {
+        if !self.keeps_anything() {
             return;
         }
         let history = self.clone();
+        let sweep = Arc::clone(&cancel_local);
         tokio::spawn(async move {
             let mut beats = tokio::time::interval(HEARTBEAT_EVERY);
             beats.tick().await;
             loop {
                 beats.tick().await;
-                let beat = history.timed(
-                    "heartbeat",
-                    history.store.heartbeat(&history.instance),
-                    ErrorCode::HistoryUnavailable,
-                    "heartbeat",
-                );
-                if beat.await.is_ok() {
-                    // A failure is logged where it happens (`timed`).
+                // One process owns the memory store: no lease to keep.
+                if history.backend() != "memory" {
+                    let beat = history.timed(
+                        "heartbeat",
+                        history.store.heartbeat(&history.instance),
+                        ErrorCode::HistoryUnavailable,
+                        "heartbeat",
+                    );
+                    if beat.await.is_err() {
+                        // Logged where it happened (`timed`).
+                        continue;
+                    }
                     let _ = history.end_orphans(false).await;
                 }
+                history.cancel_requested(&sweep).await;
             }
         });
+        let history = self.clone();
+        tokio::spawn(async move { history.listen_for_cancels(&cancel_local).await });
+    }
+
+    /// Cancels what the store's notices name, listening again (after
+    /// [`LISTEN_AGAIN_AFTER`]) when the listener fails; returns at once if
+    /// the store cannot push.
+    async fn listen_for_cancels(&self, cancel_local: &CancelLocal) {
+        loop {
+            let mut notices = match self.store.cancel_notices().await {
+                Ok(Some(notices)) => notices,
+                Ok(None) => return,
+                Err(err) => {
+                    tracing::warn!(
+                        backend = self.backend(),
+                        error = %err,
+                        "cannot listen for cancel requests; trying again"
+                    );
+                    tokio::time::sleep(LISTEN_AGAIN_AFTER).await;
+                    continue;
+                }
+            };
+            // Requests made before this listener listened.
+            self.cancel_requested(cancel_local).await;
+            loop {
+                match notices.next().await {
+                    Ok(Some(id)) => {
+                        if cancel_local(&id) {
+                            tracing::info!(
+                                response = %id,
+                                "cancelled at the request of another gateway"
+                            );
+                        }
+                    }
+                    // Notices may have been lost meanwhile: ask.
+                    Ok(None) => self.cancel_requested(cancel_local).await,
+                    Err(err) => {
+                        tracing::warn!(
+                            backend = self.backend(),
+                            error = %err,
+                            "lost the cancel requests' listener; listening again"
+                        );
+                        break;
+                    }
+                }
+            }
+            drop(notices);
+            tokio::time::sleep(LISTEN_AGAIN_AFTER).await;
+        }
+    }
+
+    /// Cancels the responses this gateway runs whose cancel was requested
+    /// in the store (a failure is logged by `timed`, and the next beat
+    /// asks again).
+    async fn cancel_requested(&self, cancel_local: &CancelLocal) {
+        let requested = self
+            .timed(
+                "cancel_requests",
+                self.store.cancel_requests(&self.instance),
+                ErrorCode::HistoryUnavailable,
+                "cancel requests",
+            )
+            .await;
+        for id in requested.unwrap_or_default() {
+            if cancel_local(&id) {
+                tracing::info!(
+                    response = %id,
+                    "cancelled at the request of another gateway (found by asking the store)"
+                );
+            }
+        }
+    }
+
+    /// Asks the gateway running `id` (another replica) to cancel it;
+    /// `false` if it is not in flight.
+    pub async fn request_cancel(&self, id: &str) -> Result<bool> {
+        self.timed(
+            "request_cancel",
+            self.store.request_cancel(id),
+            ErrorCode::ResponseNotFound,
+            id,
+        )
+        .await
     }
 
     /// Ends, as failed with `response_orphaned`, the responses in flight
@@ -145,6 +258,7 @@ impl History {
             for orphan in orphans {
                 let owner = orphan.owner.clone();
                 let restarted = owner.as_deref() == Some(&*self.instance);
+                let by = if restarted { "restart" } else { "lease" };
                 let replaced = self
                     .timed(
                         "end_orphan",
@@ -160,6 +274,7 @@ impl History {
                         by = %self.instance,
                         "a response left in flight by a gateway that stopped was ended as failed"
                     );
+                    metrics::record_orphans_ended(self.backend(), by, 1);
                     ended += 1;
                     progress = true;
                 }
@@ -217,6 +332,23 @@ impl History {
             HistoryError::NotFound(_) => not_found(not_found_code, what),
             HistoryError::Conflict(detail) => {
                 Error::invalid_request(format!("{what} exists already ({detail})"))
+            }
+            HistoryError::Unreachable { cause, detail } => {
+                tracing::warn!(
+                    backend = self.backend(),
+                    operation,
+                    error = %detail,
+                    "history store out of reach"
+                );
+                Error::new(
+                    ErrorCode::HistoryUnavailable,
+                    format!(
+                        "the history store ({}) failed to {}: it is out of reach ({cause}); \
+                         nothing was changed",
+                        self.backend(),
+                        step(operation)
+                    ),
+                )
             }
             HistoryError::Unavailable(detail) | HistoryError::Corrupt(detail) => {
                 tracing::warn!(
@@ -428,6 +560,8 @@ fn step(operation: &str) -> &'static str {
         "heartbeat" => "renew this gateway's lease",
         "orphaned_responses" => "find responses left in flight by a stopped gateway",
         "end_orphan" => "end a response left in flight by a stopped gateway",
+        "request_cancel" => "record the cancel for the gateway running the response",
+        "cancel_requests" => "find the cancels requested of this gateway",
         _ => "answer",
     }
 }

@@ -81,6 +81,7 @@ pub const TLS_RELOADS: &str = "smg_tls_reloads_total";
 pub const HISTORY_DURATION: &str = "smg_history_operation_duration_seconds";
 pub const HISTORY_ERRORS: &str = "smg_history_errors_total";
 pub const RESPONSES_STORED: &str = "smg_history_responses_stored_total";
+pub const ORPHANS_ENDED: &str = "smg_history_orphans_ended_total";
 
 /// What a family is, as Prometheus types it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,6 +320,11 @@ pub const FAMILIES: &[Family] = &[
         RESPONSES_STORED,
         Kind::Counter,
         "Responses written to the history store, by backend and status.",
+    ),
+    family(
+        ORPHANS_ENDED,
+        Kind::Counter,
+        "Responses a stopped gateway left in flight, ended as failed (response_orphaned), by backend and by whom (restart: its own next start; lease: a replica, once its lease ran out).",
     ),
 ];
 
@@ -639,6 +645,13 @@ pub fn record_history(backend: &'static str, operation: &'static str, elapsed: D
 /// One response stored.
 pub fn record_response_stored(backend: &'static str, status: &'static str) {
     metrics::counter!(RESPONSES_STORED, "backend" => backend, "status" => status).increment(1);
+}
+
+/// `count` responses left in flight by a stopped gateway ended, `by` its
+/// own restart or by a replica once its lease ran out (a zero count makes
+/// the series show from start-up).
+pub fn record_orphans_ended(backend: &'static str, by: &'static str, count: u64) {
+    metrics::counter!(ORPHANS_ENDED, "backend" => backend, "by" => by).increment(count);
 }
 
 /// One failed request, by its stable error code.

@@ -166,7 +166,6 @@ async fn serve_with(
             "ended background responses a previous run left unfinished"
         );
     }
-    history.keep_lease();
     let shutdown = Shutdown::new();
     let tasks = shutdown.tasks();
     let (state, label, static_fleet) = match &config.fleet {
@@ -202,6 +201,15 @@ async fn serve_with(
             .with_shutdown(&shutdown)
             .with_offload(env.offload.clone()),
     );
+
+    // Cancels another replica records in the store for a response running
+    // here reach it through the registry of running responses.
+    let running = Arc::downgrade(&state);
+    state.history.keep_lease(Arc::new(move |id: &str| {
+        running
+            .upgrade()
+            .is_some_and(|state| state.responses.cancel(id))
+    }));
 
     let metrics_listener = TcpListener::bind((listen.metrics_host.as_str(), listen.metrics_port))
         .await

@@ -280,6 +280,10 @@ async fn serve_a_mix(gateway: &Gateway) {
             "/v1/messages",
             json!({"model": "model", "max_tokens": 4, "messages": hello}),
         ),
+        (
+            "/v1/responses",
+            json!({"model": "model", "max_output_tokens": 4, "input": "Hi"}),
+        ),
     ];
     for (path, body) in ok {
         let response = http()
@@ -375,6 +379,9 @@ async fn every_family_a_busy_gateway_exports_is_documented_and_promtool_clean() 
         "smg_http_refusals_total",
         "smg_http_tenant_requests_total",
         "smg_tensor_lane_tensors_total",
+        "smg_history_operation_duration_seconds",
+        "smg_history_responses_stored_total",
+        "smg_history_orphans_ended_total",
     ] {
         assert!(exported.contains_key(name), "{name} was not exported");
     }

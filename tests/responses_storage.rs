@@ -3,8 +3,9 @@
 //! database shared by two gateways at once, a PostgreSQL server that goes
 //! away and comes back under a running gateway, one that goes away while a
 //! streamed response is in the middle of its stream (so its save fails),
-//! `--history-backend none`, and the start-up failures of a postgres
-//! backend that is misconfigured or out of reach.
+//! `--history-backend none`, a cancel sent to a gateway that does not run
+//! the response (postgres and a shared sqlite file), and the start-up
+//! failures of a postgres backend that is misconfigured or out of reach.
 //!
 //! Why it exists: `tests/responses.rs` proves the API on the memory backend
 //! inside one process; what a user of sqlite or postgres relies on is that a
@@ -24,6 +25,8 @@ mod postgres;
 
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
+use smg::proto::tokenspeed_scheduler as ts;
+use smg::proto::tokenspeed_scheduler::token_speed_scheduler_client::TokenSpeedSchedulerClient;
 use support::chat::http;
 use support::media::{metric, metrics_text};
 use support::responses::{chat_text, digest, get, names, output_text, parse_events, post, send};
@@ -162,8 +165,9 @@ fn assert_orphaned(stored: &Value) {
 
 /// A gateway killed (SIGKILL) while a background response runs leaves its
 /// row `in_progress`; the gateway started again on the same file and
-/// instance name ends it as failed (`response_orphaned`) before it serves,
-/// and leaves a finished response as it was.
+/// instance name ends it as failed (`response_orphaned`) before it serves
+/// (and counts it in `smg_history_orphans_ended_total`), and leaves a
+/// finished response as it was.
 #[tokio::test]
 async fn a_restart_ends_the_background_responses_its_previous_life_left_running() {
     let (_worker, fleet) = stalling_worker();
@@ -199,6 +203,17 @@ async fn a_restart_ends_the_background_responses_its_previous_life_left_running(
     let (status, stored) = get(&second_gateway, &format!("/v1/responses/{id}")).await;
     assert_eq!(status, 200, "{stored}");
     assert_orphaned(&stored);
+    // Counted, as ended by the restart.
+    let text = metrics_text(&second_gateway).await;
+    let ended = |by: &str| {
+        let by = format!("by=\"{by}\"");
+        metric(
+            &text,
+            "smg_history_orphans_ended_total",
+            &["backend=\"sqlite\"", &by],
+        )
+    };
+    assert_eq!((ended("restart"), ended("lease")), (1.0, 0.0), "{text}");
     assert_eq!(stored["id"], id.as_str());
     assert_eq!(stored["background"], true);
     let (status, cancel) = post(
@@ -250,6 +265,89 @@ async fn a_restarted_replica_ends_its_own_orphans_never_a_live_replicas() {
     assert_eq!(cancelled["status"], "cancelled");
     let (_, stored) = get(&b, &format!("/v1/responses/{of_a}")).await;
     assert_eq!(stored["status"], "cancelled", "{stored}");
+}
+
+/// How many requests the sim worker at `url` runs (its scheduler's load).
+async fn running_requests(url: &str) -> i32 {
+    let mut client = TokenSpeedSchedulerClient::connect(url.to_owned())
+        .await
+        .expect("connect");
+    client
+        .get_loads(ts::GetLoadsRequest {
+            dp_rank: None,
+            include: vec![],
+        })
+        .await
+        .expect("loads")
+        .into_inner()
+        .aggregate
+        .map_or(-1, |loads| loads.total_running_reqs)
+}
+
+/// A background response runs on gateway `a`; its cancel is sent to `b`,
+/// which shares the store but does not run it. `b` answers with the
+/// response as it ended: `cancelled`, stopped where it runs (the worker's
+/// leg is aborted) and stored so, as every gateway reads it; a second
+/// cancel finds it over.
+async fn assert_cancelled_through_another_gateway(a: &Gateway, b: &Gateway, worker: &SimWorker) {
+    let id = running_in_background(a).await;
+    poll_until("the worker runs the request", async || {
+        (running_requests(&worker.url()).await == 1).then_some(())
+    })
+    .await;
+    let (status, cancelled) = post(b, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["id"], id.as_str());
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    poll_until("the worker's request is aborted", async || {
+        (running_requests(&worker.url()).await == 0).then_some(())
+    })
+    .await;
+    for gateway in [a, b] {
+        let (_, stored) = get(gateway, &format!("/v1/responses/{id}")).await;
+        assert_eq!(stored, cancelled);
+    }
+    let (status, again) = post(b, &format!("/v1/responses/{id}/cancel"), &json!({})).await;
+    assert_eq!(
+        (status, code(&again)),
+        (400, Some("response_not_cancellable")),
+        "{again}"
+    );
+}
+
+/// Two replicas on one PostgreSQL: a cancel sent to the one that does not
+/// run the response is recorded in the store and notified; the owner
+/// cancels it (see [`assert_cancelled_through_another_gateway`]).
+#[tokio::test]
+async fn a_cancel_sent_to_another_postgres_replica_stops_the_response_where_it_runs() {
+    let url = postgres::fresh_database().await;
+    let (worker, fleet) = stalling_worker();
+    let history = ["--history-backend", "postgres", "--history-url", &url];
+    let a = gateway(
+        &fleet,
+        &[&history[..], &["--history-instance", "replica-a"]].concat(),
+    );
+    let b = gateway(
+        &fleet,
+        &[&history[..], &["--history-instance", "replica-b"]].concat(),
+    );
+    assert_cancelled_through_another_gateway(&a, &b, &worker).await;
+    // And the other way round.
+    assert_cancelled_through_another_gateway(&b, &a, &worker).await;
+}
+
+/// Two gateways on one sqlite file (one host): sqlite pushes no notice,
+/// so the owner finds the request on its heartbeat, and cancels as above.
+#[tokio::test]
+async fn a_cancel_sent_to_another_gateway_on_one_sqlite_file_is_found_on_a_heartbeat() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("h.sqlite3");
+    let file = file.to_str().expect("a UTF-8 path");
+    let (worker, fleet) = stalling_worker();
+    let history = ["--history-backend", "sqlite", "--history-path", file];
+    let a = gateway(&fleet, &history);
+    let b = gateway(&fleet, &history);
+    assert_cancelled_through_another_gateway(&a, &b, &worker).await;
 }
 
 #[tokio::test]
@@ -329,12 +427,29 @@ async fn two_gateways_share_one_postgres_history() {
     );
 }
 
+/// Polls `GET /v1/responses/{id}` until the store answers it (a server
+/// started again is found back by the gateway's next probe), and returns
+/// that answer.
+async fn once_the_store_answers(gateway: &Gateway, id: &str) -> (u16, Value) {
+    poll_until("the gateway to find the store back", async || {
+        let (status, body) = get(gateway, &format!("/v1/responses/{id}")).await;
+        (status != 503).then_some((status, body))
+    })
+    .await
+}
+
+/// The PostgreSQL server stops under a running gateway whose calls may
+/// wait 120 s for a connection. Requests that need the store fail at
+/// their history step with `history_unavailable`, naming the store, the
+/// step and the cause, and they fail fast: each HTTP exchange is bounded
+/// to 30 s (`support::responses::send`), so a call that waited for the
+/// pool would fail the test. What needs no history is served meanwhile;
+/// once the server is back, the chain made before the outage goes on.
 #[tokio::test]
-async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
+async fn a_postgres_outage_fails_requests_fast_with_their_cause_and_passes() {
     let mut server = postgres::private_server().await;
     let url = server.create_database().await;
     let (_worker, fleet) = worker();
-    // Each call during the outage waits this long for a connection.
     let gateway = gateway(
         &fleet,
         &[
@@ -343,26 +458,29 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
             "--history-url",
             &url,
             "--history-connect-timeout-secs",
-            "2",
+            "120",
         ],
     );
     let one = step(&gateway, "one", None).await;
 
     server.stop().await;
-    // Continuing a chain fails at its read, before anything is generated.
-    let (status, body) = post(
-        &gateway,
-        "/v1/responses",
-        &json!({"input": "two", "previous_response_id": one["id"], "max_output_tokens": 64}),
-    )
-    .await;
-    assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
-    assert_eq!(
-        body["error"]["message"],
-        "the history store (postgres) failed to read the previous_response_id chain; \
-         nothing was changed",
-        "the message names the store and the step"
-    );
+    // Continuing a chain fails at its read, before anything is generated;
+    // the first call finds the outage, the next ones know it.
+    for _ in 0..3 {
+        let (status, body) = post(
+            &gateway,
+            "/v1/responses",
+            &json!({"input": "two", "previous_response_id": one["id"], "max_output_tokens": 64}),
+        )
+        .await;
+        assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
+        assert_eq!(
+            body["error"]["message"],
+            "the history store (postgres) failed to read the previous_response_id chain: \
+             it is out of reach (connection refused); nothing was changed",
+            "the message names the store, the step and the cause"
+        );
+    }
     // A new stored response is generated, then fails at its save.
     let (status, body) = post(
         &gateway,
@@ -373,7 +491,8 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     assert_eq!((status, code(&body)), (503, Some("history_unavailable")));
     assert_eq!(
         body["error"]["message"],
-        "the history store (postgres) failed to save the response; nothing was changed"
+        "the history store (postgres) failed to save the response: it is out of reach \
+         (connection refused); nothing was changed"
     );
     // The gateway is up: what needs no history is served.
     let chat = chat_text(&gateway, json!([{"role": "user", "content": "still here"}])).await;
@@ -386,7 +505,9 @@ async fn a_postgres_outage_fails_requests_at_their_history_step_and_passes() {
     assert_eq!(unstored["store"], false);
 
     server.start_again().await;
-    // The pool reconnects; the chain made before the outage goes on.
+    // The gateway finds it back; the chain made before the outage goes on.
+    let (status, stored) = once_the_store_answers(&gateway, one["id"].as_str().expect("id")).await;
+    assert_eq!((status, &stored), (200, &one));
     let two = step(&gateway, "two", Some(&one)).await;
     assert_replayed(&gateway, &[("one", &one), ("two", &two)]).await;
     let three = step(&gateway, "three", Some(&two)).await;
@@ -485,7 +606,8 @@ async fn a_streamed_response_whose_save_fails_ends_with_error_then_response_fail
         .filter_map(|(_, data)| data["delta"].as_str())
         .collect();
 
-    let message = "the history store (postgres) failed to save the response; nothing was changed";
+    let message = "the history store (postgres) failed to save the response: it is out of \
+                   reach (connection refused); nothing was changed";
     let error = &events[events.len() - 2].1;
     assert_eq!(error["code"], "history_unavailable", "{error}");
     assert_eq!(error["message"], message);
@@ -512,7 +634,7 @@ async fn a_streamed_response_whose_save_fails_ends_with_error_then_response_fail
 
     server.start_again().await;
     let id = failed["id"].as_str().expect("id");
-    let (status, body) = get(&gateway, &format!("/v1/responses/{id}")).await;
+    let (status, body) = once_the_store_answers(&gateway, id).await;
     assert_eq!((status, code(&body)), (404, Some("response_not_found")));
     // The one slot is free, and the worker holds no more streams.
     let after = step(&gateway, "after", None).await;

@@ -116,6 +116,14 @@ pub enum HistoryError {
     /// from the client's point of view: 503).
     #[error("history store unavailable: {0}")]
     Unavailable(String),
+    /// The database is out of reach: no connection can be made. `cause`
+    /// says why in words a client may be shown ("connection refused"; no
+    /// address, no name), `detail` tells the log the rest (the server's
+    /// address, the driver's error). Once a store knows this it fails
+    /// its calls at once, without waiting for a connection, until the
+    /// server answers again.
+    #[error("history store unreachable: {detail}")]
+    Unreachable { cause: String, detail: String },
     /// The operation names something that does not exist (a conversation
     /// items are added to, an `after` cursor outside the conversation).
     #[error("not found: {0}")]
@@ -235,6 +243,35 @@ pub trait HistoryStore: Send + Sync + Debug {
     /// and still owned by `owner` (its gateway did not finish it after
     /// all, and no other replica ended it first); `true` if replaced.
     async fn end_orphan(&self, ended: &StoredResponse, owner: Option<&str>) -> HistoryResult<bool>;
+
+    /// Asks the gateway running `id` to cancel it: records the request on
+    /// the row if it is still in flight (`queued` or `in_progress`), and
+    /// where the store can push, tells the listeners of
+    /// [`cancel_notices`](Self::cancel_notices). `false` if `id` is not
+    /// in flight (unknown, or ended).
+    async fn request_cancel(&self, id: &str) -> HistoryResult<bool>;
+
+    /// The responses in flight under `instance` whose cancel was
+    /// requested ([`request_cancel`](Self::request_cancel)), by id.
+    async fn cancel_requests(&self, instance: &str) -> HistoryResult<Vec<String>>;
+
+    /// A listener told of every [`request_cancel`](Self::request_cancel)
+    /// as it is made, by any gateway sharing the store; `None` where the
+    /// store cannot push (then [`cancel_requests`](Self::cancel_requests),
+    /// asked now and then, is how an owner learns of them).
+    async fn cancel_notices(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>>;
+}
+
+/// What [`HistoryStore::cancel_notices`] gives: the ids of responses whose
+/// cancel was requested, as the requests are made.
+#[async_trait]
+pub trait CancelNotices: Send {
+    /// The next id whose cancel was requested (any gateway's: the caller
+    /// keeps those it runs). `None` when notices may have been missed (the
+    /// connection that listens was lost and is back): ask
+    /// [`HistoryStore::cancel_requests`] now. An error means this listener
+    /// cannot listen now; open a new one later.
+    async fn next(&mut self) -> HistoryResult<Option<String>>;
 }
 
 /// Whether a stored status is one of a response still running.

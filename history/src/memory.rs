@@ -7,7 +7,7 @@
 //! the trait promises; every method checks before it writes, so a failure
 //! leaves the maps as they were.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::{
-    Conversation, ConversationItem, HistoryError, HistoryResult, HistoryStore, ItemPage, Order,
-    PageRequest, StoredResponse,
+    CancelNotices, Conversation, ConversationItem, HistoryError, HistoryResult, HistoryStore,
+    ItemPage, Order, PageRequest, StoredResponse,
 };
 
 /// The in-process store.
@@ -35,6 +35,9 @@ struct Inner {
     item_owner: HashMap<String, String>,
     /// Gateway instance → its last heartbeat.
     heartbeats: HashMap<String, Instant>,
+    /// Responses whose cancel was requested (kept across their upserts,
+    /// as the SQL backends keep the column).
+    cancel_requested: HashSet<String>,
 }
 
 impl MemoryStore {
@@ -105,7 +108,9 @@ impl HistoryStore for MemoryStore {
     }
 
     async fn delete_response(&self, id: &str) -> HistoryResult<bool> {
-        Ok(self.inner.lock().responses.remove(id).is_some())
+        let mut inner = self.inner.lock();
+        inner.cancel_requested.remove(id);
+        Ok(inner.responses.remove(id).is_some())
     }
 
     async fn response_chain(
@@ -307,5 +312,40 @@ impl HistoryStore for MemoryStore {
         }
         *stored = ended.clone();
         Ok(true)
+    }
+
+    async fn request_cancel(&self, id: &str) -> HistoryResult<bool> {
+        let mut inner = self.inner.lock();
+        let running = inner
+            .responses
+            .get(id)
+            .is_some_and(|response| crate::in_flight(&response.status));
+        if running {
+            inner.cancel_requested.insert(id.to_owned());
+        }
+        Ok(running)
+    }
+
+    async fn cancel_requests(&self, instance: &str) -> HistoryResult<Vec<String>> {
+        let inner = self.inner.lock();
+        let mut ids: Vec<String> = inner
+            .cancel_requested
+            .iter()
+            .filter(|id| {
+                inner.responses.get(*id).is_some_and(|response| {
+                    crate::in_flight(&response.status)
+                        && response.owner.as_deref() == Some(instance)
+                })
+            })
+            .cloned()
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// One process: the gateway that gets a cancel runs the response
+    /// itself (its own registry finds it), so there is nothing to push.
+    async fn cancel_notices(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
+        Ok(None)
     }
 }

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::{
-    Conversation, ConversationItem, HistoryResult, HistoryStore, ItemPage, PageRequest,
-    StoredResponse,
+    CancelNotices, Conversation, ConversationItem, HistoryResult, HistoryStore, ItemPage,
+    PageRequest, StoredResponse,
 };
 
 /// The store that keeps nothing.
@@ -125,6 +125,18 @@ impl HistoryStore for NoneStore {
         _owner: Option<&str>,
     ) -> HistoryResult<bool> {
         Ok(false)
+    }
+
+    async fn request_cancel(&self, _id: &str) -> HistoryResult<bool> {
+        Ok(false)
+    }
+
+    async fn cancel_requests(&self, _instance: &str) -> HistoryResult<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    async fn cancel_notices(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
+        Ok(None)
     }
 }
 

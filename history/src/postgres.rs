@@ -17,33 +17,230 @@
 //! connection fails at once with its cause (refused, no such host, a
 //! password or database the server refuses, TLS). The pool connects
 //! lazily after that. Its acquire timeout, the `connect_timeout` of the
-//! config, is how long a call waits for a connection while the server is
-//! down or every connection is busy: nothing has been sent then, so the
-//! caller may say that nothing was changed. A query already sent is not
-//! timed out here, for the same reason.
+//! config, is how long a call waits for a connection while every
+//! connection is busy: nothing has been sent then, so the caller may say
+//! that nothing was changed. A query already sent is not timed out here,
+//! for the same reason.
+//!
+//! An outage is found out, and then fails calls at once ([`Reach`]): a
+//! call that has waited [`PROBE_AFTER`] for a connection has the store
+//! connect once outside the pool (one such probe at a time). If that
+//! fails, the server is out of reach: every call waiting for a connection,
+//! and every call after, fails at once with the probe's cause, until a
+//! probe every [`PROBE_EVERY`] connects again. A server that answers while
+//! the pool is exhausted is not an outage: those calls wait their acquire
+//! timeout, then say that every connection was busy.
+//!
+//! A cancel asked of one replica for a response another one runs is a
+//! flag on the row plus a NOTIFY on [`CANCEL_CHANNEL`] carrying the id,
+//! sent by the same statement (so it is delivered only if the flag was
+//! committed). Each gateway LISTENs on one connection of its own, beside
+//! the pool ([`CancelNotices`]); a notice sent while that connection was
+//! down is lost, which the listener reports so the owner asks for its flagged
+//! rows (as it also does on every heartbeat).
 //!
 //! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
 //! `sslrootcert`. The certificate files the URL names are opened at start,
 //! so a wrong path fails there with its name: sqlx reads them only during
 //! a handshake, and says no more than "No such file or directory".
 
-use std::{str::FromStr, time::Duration};
-
-use sqlx::{
-    Connection, PgConnection, PgPool,
-    postgres::{PgConnectOptions, PgPoolOptions},
+use std::{
+    fmt,
+    str::FromStr,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
 };
+
+use async_trait::async_trait;
+use sqlx::{
+    Connection, PgConnection, PgPool, Postgres,
+    pool::PoolConnection,
+    postgres::{PgConnectOptions, PgListener, PgPoolOptions},
+};
+use tokio::sync::watch;
 
 use crate::{
-    HistoryError, HistoryResult,
+    CancelNotices, HistoryError, HistoryResult,
     config::redact_secret,
-    sql::{Queries, sql_store},
+    sql::{Queries, db_err, sql_store},
 };
+
+/// The NOTIFY channel of cancel requests, as SQL text and as
+/// [`CANCEL_CHANNEL`].
+macro_rules! cancel_channel {
+    () => {
+        "smg_history_cancel"
+    };
+}
+
+/// The NOTIFY channel of cancel requests; the payload is the response id.
+pub const CANCEL_CHANNEL: &str = cancel_channel!();
+
+/// How long a call waits for a connection before the store asks, with a
+/// connection of its own, whether the server is there at all.
+const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// How often a server known to be out of reach is tried again.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// The history in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The one connection that LISTENs for cancel requests, apart from
+    /// `pool` (a pool of one would otherwise have none left for calls).
+    listening: PgPool,
+    reach: Arc<Reach>,
+}
+
+/// Whether the server is known to be out of reach, shared by the store's
+/// calls and the probe that finds it back.
+struct Reach {
+    options: PgConnectOptions,
+    /// Only to scrub the password from the driver's messages.
+    url: String,
+    /// `HOST:PORT` (or the socket), for messages.
+    server: String,
+    connect_timeout: Duration,
+    max_connections: u32,
+    /// `Some` while the server is out of reach.
+    down: watch::Sender<Option<Outage>>,
+    /// A probe runs (at most one at a time).
+    probing: AtomicBool,
+}
+
+/// Why the server is out of reach, and since when.
+#[derive(Debug, Clone)]
+struct Outage {
+    /// In words a client may see.
+    cause: String,
+    /// For the log: the server and the driver's error.
+    detail: String,
+    since: Instant,
+}
+
+/// Written by hand: the options and the URL hold the password.
+impl fmt::Debug for Reach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reach")
+            .field("server", &self.server)
+            .field("down", &*self.down.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reach {
+    fn outage(&self) -> Option<Outage> {
+        self.down.borrow().clone()
+    }
+
+    /// What a call fails with while `outage` lasts.
+    fn error(outage: &Outage) -> HistoryError {
+        HistoryError::Unreachable {
+            cause: outage.cause.clone(),
+            detail: format!(
+                "{} (out of reach for {}s; calls fail at once until a connection is made)",
+                outage.detail,
+                outage.since.elapsed().as_secs()
+            ),
+        }
+    }
+
+    /// Connects once, outside the pool. The server answers: it is marked
+    /// reachable, `None`. Else it is marked out of reach (and probed again
+    /// every [`PROBE_EVERY`] until it answers), and the outage returned.
+    async fn probe(self: &Arc<Self>) -> Option<Outage> {
+        let connected = tokio::time::timeout(
+            self.connect_timeout,
+            PgConnection::connect_with(&self.options),
+        )
+        .await;
+        match connected {
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                self.down.send_if_modified(|down| down.take().is_some());
+                None
+            }
+            Ok(Err(err)) => Some(self.unreachable(cause_of(&err), &err.to_string())),
+            Err(_) => {
+                let silent = format!("no answer within {:?}", self.connect_timeout);
+                Some(self.unreachable(silent.clone(), &silent))
+            }
+        }
+    }
+
+    /// [`probe`](Self::probe) in a task of its own, unless one runs.
+    fn probe_in_background(self: &Arc<Self>) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let reach = Arc::clone(self);
+        tokio::spawn(async move {
+            reach.probe().await;
+            reach.probing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Marks the server out of reach (the first outage's cause and start
+    /// are kept while it lasts) and returns the outage.
+    fn unreachable(self: &Arc<Self>, cause: String, error: &str) -> Outage {
+        let outage = Outage {
+            cause,
+            detail: redact_secret(
+                &self.url,
+                &format!("cannot connect to postgres at {}: {error}", self.server),
+            ),
+            since: Instant::now(),
+        };
+        let began = self.down.send_if_modified(|down| {
+            if down.is_some() {
+                return false;
+            }
+            *down = Some(outage.clone());
+            true
+        });
+        if began {
+            tokio::spawn(keep_probing(Arc::downgrade(self)));
+        }
+        self.outage().unwrap_or(outage)
+    }
+}
+
+/// Tries the server every [`PROBE_EVERY`] until it answers (or the store
+/// is gone).
+async fn keep_probing(reach: Weak<Reach>) {
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(reach) = reach.upgrade() else {
+            return;
+        };
+        if reach.probe().await.is_none() {
+            return;
+        }
+    }
+}
+
+/// Why a connection could not be made, in words that name no host, user
+/// or database (a client is shown them).
+fn cause_of(err: &sqlx::Error) -> String {
+    match err {
+        sqlx::Error::Io(io) => {
+            let kind = io.kind().to_string();
+            if kind == "other error" || kind == "uncategorized error" {
+                "cannot resolve or reach the server".to_owned()
+            } else {
+                kind
+            }
+        }
+        sqlx::Error::Tls(_) => "the TLS handshake failed".to_owned(),
+        sqlx::Error::Database(db) => format!(
+            "the server refused the session (SQLSTATE {})",
+            db.code().unwrap_or_default()
+        ),
+        _ => "cannot connect".to_owned(),
+    }
 }
 
 impl PostgresStore {
@@ -91,11 +288,123 @@ impl PostgresStore {
                 "cannot migrate the postgres history schema at {server}: {err}"
             ))
         })?;
+        let max_connections = max_connections.max(1);
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
+            .max_connections(max_connections)
             .acquire_timeout(connect_timeout)
-            .connect_lazy_with(options);
-        Ok(Self { pool })
+            .connect_lazy_with(options.clone());
+        let listening = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(connect_timeout)
+            .connect_lazy_with(options.clone());
+        let reach = Arc::new(Reach {
+            options,
+            url: url.to_owned(),
+            server,
+            connect_timeout,
+            max_connections,
+            down: watch::Sender::new(None),
+            probing: AtomicBool::new(false),
+        });
+        Ok(Self {
+            pool,
+            listening,
+            reach,
+        })
+    }
+
+    /// A connection of the pool, as every call gets one: at once an
+    /// error while the server is known to be out of reach; else the pool's,
+    /// unless the probe started after [`PROBE_AFTER`] finds the server out
+    /// of reach first.
+    async fn connection(&self) -> HistoryResult<PoolConnection<Postgres>> {
+        if let Some(outage) = self.reach.outage() {
+            return Err(Reach::error(&outage));
+        }
+        let mut down = self.reach.down.subscribe();
+        let acquire = self.pool.acquire();
+        tokio::pin!(acquire);
+        let slow = tokio::time::sleep(PROBE_AFTER);
+        tokio::pin!(slow);
+        let mut probed = false;
+        loop {
+            tokio::select! {
+                got = &mut acquire => return match got {
+                    Ok(connection) => Ok(connection),
+                    Err(sqlx::Error::PoolTimedOut) => Err(self.timed_out().await),
+                    // What the pool does not retry (TLS, a refused
+                    // password, an unknown host): the server is out of
+                    // reach as this gateway is set up.
+                    Err(err @ (sqlx::Error::Io(_)
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::Database(_)
+                    | sqlx::Error::Protocol(_))) => Err(Reach::error(
+                        &self.reach.unreachable(cause_of(&err), &err.to_string()),
+                    )),
+                    Err(err) => Err(db_err(err)),
+                },
+                () = &mut slow, if !probed => {
+                    probed = true;
+                    self.reach.probe_in_background();
+                }
+                changed = down.changed() => {
+                    if changed.is_err() {
+                        // Never: the store holds the sender.
+                        continue;
+                    }
+                    if let Some(outage) = self.reach.outage() {
+                        return Err(Reach::error(&outage));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The pool gave no connection within the acquire timeout: the
+    /// server is out of reach (a probe says why), or every connection is
+    /// busy.
+    async fn timed_out(&self) -> HistoryError {
+        match self.reach.probe().await {
+            Some(outage) => Reach::error(&outage),
+            None => HistoryError::Unavailable(format!(
+                "no connection to postgres at {} was free within {:?}: the server answers, \
+                 and all {} of the pool's were busy",
+                self.reach.server, self.reach.connect_timeout, self.reach.max_connections
+            )),
+        }
+    }
+
+    /// LISTENs on [`CANCEL_CHANNEL`] over a connection of its own (held
+    /// for as long as the listener lives; not one of the pool's).
+    async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn CancelNotices>>> {
+        if let Some(outage) = self.reach.outage() {
+            return Err(Reach::error(&outage));
+        }
+        let mut listener = PgListener::connect_with(&self.listening)
+            .await
+            .map_err(db_err)?;
+        listener.listen(CANCEL_CHANNEL).await.map_err(db_err)?;
+        Ok(Some(Box::new(PgCancelNotices { listener })))
+    }
+}
+
+/// Cancel requests as PostgreSQL notifies them.
+#[derive(Debug)]
+struct PgCancelNotices {
+    listener: PgListener,
+}
+
+#[async_trait]
+impl CancelNotices for PgCancelNotices {
+    async fn next(&mut self) -> HistoryResult<Option<String>> {
+        // `try_recv`, not `recv`: a lost connection is `None` here (notices
+        // may have been missed meanwhile), where `recv` would reconnect
+        // without saying so.
+        match self.listener.try_recv().await {
+            Ok(Some(notice)) => Ok(Some(notice.payload().to_owned())),
+            Ok(None) => Ok(None),
+            Err(err) => Err(db_err(err)),
+        }
     }
 }
 
@@ -219,6 +528,20 @@ const QUERIES: Queries = Queries {
     ),
     end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
         WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS NOT DISTINCT FROM $5::text",
+    // The flag and its notice in one statement (a notice is sent when the
+    // statement commits); the SELECT's row count says whether it was set.
+    request_cancel: concat!(
+        "WITH flagged AS (
+            UPDATE responses SET cancel_requested = TRUE
+            WHERE id = $1 AND status IN ('queued', 'in_progress')
+            RETURNING id)
+        SELECT pg_notify('",
+        cancel_channel!(),
+        "', id) FROM flagged"
+    ),
+    cancel_requests: "SELECT id FROM responses
+        WHERE owner = $1 AND status IN ('queued', 'in_progress') AND cancel_requested
+        ORDER BY id",
 };
 
 sql_store!(PostgresStore, sqlx::Postgres, "postgres", QUERIES);

@@ -62,6 +62,12 @@ pub(crate) struct Queries {
     /// ($1 id, $2 status, $3 output, $4 raw, $5 owner): replaces the row if
     /// it is still in flight and owned by `$5` (NULL-safe).
     pub end_orphan: &'static str,
+    /// ($1 id): flags the row's cancel if it is in flight (and, where the
+    /// store pushes, notifies the listeners); one row affected if so.
+    pub request_cancel: &'static str,
+    /// ($1 instance): the ids of its rows in flight whose cancel was
+    /// requested.
+    pub cancel_requests: &'static str,
 }
 
 /// Maps an sqlx error to what the gateway answers. `missing` names what a
@@ -99,14 +105,18 @@ pub(crate) fn to_i64(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Implements `HistoryStore` for `$store` (with a field `pool: Pool<$db>`)
-/// with the statements of `$queries: Queries`.
+/// Implements `HistoryStore` for `$store` with the statements of
+/// `$queries: Queries`. The store has two inherent methods: `async fn
+/// connection(&self) -> HistoryResult<PoolConnection<$db>>`, where every
+/// call gets its connection (so a backend decides what waiting for one
+/// means, and what a failure to get one says), and `async fn
+/// listen_for_cancels(&self)`, which answers `cancel_notices`.
 macro_rules! sql_store {
     ($store:ty, $db:ty, $backend:literal, $queries:expr) => {
         const _: () = {
             use async_trait::async_trait;
             use serde_json::Value;
-            use sqlx::Row;
+            use sqlx::{Connection as _, Row};
 
             use $crate::sql::{Queries, db_err, json, map_err, to_i64};
             use $crate::{
@@ -200,13 +210,14 @@ macro_rules! sql_store {
                         .bind(response.output.to_string())
                         .bind(response.raw.to_string())
                         .bind(&response.owner);
+                    let mut conn = self.connection().await?;
                     // One statement is atomic on its own: no transaction's
                     // BEGIN and COMMIT round trips.
                     if items.is_empty() {
-                        upsert.execute(&self.pool).await.map_err(db_err)?;
+                        upsert.execute(&mut *conn).await.map_err(db_err)?;
                         return Ok(());
                     }
-                    let mut tx = self.pool.begin_with(Q.begin_write).await.map_err(db_err)?;
+                    let mut tx = conn.begin_with(Q.begin_write).await.map_err(db_err)?;
                     upsert.execute(&mut *tx).await.map_err(db_err)?;
                     for item in items {
                         insert_items(&mut tx, &item.conversation_id, std::slice::from_ref(item))
@@ -216,18 +227,20 @@ macro_rules! sql_store {
                 }
 
                 async fn get_response(&self, id: &str) -> HistoryResult<Option<StoredResponse>> {
+                    let mut conn = self.connection().await?;
                     let row = sqlx::query(Q.get_response)
                         .bind(id)
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     row.as_ref().map(response_from).transpose()
                 }
 
                 async fn delete_response(&self, id: &str) -> HistoryResult<bool> {
+                    let mut conn = self.connection().await?;
                     let done = sqlx::query(Q.delete_response)
                         .bind(id)
-                        .execute(&self.pool)
+                        .execute(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     Ok(done.rows_affected() > 0)
@@ -241,10 +254,11 @@ macro_rules! sql_store {
                     if max_steps == 0 {
                         return Ok(Vec::new());
                     }
+                    let mut conn = self.connection().await?;
                     let rows = sqlx::query(Q.response_chain)
                         .bind(id)
                         .bind(to_i64(max_steps))
-                        .fetch_all(&self.pool)
+                        .fetch_all(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     rows.iter().map(response_from).collect()
@@ -255,7 +269,8 @@ macro_rules! sql_store {
                     conversation: &Conversation,
                     items: &[ConversationItem],
                 ) -> HistoryResult<()> {
-                    let mut tx = self.pool.begin_with(Q.begin_write).await.map_err(db_err)?;
+                    let mut conn = self.connection().await?;
+                    let mut tx = conn.begin_with(Q.begin_write).await.map_err(db_err)?;
                     sqlx::query(Q.insert_conversation)
                         .bind(&conversation.id)
                         .bind(conversation.created_at)
@@ -268,9 +283,10 @@ macro_rules! sql_store {
                 }
 
                 async fn get_conversation(&self, id: &str) -> HistoryResult<Option<Conversation>> {
+                    let mut conn = self.connection().await?;
                     let row = sqlx::query(Q.get_conversation)
                         .bind(id)
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     row.as_ref().map(conversation_from).transpose()
@@ -281,19 +297,21 @@ macro_rules! sql_store {
                     id: &str,
                     metadata: &Value,
                 ) -> HistoryResult<Option<Conversation>> {
+                    let mut conn = self.connection().await?;
                     let row = sqlx::query(Q.update_conversation)
                         .bind(id)
                         .bind(metadata.to_string())
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     row.as_ref().map(conversation_from).transpose()
                 }
 
                 async fn delete_conversation(&self, id: &str) -> HistoryResult<bool> {
+                    let mut conn = self.connection().await?;
                     let done = sqlx::query(Q.delete_conversation)
                         .bind(id)
-                        .execute(&self.pool)
+                        .execute(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     Ok(done.rows_affected() > 0)
@@ -304,7 +322,8 @@ macro_rules! sql_store {
                     conversation_id: &str,
                     items: &[ConversationItem],
                 ) -> HistoryResult<()> {
-                    let mut tx = self.pool.begin_with(Q.begin_write).await.map_err(db_err)?;
+                    let mut conn = self.connection().await?;
+                    let mut tx = conn.begin_with(Q.begin_write).await.map_err(db_err)?;
                     // Also answers NotFound for an empty list; with items the
                     // foreign key would.
                     let exists = sqlx::query(Q.get_conversation)
@@ -339,14 +358,15 @@ macro_rules! sql_store {
                     if let Some(after) = &page.after {
                         query = query.bind(after);
                     }
-                    let rows = query.fetch_all(&self.pool).await.map_err(db_err)?;
+                    let mut conn = self.connection().await?;
+                    let rows = query.fetch_all(&mut *conn).await.map_err(db_err)?;
                     if let (Some(after), true) = (&page.after, rows.is_empty()) {
                         // No row: the end of the list, or a cursor that is
                         // not this conversation's (its seq compared as NULL).
                         let cursor = sqlx::query(Q.get_item)
                             .bind(conversation_id)
                             .bind(after)
-                            .fetch_optional(&self.pool)
+                            .fetch_optional(&mut *conn)
                             .await
                             .map_err(db_err)?;
                         if cursor.is_none() {
@@ -369,10 +389,11 @@ macro_rules! sql_store {
                     conversation_id: &str,
                     item_id: &str,
                 ) -> HistoryResult<Option<ConversationItem>> {
+                    let mut conn = self.connection().await?;
                     let row = sqlx::query(Q.get_item)
                         .bind(conversation_id)
                         .bind(item_id)
-                        .fetch_optional(&self.pool)
+                        .fetch_optional(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     row.as_ref().map(item_from).transpose()
@@ -383,19 +404,21 @@ macro_rules! sql_store {
                     conversation_id: &str,
                     item_id: &str,
                 ) -> HistoryResult<bool> {
+                    let mut conn = self.connection().await?;
                     let done = sqlx::query(Q.delete_item)
                         .bind(conversation_id)
                         .bind(item_id)
-                        .execute(&self.pool)
+                        .execute(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     Ok(done.rows_affected() > 0)
                 }
 
                 async fn heartbeat(&self, instance: &str) -> HistoryResult<()> {
+                    let mut conn = self.connection().await?;
                     sqlx::query(Q.heartbeat)
                         .bind(instance)
-                        .execute(&self.pool)
+                        .execute(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     Ok(())
@@ -409,12 +432,13 @@ macro_rules! sql_store {
                     limit: usize,
                 ) -> HistoryResult<Vec<StoredResponse>> {
                     let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+                    let mut conn = self.connection().await?;
                     let rows = sqlx::query(Q.orphans)
                         .bind(instance)
                         .bind(mine)
                         .bind(lease_ms)
                         .bind(to_i64(limit))
-                        .fetch_all(&self.pool)
+                        .fetch_all(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     rows.iter().map(response_from).collect()
@@ -425,16 +449,45 @@ macro_rules! sql_store {
                     ended: &StoredResponse,
                     owner: Option<&str>,
                 ) -> HistoryResult<bool> {
+                    let mut conn = self.connection().await?;
                     let done = sqlx::query(Q.end_orphan)
                         .bind(&ended.id)
                         .bind(&ended.status)
                         .bind(ended.output.to_string())
                         .bind(ended.raw.to_string())
                         .bind(owner)
-                        .execute(&self.pool)
+                        .execute(&mut *conn)
                         .await
                         .map_err(db_err)?;
                     Ok(done.rows_affected() > 0)
+                }
+
+                async fn request_cancel(&self, id: &str) -> HistoryResult<bool> {
+                    let mut conn = self.connection().await?;
+                    let done = sqlx::query(Q.request_cancel)
+                        .bind(id)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db_err)?;
+                    Ok(done.rows_affected() > 0)
+                }
+
+                async fn cancel_requests(&self, instance: &str) -> HistoryResult<Vec<String>> {
+                    let mut conn = self.connection().await?;
+                    let rows = sqlx::query(Q.cancel_requests)
+                        .bind(instance)
+                        .fetch_all(&mut *conn)
+                        .await
+                        .map_err(db_err)?;
+                    rows.iter()
+                        .map(|row| row.try_get::<String, _>(0).map_err(db_err))
+                        .collect()
+                }
+
+                async fn cancel_notices(
+                    &self,
+                ) -> HistoryResult<Option<Box<dyn $crate::CancelNotices>>> {
+                    self.listen_for_cancels().await
                 }
             }
         };

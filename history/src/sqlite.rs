@@ -12,13 +12,14 @@
 use std::{path::Path, time::Duration};
 
 use sqlx::{
-    SqlitePool,
+    Sqlite, SqlitePool,
+    pool::PoolConnection,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 
 use crate::{
     HistoryError, HistoryResult,
-    sql::{Queries, sql_store},
+    sql::{Queries, db_err, sql_store},
 };
 
 /// How long a write waits for another writer before giving up.
@@ -60,6 +61,18 @@ impl SqliteStore {
             .await
             .map_err(|err| unavailable("cannot migrate", &err))?;
         Ok(Self { pool })
+    }
+
+    /// A connection of the pool (a file is never out of reach; waiting
+    /// for a writer is the busy timeout's business).
+    async fn connection(&self) -> HistoryResult<PoolConnection<Sqlite>> {
+        self.pool.acquire().await.map_err(db_err)
+    }
+
+    /// sqlite cannot push a notice to another process: a gateway finds the
+    /// cancels of its responses by asking (`cancel_requests`).
+    async fn listen_for_cancels(&self) -> HistoryResult<Option<Box<dyn crate::CancelNotices>>> {
+        Ok(None)
     }
 }
 
@@ -150,6 +163,11 @@ const QUERIES: Queries = Queries {
     ),
     end_orphan: "UPDATE responses SET status = $2, output = $3, raw = $4, owner = NULL
         WHERE id = $1 AND status IN ('queued', 'in_progress') AND owner IS $5",
+    request_cancel: "UPDATE responses SET cancel_requested = 1
+        WHERE id = $1 AND status IN ('queued', 'in_progress')",
+    cancel_requests: "SELECT id FROM responses
+        WHERE owner = $1 AND status IN ('queued', 'in_progress') AND cancel_requested = 1
+        ORDER BY id",
 };
 
 sql_store!(SqliteStore, sqlx::Sqlite, "sqlite", QUERIES);

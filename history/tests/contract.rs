@@ -81,6 +81,14 @@ mod sqlite {
     use super::*;
     for_each_case!(run_cases!(sqlite()));
 
+    /// Neither in-process store pushes cancel notices: their owners ask.
+    #[tokio::test]
+    async fn memory_and_sqlite_push_no_cancel_notices() {
+        for fixture in [memory().await, super::sqlite().await] {
+            assert!(fixture.store().cancel_notices().await.unwrap().is_none());
+        }
+    }
+
     /// What one store wrote, a store opened later on the same file reads:
     /// the gateway keeps its history across restarts.
     #[tokio::test]
@@ -169,6 +177,92 @@ mod postgres {
             .unwrap();
         let migrations = std::fs::read_dir("migrations/postgres").unwrap().count();
         assert_eq!(applied, i64::try_from(migrations).unwrap(), "each once");
+    }
+
+    /// A cancel requested through one store reaches the listener of
+    /// another on the same database at once, as a notice carrying the id
+    /// (the owner learns of it without waiting for its next heartbeat);
+    /// a request that records nothing (the response has ended) sends none.
+    /// The listening connection is not one of the pool's: with a pool of
+    /// one, calls still get a connection while the listener holds its own.
+    #[tokio::test]
+    async fn a_cancel_requested_by_one_store_is_notified_to_another() {
+        let url = support::postgres::fresh_database().await;
+        let config = postgres_at(&url, 1);
+        let (owner, other) = tokio::join!(open(&config), open(&config));
+        let (owner, other) = (owner.unwrap(), other.unwrap());
+        let mut notices = owner
+            .cancel_notices()
+            .await
+            .unwrap()
+            .expect("postgres pushes");
+        let running = smg_history::StoredResponse {
+            status: "in_progress".into(),
+            owner: Some("a".into()),
+            ..support::suite::response("resp_notified", None)
+        };
+        owner.save_response(&running, &[]).await.unwrap();
+        other
+            .save_response(&support::suite::response("resp_ended", None), &[])
+            .await
+            .unwrap();
+        assert!(!other.request_cancel("resp_ended").await.unwrap());
+        assert!(other.request_cancel("resp_notified").await.unwrap());
+        let notice = tokio::time::timeout(Duration::from_secs(30), notices.next())
+            .await
+            .expect("a notice within 30 s")
+            .unwrap();
+        assert_eq!(notice.as_deref(), Some("resp_notified"), "the first notice");
+    }
+
+    /// The server stops under an open store whose calls may wait 120 s
+    /// for a connection. Each call fails within the 30 s bound (so without
+    /// waiting for the pool) as `Unreachable`, with the cause in words a
+    /// client may see and the server's address for the log; once the
+    /// server is back, the store finds it again and reads what it wrote.
+    #[tokio::test]
+    async fn an_outage_fails_calls_at_once_with_its_cause_until_the_server_is_back() {
+        let mut server = support::postgres::private_server().await;
+        let url = server.create_database().await;
+        let store = open(&HistoryConfig::Postgres {
+            url,
+            max_connections: 2,
+            connect_timeout: Duration::from_secs(120),
+        })
+        .await
+        .unwrap();
+        let before = support::suite::response("resp_before", None);
+        store.save_response(&before, &[]).await.unwrap();
+
+        server.stop().await;
+        for _ in 0..3 {
+            let err =
+                tokio::time::timeout(Duration::from_secs(30), store.get_response("resp_before"))
+                    .await
+                    .expect("fails within 30 s")
+                    .unwrap_err();
+            let HistoryError::Unreachable { cause, detail } = err else {
+                panic!("{err:?}");
+            };
+            assert_eq!(cause, "connection refused");
+            assert!(
+                detail.starts_with("cannot connect to postgres at 127.0.0.1:"),
+                "{detail}"
+            );
+        }
+
+        server.start_again().await;
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Ok(found) = store.get_response("resp_before").await {
+                    return found;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the store finds the server back within 30 s");
+        assert_eq!(found, Some(before));
     }
 
     /// A postgres config for `url`, with a small pool.

@@ -36,6 +36,7 @@ macro_rules! for_each_case {
             a_duplicate_item_id_is_a_conflict_and_adds_nothing,
             orphans_are_responses_of_gone_gateways_never_of_live_ones,
             json_keeps_the_order_of_its_keys,
+            a_cancel_is_recorded_only_on_a_response_in_flight_for_its_owner,
         );
     };
 }
@@ -750,6 +751,51 @@ pub async fn orphans_are_responses_of_gone_gateways_never_of_live_ones(store: &d
                 .unwrap()
         ),
         ["resp_of_dead"]
+    );
+}
+
+/// A cancel asked of the store (by a gateway that does not run the
+/// response) is recorded only on a row in flight, and its owner, and only
+/// its owner, finds it; the gateway's own upserts of the row keep it, and
+/// once the row has ended nothing is asked of anyone.
+pub async fn a_cancel_is_recorded_only_on_a_response_in_flight_for_its_owner(
+    store: &dyn HistoryStore,
+) {
+    for response in [
+        running("resp_cancel_a", "queued", Some("a")),
+        running("resp_other_a", "in_progress", Some("a")),
+        running("resp_cancel_b", "in_progress", Some("b")),
+        response("resp_cancel_done", None),
+    ] {
+        store.save_response(&response, &[]).await.unwrap();
+    }
+    assert!(store.cancel_requests("a").await.unwrap().is_empty());
+    assert!(store.request_cancel("resp_cancel_a").await.unwrap());
+    assert!(store.request_cancel("resp_cancel_b").await.unwrap());
+    assert!(!store.request_cancel("resp_cancel_done").await.unwrap());
+    assert!(!store.request_cancel("resp_cancel_unknown").await.unwrap());
+    assert_eq!(store.cancel_requests("a").await.unwrap(), ["resp_cancel_a"]);
+    assert_eq!(store.cancel_requests("b").await.unwrap(), ["resp_cancel_b"]);
+    assert!(store.cancel_requests("c").await.unwrap().is_empty());
+    // Its gateway stores it `in_progress` as it starts: still asked.
+    store
+        .save_response(&running("resp_cancel_a", "in_progress", Some("a")), &[])
+        .await
+        .unwrap();
+    assert_eq!(store.cancel_requests("a").await.unwrap(), ["resp_cancel_a"]);
+    // Ended (cancelled, its owner cleared): nothing more to ask.
+    let ended = StoredResponse {
+        status: "cancelled".into(),
+        owner: None,
+        ..running("resp_cancel_a", "cancelled", None)
+    };
+    store.save_response(&ended, &[]).await.unwrap();
+    assert!(store.cancel_requests("a").await.unwrap().is_empty());
+    assert!(!store.request_cancel("resp_cancel_a").await.unwrap());
+    assert_eq!(
+        store.get_response("resp_cancel_a").await.unwrap(),
+        Some(ended),
+        "the request changes nothing a reader sees"
     );
 }
 

@@ -65,6 +65,11 @@ pub(super) const MAX_CONVERSATION_ITEMS: usize = 10_000;
 pub(super) const DEFAULT_MAX_TOOL_CALLS: u32 = 16;
 /// How long a cancel waits for the response to stop.
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
+/// How often a cancel of a response another gateway runs reads it back,
+/// waiting for it to end: first after this, then twice as long each time,
+/// up to [`CANCEL_POLL_MOST`].
+const CANCEL_POLL_FIRST: Duration = Duration::from_millis(20);
+const CANCEL_POLL_MOST: Duration = Duration::from_millis(500);
 
 /// Responses running on this gateway, by id: what cancels them and where
 /// their final object appears.
@@ -111,6 +116,15 @@ impl InFlightResponses {
 
     fn get(&self, id: &str) -> Option<InFlight> {
         self.lock().get(id).cloned()
+    }
+
+    /// Cancels the response `id` if it runs here; `true` if so. (What
+    /// another gateway's cancel, recorded in the history store, comes to.)
+    pub(crate) fn cancel(&self, id: &str) -> bool {
+        self.get(id).is_some_and(|running| {
+            running.cancel.cancel();
+            true
+        })
     }
 
     /// How many responses are running (for tests and shutdown logs).
@@ -1004,35 +1018,79 @@ pub(crate) async fn cancel_response(
         return error_response(&not_found_response(&id, ErrorCode::ResponseNotFound));
     }
     if let Some(running) = state.responses.get(&id) {
-        running.cancel.cancel();
-        let mut done = running.done;
-        let ended = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
-        return match ended {
-            Ok(Ok(object)) => json_response(StatusCode::OK, &*object),
-            _ => error_response(&Error::new(
-                ErrorCode::RequestTimeout,
-                format!(
-                    "response {id} did not stop within {}s",
-                    CANCEL_WAIT.as_secs()
-                ),
-            )),
-        };
+        return cancel_here(running, &id).await;
     }
     let stored = match stored_response(&state, &id, &owner).await {
         Ok(stored) => stored,
         Err(err) => return error_response(&err),
     };
-    let message = if stored.status == ResponseStatus::InProgress.as_str()
-        || stored.status == ResponseStatus::Queued.as_str()
-    {
+    if !smg_history::in_flight(&stored.status) {
+        return not_cancellable(&id, &stored.status);
+    }
+    // Another gateway runs it (or this one, about to register it): the
+    // store tells its owner, which cancels it and stores it `cancelled`.
+    match state.history.request_cancel(&id).await {
+        Ok(true) => {}
+        // It ended meanwhile.
+        Ok(false) => {
+            return match stored_response(&state, &id, &owner).await {
+                Ok(stored) => not_cancellable(&id, &stored.status),
+                Err(err) => error_response(&err),
+            };
+        }
+        Err(err) => return error_response(&err),
+    }
+    let ended = tokio::time::timeout(CANCEL_WAIT, async {
+        let mut pause = CANCEL_POLL_FIRST;
+        loop {
+            if let Some(running) = state.responses.get(&id) {
+                return Ok(Err(running));
+            }
+            let stored = stored_response(&state, &id, &owner).await?;
+            if !smg_history::in_flight(&stored.status) {
+                return Ok(Ok(stored.raw));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(CANCEL_POLL_MOST);
+        }
+    })
+    .await;
+    match ended {
+        Ok(Ok(Ok(object))) => json_response(StatusCode::OK, &object),
+        Ok(Ok(Err(running))) => cancel_here(running, &id).await,
+        Ok(Err(err)) => error_response(&err),
+        Err(_) => did_not_stop(&id),
+    }
+}
+
+/// Cancels a response running on this gateway and answers with it as it
+/// ended.
+async fn cancel_here(running: InFlight, id: &str) -> Response {
+    running.cancel.cancel();
+    let mut done = running.done;
+    let ended = tokio::time::timeout(CANCEL_WAIT, done.wait_for(Option::is_some)).await;
+    match ended {
+        Ok(Ok(object)) => json_response(StatusCode::OK, &*object),
+        _ => did_not_stop(id),
+    }
+}
+
+fn did_not_stop(id: &str) -> Response {
+    error_response(&Error::new(
+        ErrorCode::RequestTimeout,
         format!(
-            "response {id} is {} on another gateway; cancel it on the gateway that runs it",
-            stored.status
-        )
-    } else {
-        format!("response {} is {} already", excerpt(&id), stored.status)
-    };
-    error_response(&Error::new(ErrorCode::ResponseNotCancellable, message))
+            "response {} did not stop within {}s",
+            excerpt(id),
+            CANCEL_WAIT.as_secs()
+        ),
+    ))
+}
+
+fn not_cancellable(id: &str, status: &str) -> Response {
+    error_response(&Error::new(
+        ErrorCode::ResponseNotCancellable,
+        format!("response {} is {status} already", excerpt(id)),
+    ))
 }
 
 /// `limit` / `order` / `after` of a listing.
