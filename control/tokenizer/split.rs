@@ -37,9 +37,14 @@ pub(super) struct Split {
 }
 
 /// The pattern on the `regex` crate: all of it with `\s+` for the tail,
-/// and the alternatives before the tail alone, anchored.
+/// unanchored and anchored, and the alternatives before the tail alone,
+/// anchored.
 struct Fast {
     whole: Regex,
+    /// `whole` anchored where the last match ended: pieces usually follow
+    /// each other, and an anchored search runs forward only (an
+    /// unanchored one also runs backward to find where its match began).
+    next: Regex,
     head: Regex,
 }
 
@@ -96,6 +101,7 @@ impl Fast {
         }
         Some(Self {
             whole: Regex::new(&format!(r"{head}|\s+")).ok()?,
+            next: Regex::new(&format!(r"^(?:{head}|\s+)")).ok()?,
             head: Regex::new(&format!(r"^(?:{head})")).ok()?,
         })
     }
@@ -104,10 +110,16 @@ impl Fast {
         let bytes = text.as_bytes();
         let mut at = 0;
         while at <= text.len() {
-            let Some(found) = self.whole.find_at(text, at) else {
+            let found = match self.next.find(&text[at..]) {
+                Some(next) => Some((at, at + next.end())),
+                None => self
+                    .whole
+                    .find_at(text, at)
+                    .map(|found| (found.start(), found.end())),
+            };
+            let Some((start, mut end)) = found else {
                 return;
             };
-            let (start, mut end) = (found.start(), found.end());
             // ASCII text: every character is one byte, and ASCII
             // whitespace is what `\s` matches in it.
             let whitespace = bytes[start..end].iter().all(|&byte| is_space(byte));
