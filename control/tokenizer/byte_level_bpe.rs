@@ -17,8 +17,9 @@
 //!   vocabulary spells every byte (so no unknown-token or byte-fallback
 //!   rule can apply); `ignore_merges` is honoured.
 //!
-//! The regex is compiled by the same engine `tokenizers` uses (its own
-//! `SysRegex`), and merges follow its rule: the lowest-ranked adjacent pair
+//! The regex splits as `tokenizers`' own engine does (ASCII text on the
+//! `regex` crate where that gives the same pieces, see `super::split`),
+//! and merges follow its rule: the lowest-ranked adjacent pair
 //! first, the leftmost on ties. [`ByteLevelBpe::for_tokenizer`] checks
 //! probe texts against `tokenizers` at load time and declines on any
 //! difference, so a shape read wrongly costs speed, never correctness.
@@ -26,11 +27,10 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use super::byte_level::{self, char_of};
+use super::split::Split;
 use rustc_hash::FxHashMap;
 use serde_json::Value;
-use tokenizers::utils::SysRegex;
-
-use super::byte_level::{self, char_of};
 
 /// The split `ByteLevel` applies when its `use_regex` is set (GPT-2's).
 const GPT2_SPLIT: &str =
@@ -38,7 +38,7 @@ const GPT2_SPLIT: &str =
 
 /// Runs a byte-level BPE tokenizer's pre-tokenizer and model directly.
 pub(super) struct ByteLevelBpe {
-    split: SysRegex,
+    split: Split,
     /// The id of each byte on its own.
     byte_ids: [u32; 256],
     /// `(left, right)` packed into a u64 → `(rank, merged id)`.
@@ -98,10 +98,9 @@ impl ByteLevelBpe {
             normalizer if normalizer["type"] == "NFC" => true,
             _ => return None,
         };
-        let split = SysRegex::new(split_pattern(
+        let split = Split::new(split_pattern(
             &serde_json::to_value(tokenizer.get_pre_tokenizer()).ok()?,
-        )?)
-        .ok()?;
+        )?)?;
         let model = serde_json::to_value(tokenizer.get_model()).ok()?;
         let plain_bpe = model["type"] == "BPE"
             && model["dropout"]
@@ -191,12 +190,12 @@ impl ByteLevelBpe {
         let bytes = text.as_bytes();
         let mut scratch = Scratch::default();
         let mut start = 0;
-        for (match_start, match_end) in self.split.find_iter(text) {
+        self.split.for_each_match(text, |match_start, match_end| {
             // Text between matches is a piece of its own too (isolated).
             self.encode_piece(&bytes[start..match_start], ids, &mut scratch);
             self.encode_piece(&bytes[match_start..match_end], ids, &mut scratch);
             start = match_end;
-        }
+        });
         self.encode_piece(&bytes[start..], ids, &mut scratch);
         true
     }
@@ -568,7 +567,7 @@ mod tests {
         // word would no longer leave its last space to the word.
         let mut encoder = ByteLevelBpe::for_tokenizer(&tokenizer).unwrap();
         encoder.split =
-            SysRegex::new(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+")
+            Split::new(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+")
                 .unwrap();
         assert!(encoder.first_disagreement(&tokenizer).is_some());
     }

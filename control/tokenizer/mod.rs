@@ -27,6 +27,7 @@ mod detokenizer;
 mod files;
 mod python_compat;
 mod segments;
+mod split;
 mod stop;
 
 pub use chat_template::{
