@@ -39,10 +39,17 @@
 //! down is lost, which the listener reports so the owner asks for its flagged
 //! rows (as it also does on every heartbeat).
 //!
-//! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default) and
-//! `sslrootcert`. The certificate files the URL names are opened at start,
-//! so a wrong path fails there with its name: sqlx reads them only during
-//! a handshake, and says no more than "No such file or directory".
+//! TLS is the URL's, as sqlx reads it: `sslmode` (`prefer` by default),
+//! `sslrootcert`, and a client certificate in `sslcert` and `sslkey`; a
+//! parameter the URL leaves out is taken, as libpq does, from `PGSSLMODE`,
+//! `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` (sqlx reads the environment
+//! under the URL). The certificate files named either way are opened at
+//! start, so a wrong path fails there with its name: sqlx reads them only
+//! during a handshake, and says no more than "No such file or directory".
+//! A server that refuses the client certificate ends the handshake with
+//! an alert, which sqlx reports as "received fatal alert: UnknownCA"; the
+//! open's error adds which certificate that was, and a later connection
+//! that meets it fails with that cause in words a client may see.
 
 use std::{
     fmt,
@@ -226,6 +233,12 @@ async fn keep_probing(reach: Weak<Reach>) {
 /// or database (a client is shown them).
 fn cause_of(err: &sqlx::Error) -> String {
     match err {
+        _ if refused_certificate(err) => "the server refused the client certificate".to_owned(),
+        // What rustls reports through the socket (sqlx's handshake and
+        // session read and write TLS records as I/O).
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            "the TLS handshake failed".to_owned()
+        }
         sqlx::Error::Io(io) => {
             let kind = io.kind().to_string();
             if kind == "other error" || kind == "uncategorized error" {
@@ -256,7 +269,7 @@ impl PostgresStore {
         let unavailable = |message: String| HistoryError::Unavailable(redact_secret(url, &message));
         let options = PgConnectOptions::from_str(url)
             .map_err(|err| unavailable(format!("cannot connect to postgres: {err}")))?;
-        check_certificate_files(url)?;
+        let client_certificate = check_certificate_files(url)?;
         let server = match options.get_socket() {
             Some(socket) => socket.display().to_string(),
             None => format!("{}:{}", options.get_host(), options.get_port()),
@@ -269,8 +282,16 @@ impl PostgresStore {
         {
             Ok(Ok(connection)) => connection,
             Ok(Err(err)) => {
+                let refused = if refused_certificate(&err) {
+                    format!(
+                        " (the server refused the client certificate: {})",
+                        client_certificate.as_deref().unwrap_or("none was given")
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(unavailable(format!(
-                    "cannot connect to postgres at {server}: {err}"
+                    "cannot connect to postgres at {server}: {err}{refused}"
                 )));
             }
             Err(_) => {
@@ -408,36 +429,78 @@ impl CancelNotices for PgCancelNotices {
     }
 }
 
-/// The URL parameters sqlx reads a certificate or key from (a file, or
-/// the PEM itself).
-const CERTIFICATE_PARAMETERS: [&str; 7] = [
-    "sslrootcert",
-    "ssl-root-cert",
-    "ssl-ca",
-    "sslcert",
-    "ssl-cert",
-    "sslkey",
-    "ssl-key",
+/// Where sqlx reads a certificate or key from (a file, or the PEM
+/// itself): the URL's parameters (the last one given wins), else the
+/// environment variable (libpq's).
+const CERTIFICATE_SOURCES: [(&[&str], &str); 3] = [
+    (&["sslrootcert", "ssl-root-cert", "ssl-ca"], "PGSSLROOTCERT"),
+    (&["sslcert", "ssl-cert"], "PGSSLCERT"),
+    (&["sslkey", "ssl-key"], "PGSSLKEY"),
 ];
 
-/// Fails, naming the parameter and the file, when a certificate file the
-/// URL names cannot be opened. A URL that does not parse is left to sqlx.
-fn check_certificate_files(url: &str) -> HistoryResult<()> {
-    let Ok(parsed) = url::Url::parse(url) else {
-        return Ok(());
+/// The alerts by which a TLS server refuses the client's certificate (or
+/// the lack of one), as rustls names them in "received fatal alert: NAME".
+const CERTIFICATE_ALERTS: [&str; 8] = [
+    "UnknownCA",
+    "BadCertificate",
+    "CertificateUnknown",
+    "UnsupportedCertificate",
+    "CertificateExpired",
+    "CertificateRevoked",
+    "CertificateRequired",
+    "AccessDenied",
+];
+
+/// Whether the server ended the TLS handshake over the client certificate.
+fn refused_certificate(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Io(io) = err else {
+        return false;
     };
-    for (key, value) in parsed.query_pairs() {
-        if !CERTIFICATE_PARAMETERS.contains(&&*key) || value.trim_start().starts_with("-----BEGIN")
-        {
+    io.kind() == std::io::ErrorKind::InvalidData
+        && io
+            .to_string()
+            .strip_prefix("received fatal alert: ")
+            .is_some_and(|alert| CERTIFICATE_ALERTS.contains(&alert))
+}
+
+/// Fails, naming the parameter (or variable) and the file, when a
+/// certificate or key file the connection would read cannot be opened.
+/// Returns which client certificate it presents, as `sslcert=FILE` or
+/// `PGSSLCERT=FILE` (for messages; an inline PEM is not shown). A URL
+/// that does not parse is left to sqlx.
+fn check_certificate_files(url: &str) -> HistoryResult<Option<String>> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(None);
+    };
+    let mut client_certificate = None;
+    for (parameters, variable) in CERTIFICATE_SOURCES {
+        let from_url = parsed
+            .query_pairs()
+            .filter(|(key, _)| parameters.contains(&&**key))
+            .last()
+            .map(|(key, value)| (key.into_owned(), value.into_owned()));
+        let Some((source, value)) = from_url.or_else(|| {
+            std::env::var(variable)
+                .ok()
+                .map(|value| (variable.to_owned(), value))
+        }) else {
             continue;
-        }
-        if let Err(err) = std::fs::File::open(&*value) {
-            return Err(HistoryError::Unavailable(format!(
-                "cannot connect to postgres: {key}={value}: cannot read it: {err}"
-            )));
+        };
+        let shown = if value.trim_start().starts_with("-----BEGIN") {
+            format!("{source} (inline PEM)")
+        } else {
+            if let Err(err) = std::fs::File::open(&value) {
+                return Err(HistoryError::Unavailable(format!(
+                    "cannot connect to postgres: {source}={value}: cannot read it: {err}"
+                )));
+            }
+            format!("{source}={value}")
+        };
+        if variable == "PGSSLCERT" {
+            client_certificate = Some(shown);
         }
     }
-    Ok(())
+    Ok(client_certificate)
 }
 
 /// Now, in unix milliseconds, by the database's clock (heartbeats and

@@ -323,6 +323,206 @@ mod postgres {
             .unwrap();
     }
 
+    /// A server whose databases take a session only with a client
+    /// certificate its CA issued to the role (`cert` in its pg_hba.conf).
+    /// With that certificate and key in `sslcert` and `sslkey` the store
+    /// works, over TLS, and the server saw the certificate. Without one, the
+    /// open fails with the server's reason; with a certificate for the same
+    /// role from another CA, with the handshake's; in both, no byte of the
+    /// key's file is in the message (the URL's paths may be).
+    #[tokio::test]
+    async fn a_client_certificate_in_the_url_is_presented_and_checked() {
+        let server = support::postgres::private_client_certificate_server().await;
+        let url = server.create_database().await;
+        let ca = server.ca_file().display().to_string();
+        let verified = format!("{url}?sslmode=verify-full&sslrootcert={ca}");
+        let with = |identity: &support::postgres::Identity| {
+            format!(
+                "{verified}&sslcert={}&sslkey={}",
+                identity.cert.display(),
+                identity.key.display()
+            )
+        };
+        let store = open(&at(&with(server.client_identity()))).await.unwrap();
+        support::suite::write_a_sample(store.as_ref()).await;
+        support::suite::read_the_sample(store.as_ref()).await;
+
+        let mut conn = sqlx::PgConnection::connect(&with(server.client_identity()))
+            .await
+            .unwrap();
+        let (encrypted, certified, plain): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE s.ssl),
+                count(*) FILTER (WHERE s.client_dn = '/CN=smg'),
+                count(*) FILTER (WHERE NOT s.ssl)
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+             WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert!(encrypted >= 1, "the store holds an encrypted session");
+        assert_eq!(certified, encrypted, "each with the client certificate");
+        assert_eq!(plain, 0, "and no plain one");
+        drop(store);
+
+        let key = std::fs::read_to_string(&server.stranger_identity().key).unwrap();
+        let refused = |url: String| {
+            let key = key.clone();
+            async move {
+                let err = open(&at(&url)).await.unwrap_err();
+                assert!(matches!(err, HistoryError::Unavailable(_)), "{err:?}");
+                let message = err.to_string();
+                for line in key.lines().filter(|line| !line.starts_with("-----")) {
+                    assert!(!message.contains(line), "{message}");
+                }
+                message
+            }
+        };
+        let message = refused(verified.clone()).await;
+        assert!(
+            message.contains("connection requires a valid client certificate"),
+            "{message}"
+        );
+        let message = refused(with(server.stranger_identity())).await;
+        assert!(
+            message.ends_with(&format!(
+                "received fatal alert: UnknownCA (the server refused the client certificate: \
+                 sslcert={})",
+                server.stranger_identity().cert.display()
+            )),
+            "{message}"
+        );
+    }
+
+    /// The certificate and key are read at each new connection: replaced
+    /// under an open store by ones the server refuses, the next connection
+    /// fails with that cause (in words a client may see); put back, the
+    /// store finds the server again. So a rotated certificate takes effect
+    /// without a restart.
+    #[tokio::test]
+    async fn a_client_certificate_is_read_at_each_connection() {
+        let server = support::postgres::private_client_certificate_server().await;
+        let url = server.create_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("smg.crt"), dir.path().join("smg.key"));
+        let install = |identity: &support::postgres::Identity| {
+            std::fs::copy(&identity.cert, &cert).unwrap();
+            std::fs::copy(&identity.key, &key).unwrap();
+        };
+        install(server.client_identity());
+        let store = open(&HistoryConfig::Postgres {
+            url: format!(
+                "{url}?sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
+                server.ca_file().display(),
+                cert.display(),
+                key.display()
+            ),
+            max_connections: 1,
+            connect_timeout: Duration::from_secs(5),
+        })
+        .await
+        .unwrap();
+
+        // The open's own connection is closed, and the pool connects
+        // lazily: the first call makes a connection with the new files.
+        install(server.stranger_identity());
+        let err = store.get_response("resp_absent").await.unwrap_err();
+        let HistoryError::Unreachable { cause, detail } = err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(cause, "the server refused the client certificate");
+        assert!(detail.contains("UnknownCA"), "{detail}");
+
+        install(server.client_identity());
+        let response = support::suite::response("resp_rotated", None);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while store.save_response(&response, &[]).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the store finds the server again within 30 s");
+        assert_eq!(
+            store.get_response("resp_rotated").await.unwrap(),
+            Some(response)
+        );
+    }
+
+    /// Run by [`libpq_environment_variables_set_tls_and_the_client_certificate`]
+    /// in a process of its own, whose environment the parent sets (a test
+    /// must not change the environment the other tests' threads read).
+    /// Opens the store at the bare URL in `SMG_TEST_HISTORY_URL` and says
+    /// what happened on stdout: `opened: ` with the sessions' TLS as the
+    /// server saw them, or `refused: ` and the error.
+    #[tokio::test]
+    #[ignore = "the child process of libpq_environment_variables_set_tls_and_the_client_certificate"]
+    async fn libpq_environment_child() {
+        let url = std::env::var("SMG_TEST_HISTORY_URL").unwrap();
+        match open(&at(&url)).await {
+            Ok(store) => {
+                support::suite::write_a_sample(store.as_ref()).await;
+                support::suite::read_the_sample(store.as_ref()).await;
+                let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                let (ssl, client): (bool, Option<String>) = sqlx::query_as(
+                    "SELECT ssl, client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                )
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+                println!("opened: ssl={ssl} client={}", client.unwrap_or_default());
+            }
+            Err(err) => println!("refused: {err}"),
+        }
+    }
+
+    /// sqlx reads libpq's `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and
+    /// `PGSSLKEY` under the URL: with them alone (a URL without
+    /// parameters) the store connects verified, with the client
+    /// certificate. A file a variable names that is not there fails the
+    /// open naming the variable and the file.
+    #[tokio::test]
+    async fn libpq_environment_variables_set_tls_and_the_client_certificate() {
+        let server = support::postgres::private_client_certificate_server().await;
+        let url = server.create_database().await;
+        let identity = server.client_identity();
+        let child = |cert: &std::path::Path| {
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "postgres::libpq_environment_child",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("SMG_TEST_HISTORY_URL", &url)
+                .env("PGSSLMODE", "verify-full")
+                .env("PGSSLROOTCERT", server.ca_file())
+                .env("PGSSLCERT", cert)
+                .env("PGSSLKEY", &identity.key)
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .lines()
+                // The harness prints "test NAME ... " before the line.
+                .find_map(|line| {
+                    ["opened: ", "refused: "]
+                        .iter()
+                        .find_map(|tag| line.find(tag).map(|at| line[at..].to_owned()))
+                })
+                .expect("the child says what happened")
+        };
+        assert_eq!(child(&identity.cert), "opened: ssl=true client=/CN=smg");
+        let missing = std::path::Path::new("/nonexistent/smg.crt");
+        let said = child(missing);
+        assert!(
+            said.starts_with("refused: ")
+                && said.contains("PGSSLCERT=/nonexistent/smg.crt: cannot read it"),
+            "{said}"
+        );
+    }
+
     /// A server without TLS: `sslmode=require` fails the open with sqlx's
     /// reason; `prefer` (the default) goes on in plain text. A
     /// certificate file that is not there fails before any connection,

@@ -29,6 +29,16 @@
 //! made for that server alone ([`PgServer::ca_file`] is what a client
 //! trusts). The shared server stays without TLS, so the other tests and
 //! the benchmark measure the store, not the handshake.
+//!
+//! A test of client certificates takes one from
+//! [`private_client_certificate_server`]: the same, and its own
+//! `pg_hba.conf` lets a session into a test's database only over TLS with a
+//! certificate the server's CA issued to the role (`cert` authentication:
+//! its common name is `smg`). The maintenance database `postgres` stays
+//! open to `smg` without one, so making databases and waiting for the server
+//! work as on the others. [`PgServer::client_identity`] is such a
+//! certificate and key; [`PgServer::stranger_identity`] one for `smg` from
+//! a CA the server does not know.
 
 use std::{
     ffi::OsStr,
@@ -88,14 +98,37 @@ pub struct PgServer {
     /// The PEM file of the CA that issued the server's certificate (a
     /// server with TLS on only).
     ca: Option<PathBuf>,
+    /// Client certificates: one the server's CA issued, one from another
+    /// CA (a server that requires them only).
+    clients: Option<(Identity, Identity)>,
 }
 
-/// Whether a server starts with TLS on.
+/// A client certificate (PEM, for the role `smg`) and its private key
+/// (PEM, mode 0600), as `sslcert` and `sslkey` name them.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Whether a server starts with TLS on, and whether its test databases
+/// require a client certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tls {
     Off,
     On,
+    ClientCertificates,
 }
+
+/// The `pg_hba.conf` of a server that requires client certificates: the
+/// maintenance database as on the others (for [`PgServer::create_database`]
+/// and the readiness poll), every other one over TLS with a certificate
+/// naming the role.
+const CLIENT_CERTIFICATE_HBA: &str = "\
+local all all trust
+host postgres smg 127.0.0.1/32 trust
+hostssl all smg 127.0.0.1/32 cert
+";
 
 impl Drop for PgServer {
     fn drop(&mut self) {
@@ -153,6 +186,14 @@ pub async fn private_tls_server() -> PgServer {
     start_private(Tls::On).await
 }
 
+/// A server of the caller's own with TLS on whose test databases take a
+/// session only with a client certificate its CA issued to `smg`
+/// ([`PgServer::client_identity`]); [`PgServer::ca_file`] is that CA.
+#[allow(dead_code)] // Used by tests/contract.rs.
+pub async fn private_client_certificate_server() -> PgServer {
+    start_private(Tls::ClientCertificates).await
+}
+
 /// A new database on a server without TLS, and the server when it is one
 /// of the caller's own: this binary's server, unless that is an outside
 /// one (which may speak TLS), then a private one.
@@ -185,6 +226,7 @@ impl PgServer {
             lifeline: None,
             dir: None,
             ca: None,
+            clients: None,
         })
     }
 
@@ -195,6 +237,26 @@ impl PgServer {
         self.ca
             .as_deref()
             .expect("a server started by private_tls_server")
+    }
+
+    /// A client certificate for `smg` issued by the server's CA, and its
+    /// key.
+    #[allow(dead_code)] // Used by tests/contract.rs.
+    pub fn client_identity(&self) -> &Identity {
+        &self.clients().0
+    }
+
+    /// A client certificate for `smg` issued by a CA the server does not
+    /// trust, and its key.
+    #[allow(dead_code)] // Used by tests/contract.rs.
+    pub fn stranger_identity(&self) -> &Identity {
+        &self.clients().1
+    }
+
+    fn clients(&self) -> &(Identity, Identity) {
+        self.clients
+            .as_ref()
+            .expect("a server started by private_client_certificate_server")
     }
 
     /// The server's directory and the shell's stdin, for [`Self::stop`]
@@ -290,10 +352,11 @@ impl PgServer {
         };
         give(dir)?;
         let mut tls_settings = Vec::new();
+        let mut clients = None;
         let ca = match tls {
             Tls::Off => None,
-            Tls::On => {
-                let files = make_certificates(dir)?;
+            Tls::On | Tls::ClientCertificates => {
+                let files = make_certificates(dir, tls == Tls::ClientCertificates)?;
                 give(&files.cert)?;
                 give(&files.key)?;
                 tls_settings = vec![
@@ -304,6 +367,19 @@ impl PgServer {
                     "-c".to_owned(),
                     format!("ssl_key_file={}", files.key.display()),
                 ];
+                if let Some(issued) = files.clients {
+                    let hba = dir.join("pg_hba.conf");
+                    std::fs::write(&hba, CLIENT_CERTIFICATE_HBA)
+                        .map_err(|err| format!("cannot write {}: {err}", hba.display()))?;
+                    give(&hba)?;
+                    tls_settings.extend([
+                        "-c".to_owned(),
+                        format!("ssl_ca_file={}", files.ca.display()),
+                        "-c".to_owned(),
+                        format!("hba_file={}", hba.display()),
+                    ]);
+                    clients = Some(issued);
+                }
                 Some(files.ca)
             }
         };
@@ -357,6 +433,7 @@ impl PgServer {
                 lifeline: Some((shell, stdin)),
                 dir: Some(dir.to_owned()),
                 ca: ca.clone(),
+                clients: clients.clone(),
             };
             match server.wait_ready(dir).await {
                 Ok(()) => return Ok(server),
@@ -415,21 +492,37 @@ struct TlsFiles {
     /// Its private key (PEM, mode 0600: postgres refuses a key others may
     /// read).
     key: PathBuf,
+    /// Client certificates for `smg`: from the CA, and from another CA.
+    clients: Option<(Identity, Identity)>,
 }
 
-/// A CA made for one server, and the certificate it issues that server.
-fn make_certificates(dir: &Path) -> Result<TlsFiles, String> {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+/// A CA made for one server, and the certificate it issues that server
+/// (and, with `clients`, a client certificate it issues `smg`, and one
+/// for `smg` from a second CA).
+fn make_certificates(dir: &Path, clients: bool) -> Result<TlsFiles, String> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
     use std::os::unix::fs::PermissionsExt;
 
     let failed = |what: &'static str| move |err: rcgen::Error| format!("cannot make {what}: {err}");
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(failed("CA params"))?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "smg history test CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(failed("a key"))?)
-        .map_err(failed("the CA"))?;
+    let make_ca = |name: &str| {
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(failed("CA params"))?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(failed("a key"))?)
+            .map_err(failed("the CA"))
+    };
+    let write = |path: &Path, text: String| {
+        std::fs::write(path, text).map_err(|err| format!("cannot write {}: {err}", path.display()))
+    };
+    let restrict = |path: &Path| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|err| format!("cannot restrict {}: {err}", path.display()))
+    };
+    let ca = make_ca("smg history test CA")?;
     let mut params =
         CertificateParams::new(vec!["127.0.0.1".to_owned()]).map_err(failed("server params"))?;
     params
@@ -439,19 +532,43 @@ fn make_certificates(dir: &Path) -> Result<TlsFiles, String> {
     let cert = params
         .signed_by(&key, &ca)
         .map_err(failed("the server's certificate"))?;
+    // A certificate for the role `smg` (`cert` authentication matches
+    // its common name), issued by `issuer`, written as NAME.crt and
+    // NAME.key.
+    let client = |issuer: &CertifiedIssuer<'_, KeyPair>, name: &str| {
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(failed("client params"))?;
+        params.distinguished_name.push(DnType::CommonName, "smg");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().map_err(failed("a key"))?;
+        let cert = params
+            .signed_by(&key, issuer)
+            .map_err(failed("a client certificate"))?;
+        let identity = Identity {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+        };
+        write(&identity.cert, cert.pem())?;
+        write(&identity.key, key.serialize_pem())?;
+        restrict(&identity.key)?;
+        Ok::<_, String>(identity)
+    };
+    let clients = if clients {
+        let stranger_ca = make_ca("a CA the server does not know")?;
+        Some((client(&ca, "client")?, client(&stranger_ca, "stranger")?))
+    } else {
+        None
+    };
     let files = TlsFiles {
         ca: dir.join("ca.pem"),
         cert: dir.join("server.crt"),
         key: dir.join("server.key"),
-    };
-    let write = |path: &Path, text: String| {
-        std::fs::write(path, text).map_err(|err| format!("cannot write {}: {err}", path.display()))
+        clients,
     };
     write(&files.ca, ca.pem())?;
     write(&files.cert, cert.pem())?;
     write(&files.key, key.serialize_pem())?;
-    std::fs::set_permissions(&files.key, std::fs::Permissions::from_mode(0o600))
-        .map_err(|err| format!("cannot restrict {}: {err}", files.key.display()))?;
+    restrict(&files.key)?;
     Ok(files)
 }
 
