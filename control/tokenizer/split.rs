@@ -144,6 +144,7 @@ fn is_space(byte: u8) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
