@@ -1,5 +1,7 @@
-//! CPU-heavy request work (rendering a chat template, tokenizing a long
-//! prompt) off the async worker threads, with bounded concurrency.
+//! CPU-heavy request work (parsing and converting a large body, a chat's
+//! tools or a Responses input and history, rendering a chat template,
+//! tokenizing a long prompt, freeing what they built) off the async worker
+//! threads, with bounded concurrency.
 //!
 //! Why it exists: the control plane runs few tokio worker threads (one per
 //! core the data plane leaves, so one on a two-core machine), and every
