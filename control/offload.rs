@@ -1,5 +1,7 @@
-//! CPU-heavy request work (rendering a chat template, tokenizing a long
-//! prompt) off the async worker threads, with bounded concurrency.
+//! CPU-heavy request work (parsing and converting a large body, a chat's
+//! tools or a Responses input and history, rendering a chat template,
+//! tokenizing a long prompt, freeing what they built) off the async worker
+//! threads, with bounded concurrency.
 //!
 //! Why it exists: the control plane runs few tokio worker threads (one per
 //! core the data plane leaves, so one on a two-core machine), and every
@@ -88,11 +90,39 @@ impl Offload {
         bytes: usize,
         work: impl FnOnce() -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        if Self::is_small(bytes) {
-            work()
-        } else {
-            self.run(work).await
-        }
+        self.run_when(!Self::is_small(bytes), work).await
+    }
+
+    /// Runs `work` [off the request threads](Offload::run) when `heavy`,
+    /// else inline: for work whose size the caller judged by more than
+    /// one length (a body and the history it continues, say).
+    pub async fn run_when<T: Send + 'static>(
+        &self,
+        heavy: bool,
+        work: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if heavy { self.run(work).await } else { work() }
+    }
+
+    /// Drops `value` on the blocking pool, through the gate: freeing a
+    /// tree of allocations as large as a request body (parsed JSON, the
+    /// chat messages built from it) costs about what building it did, and
+    /// would hold a request thread as long. Outside a runtime (or once it
+    /// shuts down) the value is dropped where it is.
+    pub fn drop_later<T: Send + 'static>(&self, value: T) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let offload = self.clone();
+        runtime.spawn(async move {
+            // The gate only fails once closed; the value is dropped either way.
+            let _ = offload
+                .run(move || {
+                    drop(value);
+                    Ok(())
+                })
+                .await;
+        });
     }
 
     /// Runs `work` on the blocking pool once a slot is free. Dropping the

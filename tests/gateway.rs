@@ -1296,3 +1296,186 @@ async fn template_loops_run_out_of_fuel_and_huge_prompts_leave_the_gateway_servi
         }
     }
 }
+
+/// About `bytes` of JSON: `make(i)` for i = 0, 1, ... inside `wrap`.
+fn body_of_about(
+    bytes: usize,
+    make: impl Fn(usize) -> Value,
+    wrap: impl Fn(Vec<Value>) -> Value,
+) -> Value {
+    let one = serde_json::to_vec(&make(0)).expect("serializes").len() + 1;
+    wrap((0..bytes / one).map(make).collect())
+}
+
+/// A function tool with a schema of a few properties, as agents send them.
+fn schema_tool(i: usize) -> Value {
+    json!({"type": "function", "function": {
+        "name": format!("tool_{i}"),
+        "description": format!("Looks up thing number {i} in the catalogue"),
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "the city"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "options": {"type": "object", "properties": {
+                "a": {"type": "boolean"}, "b": {"type": "array", "items": {"type": "number"}}}}},
+            "required": ["city"]}}})
+}
+
+/// A Responses input item: a call, its output, a user message, in turn.
+fn responses_item(i: usize) -> Value {
+    match i % 3 {
+        0 => json!({"type": "function_call", "call_id": format!("call_{i}"),
+                    "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}),
+        1 => json!({"type": "function_call_output", "call_id": format!("call_{}", i - 1),
+                    "output": "sunny"}),
+        _ => json!({"role": "user", "content": "and tomorrow?"}),
+    }
+}
+
+/// Clients sending `body` to `path` back to back until `stop`; each
+/// returns the error codes of its answers.
+fn flood(
+    gateway: &Gateway,
+    path: &str,
+    body: &Value,
+    clients: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Option<String>>>> {
+    let body = bytes::Bytes::from(serde_json::to_vec(body).expect("serializes"));
+    (0..clients)
+        .map(|_| {
+            let (url, stop, body) = (gateway.url(path), std::sync::Arc::clone(stop), body.clone());
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .timeout(FLOOD_REQUEST_LIMIT)
+                    .build()
+                    .expect("http client");
+                let mut codes = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = std::time::Instant::now();
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .expect("sent");
+                    let answer: Value = response.json().await.expect("a JSON answer");
+                    eprintln!(
+                        "  flood {url}: {:?} in {:?}",
+                        answer["error"]["code"],
+                        started.elapsed()
+                    );
+                    codes.push(answer["error"]["code"].as_str().map(str::to_owned));
+                }
+                codes
+            })
+        })
+        .collect()
+}
+
+/// Stops a [`flood`] and returns every code its clients saw.
+async fn end_flood(
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    clients: Vec<tokio::task::JoinHandle<Vec<Option<String>>>>,
+) -> Vec<Option<String>> {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut codes = Vec::new();
+    for client in clients {
+        codes.extend(
+            tokio::time::timeout(FLOOD_REQUEST_LIMIT, client)
+                .await
+                .expect("the flood ends within its request limit")
+                .expect("joined"),
+        );
+    }
+    codes
+}
+
+/// Ordinary chats answered while a flood runs; their latencies printed
+/// (for the reader: nothing here asserts a speed).
+async fn chats_answered_during(gateway: &Gateway, what: &str) {
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        bounded("a chat during the flood", check_chat_in_mode(gateway)).await;
+        eprintln!(
+            "{what}: an ordinary chat answered in {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Issue 19: reading a `/v1/responses` body (its input items, its tools)
+/// and converting it into the chat it generates from, and building the
+/// template's and the parsers' views of a chat's tools, take time in
+/// proportion to the body: past `Offload::INLINE_BYTES` they run off the
+/// request threads, so bodies of 2 MB (the default limit) leave ordinary
+/// chats answered. The first flood fails after its conversion (a
+/// `tool_choice` naming a function it does not offer), so the only work it
+/// can put on the offload gauge is that conversion: without the fix the
+/// gauge never moves and the wait for it fails.
+#[tokio::test]
+async fn large_tools_and_responses_inputs_are_converted_off_the_request_threads() {
+    let worker = SimWorker::start("tokenspeed", "regular", ZERO);
+    let gateway = Gateway::start(&["--worker-urls", &worker.grpc_url()]);
+    const BODY: usize = 1900 * 1024;
+    let input = |extra: Value| {
+        body_of_about(BODY, responses_item, |items| {
+            let mut body = json!({"model": "model", "input": items, "max_output_tokens": 1});
+            if let (Some(target), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+                target.extend(extra.clone());
+            }
+            body
+        })
+    };
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refused = input(json!({
+        "tools": [{"type": "function", "name": "get_weather",
+                   "parameters": {"type": "object"}}],
+        "tool_choice": {"type": "function", "name": "missing"},
+    }));
+    let clients = flood(&gateway, "/v1/responses", &refused, 2, &stop);
+    support::poll_until(
+        "a responses body is converted off the request threads",
+        async || {
+            let text = support::media::metrics_text(&gateway).await;
+            (support::media::metric(&text, "smg_cpu_work_running", &[]) >= 1.0).then_some(())
+        },
+    )
+    .await;
+    chats_answered_during(&gateway, "responses input (refused)").await;
+    let codes = end_flood(&stop, clients).await;
+    assert!(!codes.is_empty());
+    for code in codes {
+        assert_eq!(code.as_deref(), Some("invalid_parameter"));
+    }
+
+    // Whole requests: 2 MB of tools on chat, 2 MB of input on responses;
+    // both prompts are then far longer than the model's context.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tools = body_of_about(BODY, schema_tool, |tools| {
+        json!({"model": "model", "messages": [{"role": "user", "content": "hi"}],
+               "tools": tools, "max_tokens": 1})
+    });
+    let mut clients = flood(&gateway, "/v1/chat/completions", &tools, 1, &stop);
+    clients.extend(flood(
+        &gateway,
+        "/v1/responses",
+        &input(json!({})),
+        1,
+        &stop,
+    ));
+    support::poll_until("the large bodies are being prepared", async || {
+        let text = support::media::metrics_text(&gateway).await;
+        (support::media::metric(&text, "smg_cpu_work_running", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    chats_answered_during(&gateway, "chat tools and responses input").await;
+    let codes = end_flood(&stop, clients).await;
+    assert!(!codes.is_empty());
+    for code in codes {
+        assert_eq!(code.as_deref(), Some("context_length_exceeded"));
+    }
+    check_chat_in_mode(&gateway).await;
+}

@@ -8,13 +8,12 @@
 //! (see `super::media`, "Placeholders belong to the gateway").
 
 use super::request_context::push_hex_u128;
-use super::spec::{GenerationSpec, Prompt, ToolChoice};
+use super::spec::{ChatPrompt, GenerationSpec, Prompt, ToolChoice};
 use crate::engine::{MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::lanes::LaneDecision;
 use crate::offload::Offload;
 use crate::tokenizer::{ChatTemplateOptions, RenderBudget, Tokenizer, json_text_bytes};
-use serde_json::Value;
 use smg_dataplane::lanes::TensorLease;
 
 use super::Endpoint;
@@ -122,22 +121,25 @@ pub(crate) async fn prepare(
     };
     // A vision model's multimodal tokens, whatever the request attaches.
     let placeholders = media.map(MediaPlanner::placeholders);
-    let (prompt_text, input_ids) = match &mut spec.prompt {
+    // The prompt is taken out of the spec: a chat's own work (its tools'
+    // views, rendering, tokenizing) and the freeing of what it holds happen
+    // where [`prepare_chat`] runs them.
+    let prompt = std::mem::replace(&mut spec.prompt, Prompt::TokenIds(Vec::new()));
+    let (prompt_text, input_ids, parsing) = match prompt {
         Prompt::Text(text) => {
             // A raw prompt with images is written in the model's markup;
             // without, its placeholders are only text.
             let neutralize = placeholders.filter(|_| spec.images.is_empty());
-            let text = std::mem::take(text);
             if Offload::is_small(text.len()) {
                 let ids = encode_text(tokenizer, neutralize, &text)?;
-                (text, ids)
+                (text, ids, None)
             } else {
                 let tokenizer = tokenizer.clone();
                 let neutralize = neutralize.cloned();
                 offload
                     .run(move || {
                         let ids = encode_text(&tokenizer, neutralize.as_ref(), &text)?;
-                        Ok((text, ids))
+                        Ok((text, ids, None))
                     })
                     .await?
             }
@@ -152,24 +154,10 @@ pub(crate) async fn prepare(
                     ),
                 ));
             }
-            (String::new(), std::mem::take(ids))
+            (String::new(), ids, None)
         }
         Prompt::Chat(chat) => {
-            let options = ChatTemplateOptions {
-                add_generation_prompt: true,
-                // `tool_choice: "none"` means no call: the model is not told
-                // about tools, so it writes no call markup to leak.
-                tools: (!chat.tools.is_empty() && chat.tool_choice != ToolChoice::None)
-                    .then(|| chat.tools.template()),
-                extra: chat.template_kwargs.clone(),
-            };
-            let input = ChatInput {
-                // Later stages read the chat's tools and settings, never
-                // its messages.
-                messages: std::mem::take(&mut chat.messages),
-                options,
-            };
-            prepare_chat(tokenizer, offload, placeholders, input).await?
+            prepare_chat(tokenizer, offload, placeholders, &model.parsers, chat).await?
         }
     };
     if let Some(placeholders) = placeholders {
@@ -214,10 +202,6 @@ pub(crate) async fn prepare(
         }
     }
     sampling.n = sampling.n.max(1);
-    let parsing = match &spec.prompt {
-        Prompt::Chat(chat) => OutputParsing::for_request(&model.parsers, chat),
-        Prompt::Text(_) | Prompt::TokenIds(_) => None,
-    };
     Ok(PreparedRequest {
         model: model.name.clone(),
         request_id: spec.request_id.unwrap_or_else(|| mint_request_id(endpoint)),
@@ -248,30 +232,49 @@ fn encode_text(
     }
 }
 
-/// What a chat's template renders.
+/// What a chat's template renders, and what its output is parsed by.
 struct ChatInput {
-    messages: Vec<Value>,
-    options: ChatTemplateOptions,
+    chat: ChatPrompt,
 }
 
 impl ChatInput {
     /// The text the template is handed, in bytes (strings and keys of the
     /// messages, the kwargs and the tools): what converting it for the
-    /// template engine, and the rendering's share proportional to it, cost.
+    /// template engine (the tools' view included), and the rendering's
+    /// share proportional to it, cost.
     fn text_bytes(&self) -> usize {
-        let tools = self
-            .options
-            .tools
-            .as_ref()
-            .map_or(0, |tools| tools.text_bytes());
-        self.messages.iter().map(json_text_bytes).sum::<usize>()
-            + self
-                .options
-                .extra
+        let chat = &self.chat;
+        let tools = if self.template_has_tools() {
+            chat.tools.text_bytes()
+        } else {
+            0
+        };
+        chat.messages.iter().map(json_text_bytes).sum::<usize>()
+            + chat
+                .template_kwargs
                 .iter()
                 .map(|(key, value)| key.len() + json_text_bytes(value))
                 .sum::<usize>()
             + tools
+    }
+
+    /// `tool_choice: "none"` means no call: the model is not told about
+    /// tools, so it writes no call markup to leak.
+    fn template_has_tools(&self) -> bool {
+        !self.chat.tools.is_empty() && self.chat.tool_choice != ToolChoice::None
+    }
+
+    /// What the template is handed besides the messages. The tools' view is
+    /// built here, on the thread that renders, the first time a set is
+    /// rendered.
+    fn options(&self) -> ChatTemplateOptions {
+        ChatTemplateOptions {
+            add_generation_prompt: true,
+            tools: self
+                .template_has_tools()
+                .then(|| self.chat.tools.template()),
+            extra: self.chat.template_kwargs.clone(),
+        }
     }
 
     /// Renders the prompt on `budget`; a vision model's placeholders are
@@ -282,47 +285,58 @@ impl ChatInput {
         placeholders: Option<&Placeholders>,
         budget: RenderBudget,
     ) -> Result<String> {
+        let mut options = self.options();
         match placeholders {
             Some(placeholders) => {
-                let mut messages = self.messages.clone();
+                let mut messages = self.chat.messages.clone();
                 messages
                     .iter_mut()
                     .for_each(|message| placeholders.neutralize_json(message));
-                let mut options = self.options.clone();
                 options
                     .extra
                     .values_mut()
                     .for_each(|value| placeholders.neutralize_json(value));
                 tokenizer.apply_chat_template_within(&messages, &options, budget)
             }
-            None => tokenizer.apply_chat_template_within(&self.messages, &self.options, budget),
+            None => tokenizer.apply_chat_template_within(&self.chat.messages, &options, budget),
         }
+    }
+
+    /// How the output of this chat is parsed (the tool-call parsers read
+    /// the tools' schemas, built here on first use).
+    fn parsing(&self, parsers: &ModelParsers) -> Option<OutputParsing> {
+        OutputParsing::for_request(parsers, &self.chat)
     }
 }
 
-/// A chat's prompt text and ids. A small conversation is rendered on the
-/// request's thread on the inline budget and, if that suffices and the
-/// prompt is small, tokenized there too; anything larger, or a template
-/// needing more than the inline budget, is rendered (again) and tokenized
-/// off the request threads on the full budget (see `crate::offload`).
+/// A chat's prompt text and ids, and how its output is parsed. A small
+/// conversation (messages, kwargs and tools) is rendered on the request's
+/// thread on the inline budget and, if that suffices and the prompt is
+/// small, tokenized there too; anything larger, or a template needing more
+/// than the inline budget, is rendered (again) and tokenized off the
+/// request threads on the full budget (see `crate::offload`), where the
+/// tools' views are built and the chat is freed as well.
 async fn prepare_chat(
     tokenizer: &Tokenizer,
     offload: &Offload,
     placeholders: Option<&Placeholders>,
-    input: ChatInput,
-) -> Result<(String, Vec<u32>)> {
+    parsers: &ModelParsers,
+    chat: ChatPrompt,
+) -> Result<(String, Vec<u32>, Option<OutputParsing>)> {
+    let input = ChatInput { chat };
     if Offload::is_small(input.text_bytes()) {
         match input.render(tokenizer, placeholders, RenderBudget::Inline) {
             Ok(text) => {
+                let parsing = input.parsing(parsers);
                 return if Offload::is_small(text.len()) {
                     let ids = tokenizer.encode(&text, false)?;
-                    Ok((text, ids))
+                    Ok((text, ids, parsing))
                 } else {
                     let tokenizer = tokenizer.clone();
                     offload
                         .run(move || {
                             let ids = tokenizer.encode(&text, false)?;
-                            Ok((text, ids))
+                            Ok((text, ids, parsing))
                         })
                         .await
                 };
@@ -333,11 +347,13 @@ async fn prepare_chat(
     }
     let tokenizer = tokenizer.clone();
     let placeholders = placeholders.cloned();
+    let parsers = parsers.clone();
     offload
         .run(move || {
             let text = input.render(&tokenizer, placeholders.as_ref(), RenderBudget::Full)?;
             let ids = tokenizer.encode(&text, false)?;
-            Ok((text, ids))
+            let parsing = input.parsing(&parsers);
+            Ok((text, ids, parsing))
         })
         .await
 }
@@ -371,10 +387,15 @@ mod tests {
         Tokenizer::from_model_dir(dir.path()).expect("loads")
     }
 
-    fn chat(content: &str) -> ChatInput {
-        ChatInput {
+    fn chat(content: &str) -> ChatPrompt {
+        ChatPrompt {
             messages: vec![json!({"role": "user", "content": content})],
-            options: ChatTemplateOptions::default(),
+            tools: super::super::tool_set::ToolSet::default(),
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+            template_kwargs: serde_json::Map::new(),
+            reasoning_effort: None,
+            separate_reasoning: false,
         }
     }
 
@@ -387,7 +408,8 @@ mod tests {
              {{ messages[0].content }}",
         );
         let offload = Offload::new(1);
-        let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat("hello"))
+        let parsers = ModelParsers::default();
+        let (text, ids, _) = prepare_chat(&tokenizer, &offload, None, &parsers, chat("hello"))
             .await
             .expect("rendered off the request thread");
         assert_eq!(text, "hello");
@@ -396,7 +418,7 @@ mod tests {
         // Past the full budget it is the client's error.
         let small =
             tokenizer.with_template_budget(crate::tokenizer::TemplateBudget { fuel: 150_000 });
-        let err = prepare_chat(&small, &offload, None, chat("hello"))
+        let err = prepare_chat(&small, &offload, None, &parsers, chat("hello"))
             .await
             .expect_err("over 150 000 fuel");
         assert_eq!(err.code, ErrorCode::ChatTemplateBudgetExceeded);
@@ -408,11 +430,12 @@ mod tests {
     async fn large_chats_and_small_ones_give_the_same_ids_as_rendering_directly() {
         let tokenizer = with_template("<{{ messages[0].content }}>");
         let offload = Offload::new(1);
+        let parsers = ModelParsers::default();
         for content in [
             "short".to_owned(),
             "long text ".repeat(Offload::INLINE_BYTES / 5),
         ] {
-            let (text, ids) = prepare_chat(&tokenizer, &offload, None, chat(&content))
+            let (text, ids, _) = prepare_chat(&tokenizer, &offload, None, &parsers, chat(&content))
                 .await
                 .expect("renders");
             assert_eq!(text, format!("<{content}>"));

@@ -19,7 +19,7 @@ use serde_json::Value;
 use smg_parsers::tool::{ToolSpec, Tools};
 
 use super::spec::tool_name;
-use crate::tokenizer::TemplateTools;
+use crate::tokenizer::{TemplateTools, json_text_bytes};
 
 /// OpenAI-shaped tool definitions
 /// (`{"type": "function", "function": {"name", "description", "parameters"}}`)
@@ -30,6 +30,8 @@ pub struct ToolSet(Arc<Views>);
 #[derive(Default)]
 struct Views {
     definitions: Vec<Value>,
+    /// The bytes of text in the definitions (see [`json_text_bytes`]).
+    text_bytes: usize,
     /// Names and argument schemas, as the tool-call parsers take them.
     specs: OnceLock<Tools>,
     /// The list a chat template iterates, with each tool's JSON text.
@@ -39,6 +41,7 @@ struct Views {
 impl ToolSet {
     pub fn new(definitions: Vec<Value>) -> Self {
         Self(Arc::new(Views {
+            text_bytes: definitions.iter().map(json_text_bytes).sum(),
             definitions,
             ..Views::default()
         }))
@@ -55,6 +58,13 @@ impl ToolSet {
 
     pub fn len(&self) -> usize {
         self.0.definitions.len()
+    }
+
+    /// The bytes of text in the definitions: what building a view costs is
+    /// proportional to it, so it decides whether that happens on a request
+    /// thread (see `crate::offload`).
+    pub fn text_bytes(&self) -> usize {
+        self.0.text_bytes
     }
 
     /// The tools as the tool-call parsers know them: every named tool with

@@ -51,6 +51,7 @@ use super::{limits, routing_key};
 use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::history::History;
 use crate::metrics;
+use crate::offload::Offload;
 use crate::pipeline::Endpoint;
 use crate::pipeline::parsing::ParsedText;
 use crate::pipeline::request_context::{carried, client_request_id};
@@ -160,7 +161,7 @@ pub(crate) struct McpServerPlan {
 
 /// Everything a response is made from, checked before it runs.
 struct Plan {
-    request: ResponsesRequest,
+    request: Arc<ResponsesRequest>,
     id: String,
     created_at: i64,
     router: Arc<Router>,
@@ -168,9 +169,9 @@ struct Plan {
     /// History, instructions and input, as chat messages.
     messages: Messages,
     /// This request's own input items (what is stored as its input).
-    input_items: Vec<Item>,
+    input_items: Arc<[Item]>,
     /// The function tools, in chat shape.
-    tools: Vec<Tool>,
+    tools: Arc<[Tool]>,
     /// `tools` as a chat request's text (see [`convert::chat_tools`]).
     chat_tools: Option<ToolsJson>,
     /// The tools as the client sent them (echoed in the response).
@@ -182,6 +183,10 @@ struct Plan {
     background: bool,
     stream: bool,
     routing_key: Option<String>,
+    /// The body was large or continues a history: work proportional to
+    /// the request (its messages, tools and stored form) runs off the
+    /// request threads.
+    heavy: bool,
 }
 
 /// Unix seconds, as stored objects carry their creation time.
@@ -214,8 +219,10 @@ fn stored_items(value: &Value, what: &str) -> Result<Vec<Item>> {
         .collect()
 }
 
-/// The items a `previous_response_id` chain replays, oldest first.
-async fn chain_items(history: &History, previous: &str) -> Result<Vec<Item>> {
+/// The chain a `previous_response_id` names, oldest first, checked (every
+/// step there, none still running); its items are read by
+/// [`Prior::into_items`].
+async fn chain_steps(history: &History, previous: &str) -> Result<Vec<StoredResponse>> {
     let chain = history
         .response_chain(previous, MAX_CHAIN_STEPS + 1)
         .await?;
@@ -242,27 +249,21 @@ async fn chain_items(history: &History, previous: &str) -> Result<Vec<Item>> {
         )
         .with_param("previous_response_id"));
     }
-    let mut items = Vec::new();
-    for step in &chain {
-        if step.status == ResponseStatus::InProgress.as_str()
+    if let Some(step) = chain.iter().find(|step| {
+        step.status == ResponseStatus::InProgress.as_str()
             || step.status == ResponseStatus::Queued.as_str()
-        {
-            return Err(Error::invalid_parameter(
-                "previous_response_id",
-                format!("response {} is still {}", step.id, step.status),
-            ));
-        }
-        items.extend(stored_items(&step.input, &format!("input of {}", step.id))?);
-        items.extend(stored_items(
-            &step.output,
-            &format!("output of {}", step.id),
-        )?);
+    }) {
+        return Err(Error::invalid_parameter(
+            "previous_response_id",
+            format!("response {} is still {}", step.id, step.status),
+        ));
     }
-    Ok(items)
+    Ok(chain)
 }
 
-/// The items of a conversation, oldest first.
-async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
+/// The stored items of a conversation, oldest first, as the history holds
+/// them (read by [`Prior::into_items`]).
+async fn conversation_values(history: &History, id: &str) -> Result<Vec<Value>> {
     if history.get_conversation(id).await?.is_none() {
         return Err(Error::new(
             ErrorCode::ConversationNotFound,
@@ -283,97 +284,242 @@ async fn conversation_items(history: &History, id: &str) -> Result<Vec<Item>> {
                 },
             )
             .await?;
-        for stored in &page.items {
-            items.push(
-                Item::from_input(&stored.item, "conversation item").map_err(|err| {
-                    Error::new(
-                        ErrorCode::HistoryUnavailable,
-                        format!(
-                            "conversation {id} holds an unreadable item: {}",
-                            err.message
-                        ),
-                    )
-                })?,
-            );
-        }
+        let last = page.items.last().map(|stored| stored.id.clone());
+        items.extend(page.items.into_iter().map(|stored| stored.item));
         if items.len() > MAX_CONVERSATION_ITEMS {
             return Err(Error::invalid_parameter(
                 "conversation",
                 format!("it holds more than {MAX_CONVERSATION_ITEMS} items"),
             ));
         }
-        match (page.has_more, page.items.last()) {
-            (true, Some(last)) => after = Some(last.id.clone()),
+        match (page.has_more, last) {
+            (true, Some(last)) => after = Some(last),
             _ => return Ok(items),
         }
     }
 }
 
-/// Checks a request and reads its history into a [`Plan`].
-async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]) -> Result<Plan> {
-    let mut request: ResponsesRequest = parse_json(body)?;
-    let history = &state.history;
-    if request.conversation.is_some() && request.previous_response_id.is_some() {
-        return Err(Error::new(
-            ErrorCode::MutuallyExclusiveParameters,
-            "conversation and previous_response_id cannot be used together",
-        )
-        .with_param("conversation"));
-    }
-    let background = request.background.unwrap_or(false);
-    let store = request.store.unwrap_or(true) && history.keeps_anything();
-    if background {
-        history.require("background")?;
-        if request.store == Some(false) {
-            return Err(Error::invalid_parameter(
-                "background",
-                "a background response must be stored (store: true)",
-            ));
-        }
-    }
-    let (router, model) = state.router_for(request.model.as_deref())?;
-    let model = model.unwrap_or_else(|| router.model().name.clone());
-    let input_items = parse_input(request.input.as_ref())?;
-    if input_items.is_empty() {
-        return Err(Error::invalid_parameter("input", "must not be empty"));
+/// What a request continues, as read from the history.
+enum Prior {
+    Nothing,
+    Chain(Vec<StoredResponse>),
+    Conversation { id: String, items: Vec<Value> },
+}
+
+impl Prior {
+    fn is_nothing(&self) -> bool {
+        matches!(self, Prior::Nothing)
     }
 
-    let mut tools = Vec::new();
-    let mut mcp_servers = Vec::new();
-    for (index, tool) in request.tools.iter().flatten().enumerate() {
-        let path = format!("tools[{index}]");
-        let Value::Object(object) = tool else {
-            return Err(Error::invalid_parameter(&path, "a tool must be an object"));
-        };
-        match object.get("type").and_then(Value::as_str) {
-            Some("function") => tools.push(convert::function_tool(object, &path)?),
-            Some("mcp") => {
-                let server = mcp_loop::server_plan(object, &path)?;
-                mcp_loop::vet(state, &server)?;
-                mcp_servers.push(server);
+    /// The items replayed before the request's own, oldest first.
+    fn into_items(self) -> Result<Vec<Item>> {
+        match self {
+            Prior::Nothing => Ok(Vec::new()),
+            Prior::Chain(chain) => {
+                let mut items = Vec::new();
+                for step in &chain {
+                    items.extend(stored_items(&step.input, &format!("input of {}", step.id))?);
+                    items.extend(stored_items(
+                        &step.output,
+                        &format!("output of {}", step.id),
+                    )?);
+                }
+                Ok(items)
             }
-            other => {
-                return Err(Error::new(
-                    ErrorCode::UnsupportedTool,
-                    format!(
-                        "tool type {} is not served here (function and mcp tools are)",
-                        other.map_or_else(
-                            || "(none)".to_owned(),
-                            |kind| format!("{:?}", excerpt(kind))
+            Prior::Conversation { id, items } => items
+                .iter()
+                .map(|stored| {
+                    Item::from_input(stored, "conversation item").map_err(|err| {
+                        Error::new(
+                            ErrorCode::HistoryUnavailable,
+                            format!(
+                                "conversation {id} holds an unreadable item: {}",
+                                err.message
+                            ),
                         )
-                    ),
-                )
-                .with_param(format!("{path}.type")));
-            }
+                    })
+                })
+                .collect(),
         }
     }
-    let choice = convert::tool_choice(request.tool_choice.as_ref())?;
+}
 
-    let conversation_id = request
+/// A request read and checked, before its history is: everything
+/// [`Draft::read`] takes from the body alone (and the gateway's state).
+struct Draft {
+    request: ResponsesRequest,
+    router: Arc<Router>,
+    model: String,
+    input_items: Vec<Item>,
+    tools: Vec<Tool>,
+    tools_echo: Arc<[Value]>,
+    choice: Option<ToolChoice>,
+    mcp_servers: Vec<McpServerPlan>,
+    store: bool,
+    background: bool,
+}
+
+impl Draft {
+    /// Parses and checks `body`. Proportional to it: [`plan`] runs it off
+    /// the request threads for a large body.
+    fn read(state: &SharedState, body: &[u8]) -> Result<Self> {
+        let mut request: ResponsesRequest = parse_json(body)?;
+        let history = &state.history;
+        if request.conversation.is_some() && request.previous_response_id.is_some() {
+            return Err(Error::new(
+                ErrorCode::MutuallyExclusiveParameters,
+                "conversation and previous_response_id cannot be used together",
+            )
+            .with_param("conversation"));
+        }
+        let background = request.background.unwrap_or(false);
+        let store = request.store.unwrap_or(true) && history.keeps_anything();
+        if background {
+            history.require("background")?;
+            if request.store == Some(false) {
+                return Err(Error::invalid_parameter(
+                    "background",
+                    "a background response must be stored (store: true)",
+                ));
+            }
+        }
+        let (router, model) = state.router_for(request.model.as_deref())?;
+        let model = model.unwrap_or_else(|| router.model().name.clone());
+        // Read once into items; the parsed JSON is not kept.
+        let input_items = parse_input(request.input.take().as_ref())?;
+        if input_items.is_empty() {
+            return Err(Error::invalid_parameter("input", "must not be empty"));
+        }
+
+        let mut tools = Vec::new();
+        let mut mcp_servers = Vec::new();
+        for (index, tool) in request.tools.iter().flatten().enumerate() {
+            let path = format!("tools[{index}]");
+            let Value::Object(object) = tool else {
+                return Err(Error::invalid_parameter(&path, "a tool must be an object"));
+            };
+            match object.get("type").and_then(Value::as_str) {
+                Some("function") => tools.push(convert::function_tool(object, &path)?),
+                Some("mcp") => {
+                    let server = mcp_loop::server_plan(object, &path)?;
+                    mcp_loop::vet(state, &server)?;
+                    mcp_servers.push(server);
+                }
+                other => {
+                    return Err(Error::new(
+                        ErrorCode::UnsupportedTool,
+                        format!(
+                            "tool type {} is not served here (function and mcp tools are)",
+                            other.map_or_else(
+                                || "(none)".to_owned(),
+                                |kind| format!("{:?}", excerpt(kind))
+                            )
+                        ),
+                    )
+                    .with_param(format!("{path}.type")));
+                }
+            }
+        }
+        let choice = convert::tool_choice(request.tool_choice.as_ref())?;
+        let tools_echo: Arc<[Value]> = request.tools.take().unwrap_or_default().into();
+        Ok(Self {
+            request,
+            router,
+            model,
+            input_items,
+            tools,
+            tools_echo,
+            choice,
+            mcp_servers,
+            store,
+            background,
+        })
+    }
+
+    /// The plan, with `prior` (the history it continues) read into
+    /// messages and every parameter checked as the first generation will
+    /// see it. Proportional to the body and the history: [`plan`] runs it
+    /// off the request threads when either is large.
+    fn into_plan(self, state: &SharedState, prior: Prior, head: PlanHead) -> Result<Plan> {
+        let Draft {
+            request,
+            router,
+            model,
+            input_items,
+            tools,
+            tools_echo,
+            choice,
+            mcp_servers,
+            store,
+            background,
+        } = self;
+        let prior = prior.into_items()?;
+        let mut messages = Messages::default();
+        if let Some(instructions) = &request.instructions {
+            messages.system(instructions);
+        }
+        for item in prior.iter().chain(&input_items) {
+            messages.push(item);
+        }
+        drop(prior);
+        let stream = request.stream.unwrap_or(false);
+        let chat_tools = convert::chat_tools(&tools)?;
+        let plan = Plan {
+            id: head.id,
+            created_at: now_unix(),
+            router,
+            model,
+            messages,
+            input_items: input_items.into(),
+            tools: tools.into(),
+            chat_tools,
+            tools_echo,
+            choice,
+            mcp_servers,
+            conversation_id: head.conversation_id,
+            store,
+            background,
+            stream,
+            routing_key: head.routing_key,
+            heavy: head.heavy,
+            request: Arc::new(request),
+        };
+        // Every parameter is checked now, not when the first generation runs.
+        plan.chat_spec(state, plan.chat_tools.as_ref())?;
+        Ok(plan)
+    }
+}
+
+/// What [`plan`] knows of a response besides its body.
+struct PlanHead {
+    id: String,
+    conversation_id: Option<String>,
+    routing_key: Option<String>,
+    heavy: bool,
+}
+
+/// Checks a request and reads its history into a [`Plan`]. Reading the
+/// body and converting it with its history cost time in proportion to
+/// them: for a body over [`Offload::INLINE_BYTES`], or any history, that
+/// work runs off the request threads (see `crate::offload`), as does every
+/// later step of the response that is proportional to them.
+async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: Bytes) -> Result<Plan> {
+    let large = !Offload::is_small(body.len());
+    let draft = {
+        let state = Arc::clone(state);
+        state
+            .offload
+            .clone()
+            .run_when(large, move || Draft::read(&state, &body))
+            .await?
+    };
+    let history = &state.history;
+    let conversation_id = draft
+        .request
         .conversation
         .as_ref()
         .map(|conversation| conversation.id().to_owned());
-    let prior = match (&request.previous_response_id, &conversation_id) {
+    let prior = match (&draft.request.previous_response_id, &conversation_id) {
         (Some(previous), _) => {
             history.require("previous_response_id")?;
             if !ids::owned_by(previous, owner) {
@@ -382,7 +528,7 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
                         .with_param("previous_response_id"),
                 );
             }
-            chain_items(history, previous).await?
+            Prior::Chain(chain_steps(history, previous).await?)
         }
         (None, Some(conversation)) => {
             history.require("conversation")?;
@@ -393,42 +539,27 @@ async fn plan(state: &SharedState, headers: &HeaderMap, owner: &str, body: &[u8]
                 )
                 .with_param("conversation"));
             }
-            conversation_items(history, conversation).await?
+            Prior::Conversation {
+                items: conversation_values(history, conversation).await?,
+                id: conversation.clone(),
+            }
         }
-        (None, None) => Vec::new(),
+        (None, None) => Prior::Nothing,
     };
-    let mut messages = Messages::default();
-    if let Some(instructions) = &request.instructions {
-        messages.system(instructions);
-    }
-    for item in prior.iter().chain(&input_items) {
-        messages.push(item);
-    }
-    let stream = request.stream.unwrap_or(false);
-    let tools_echo: Arc<[Value]> = request.tools.take().unwrap_or_default().into();
-    let chat_tools = convert::chat_tools(&tools)?;
-    let plan = Plan {
+    // A history is as large as the responses it holds, whatever this body.
+    let heavy = large || !prior.is_nothing();
+    let head = PlanHead {
         id: ids::mint_owned(ids::RESPONSE, owner),
-        created_at: now_unix(),
-        router,
-        model,
-        messages,
-        input_items,
-        tools,
-        chat_tools,
-        tools_echo,
-        choice,
-        mcp_servers,
         conversation_id,
-        store,
-        background,
-        stream,
         routing_key: routing_key(headers),
-        request,
+        heavy,
     };
-    // Every parameter is checked now, not when the first generation runs.
-    plan.chat_spec(state, plan.chat_tools.as_ref())?;
-    Ok(plan)
+    let state = Arc::clone(state);
+    state
+        .offload
+        .clone()
+        .run_when(heavy, move || draft.into_plan(&state, prior, head))
+        .await
 }
 
 impl Plan {
@@ -438,15 +569,87 @@ impl Plan {
         state: &SharedState,
         tools: Option<&ToolsJson>,
     ) -> Result<crate::pipeline::spec::GenerationSpec> {
-        let chat = convert::chat_request(
+        chat_spec(
             &self.request,
             self.model.clone(),
-            self.messages.messages(),
-            tools.cloned(),
+            &self.messages,
+            tools,
             self.choice.clone(),
             self.stream,
+            &limits(state),
+        )
+    }
+
+    /// [`Plan::chat_spec`] for the next generation, offering `tools`: off
+    /// the request threads for a heavy plan (each generation's chat
+    /// request copies and converts every message and tool).
+    async fn next_spec(
+        &mut self,
+        state: &SharedState,
+        tools: &mut Option<ToolsJson>,
+    ) -> Result<crate::pipeline::spec::GenerationSpec> {
+        if !self.heavy {
+            return self.chat_spec(state, tools.as_ref());
+        }
+        let messages = std::mem::take(&mut self.messages);
+        let offered = tools.take();
+        let request = Arc::clone(&self.request);
+        let (model, choice, stream, limits) = (
+            self.model.clone(),
+            self.choice.clone(),
+            self.stream,
+            limits(state),
         );
-        chat.to_spec(&limits(state))
+        let (messages, offered, spec) = state
+            .offload
+            .run(move || {
+                let spec = chat_spec(
+                    &request,
+                    model,
+                    &messages,
+                    offered.as_ref(),
+                    choice,
+                    stream,
+                    &limits,
+                );
+                Ok((messages, offered, spec))
+            })
+            .await?;
+        self.messages = messages;
+        *tools = offered;
+        spec
+    }
+
+    /// What the response's stored form is made from.
+    fn record(&self) -> Record {
+        Record {
+            id: self.id.clone(),
+            previous_response_id: self.request.previous_response_id.clone(),
+            conversation_id: self.conversation_id.clone(),
+            model: self.model.clone(),
+            created_at: self.created_at,
+            input_items: Arc::clone(&self.input_items),
+        }
+    }
+
+    /// [`Record::stored`] for `object`: off the request threads for a
+    /// heavy plan (its input items and the object, tools echoed included,
+    /// are converted in full).
+    async fn stored(
+        &self,
+        state: &SharedState,
+        object: &ResponseObject,
+    ) -> Result<(StoredResponse, Vec<ConversationItem>)> {
+        let record = self.record();
+        let instance = state.history.instance().to_owned();
+        if !self.heavy {
+            return Ok(record.stored(object, &instance));
+        }
+        let object = object.clone();
+        state
+            .offload
+            .run(move || Ok(record.stored(&object, &instance)))
+            .await
     }
 
     /// The response object in `status` with `output`.
@@ -499,7 +702,41 @@ impl Plan {
             metadata: request.metadata.clone().unwrap_or_default(),
         }
     }
+}
 
+/// The chat request for `request`'s next generation from `messages`, as
+/// the pipeline's spec.
+fn chat_spec(
+    request: &ResponsesRequest,
+    model: String,
+    messages: &Messages,
+    tools: Option<&ToolsJson>,
+    choice: Option<ToolChoice>,
+    stream: bool,
+    limits: &super::super::types::validate::Limits,
+) -> Result<crate::pipeline::spec::GenerationSpec> {
+    let chat = convert::chat_request(
+        request,
+        model,
+        messages.messages(),
+        tools.cloned(),
+        choice,
+        stream,
+    );
+    chat.to_spec(limits)
+}
+
+/// What a response's stored form is made from; cheap to clone.
+struct Record {
+    id: String,
+    previous_response_id: Option<String>,
+    conversation_id: Option<String>,
+    model: String,
+    created_at: i64,
+    input_items: Arc<[Item]>,
+}
+
+impl Record {
     /// The stored form of `object`, and the items it adds to its
     /// conversation. While it is in flight it is owned by `instance`, the
     /// gateway running it (so its orphan can be found if that one dies).
@@ -526,7 +763,7 @@ impl Plan {
         };
         let response = StoredResponse {
             id: self.id.clone(),
-            previous_response_id: self.request.previous_response_id.clone(),
+            previous_response_id: self.previous_response_id.clone(),
             conversation_id: self.conversation_id.clone(),
             model: self.model.clone(),
             status: object.status.as_str().to_owned(),
@@ -640,18 +877,27 @@ async fn generate(
     if !sink.emit(builder.take_events()).await {
         return Outcome::Cancelled;
     }
-    let mut tools = plan.tools.clone();
-    tools.extend(servers.chat_tools());
-    let tools = match convert::chat_tools(&tools) {
-        Ok(tools) => tools,
-        Err(err) => return Outcome::Failed(err),
+    let extra = servers.chat_tools();
+    let mut tools = if extra.is_empty() {
+        plan.chat_tools.take()
+    } else {
+        let function_tools = Arc::clone(&plan.tools);
+        let offered = state.offload.run_when(plan.heavy, move || {
+            let mut tools = function_tools.to_vec();
+            tools.extend(extra);
+            convert::chat_tools(&tools)
+        });
+        match offered.await {
+            Ok(tools) => tools,
+            Err(err) => return Outcome::Failed(err),
+        }
     };
     let mut calls_left = plan
         .request
         .max_tool_calls
         .unwrap_or(DEFAULT_MAX_TOOL_CALLS);
     loop {
-        let spec = match plan.chat_spec(state, tools.as_ref()) {
+        let spec = match plan.next_spec(state, &mut tools).await {
             Ok(spec) => spec,
             Err(err) => return Outcome::Failed(err),
         };
@@ -749,8 +995,9 @@ async fn execute(
     if plan.background {
         // A poll sees that the work has begun. A failure here is no reason
         // to stop: the final write says how the response ended, or fails.
-        let (stored, _) = plan.stored(&in_progress, state.history.instance());
-        let _ = state.history.save_response(&stored, &[]).await;
+        if let Ok((stored, _)) = plan.stored(state, &in_progress).await {
+            let _ = state.history.save_response(&stored, &[]).await;
+        }
     }
     let mut builder = OutputBuilder::default();
     let mut usage = ResponseUsage::default();
@@ -790,8 +1037,11 @@ async fn execute(
     );
     let mut failure = error;
     if plan.store {
-        let (stored, items) = plan.stored(&object, state.history.instance());
-        if let Err(err) = state.history.save_response(&stored, &items).await {
+        let saved = match plan.stored(state, &object).await {
+            Ok((stored, items)) => state.history.save_response(&stored, &items).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = saved {
             let _ = sink
                 .emit(vec![StreamEvent::Error {
                     code: err.code.as_str().to_owned(),
@@ -822,6 +1072,10 @@ async fn execute(
         },
     };
     let _ = sink.emit(vec![terminal]).await;
+    if plan.heavy {
+        // Its messages and items are as large as what they came from.
+        state.offload.drop_later(plan);
+    }
     (object, failure)
 }
 
@@ -843,7 +1097,7 @@ pub(crate) async fn create_response(
     body: Bytes,
 ) -> Response {
     let started = std::time::Instant::now();
-    let plan = match plan(&state, &headers, &owner(tenant.as_ref()), &body).await {
+    let plan = match plan(&state, &headers, &owner(tenant.as_ref()), body).await {
         Ok(plan) => plan,
         Err(err) => return error_response(&err),
     };
@@ -863,8 +1117,11 @@ pub(crate) async fn create_response(
     if plan.background {
         // Stored before the answer, so a GET right after it finds it.
         let queued = plan.object(ResponseStatus::Queued, Vec::new(), None, None, None);
-        let (stored, _) = plan.stored(&queued, state.history.instance());
-        if let Err(err) = state.history.save_response(&stored, &[]).await {
+        let saved = match plan.stored(&state, &queued).await {
+            Ok((stored, _)) => state.history.save_response(&stored, &[]).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = saved {
             return error_response(&err);
         }
         let cancel = CancellationToken::new();
@@ -923,12 +1180,29 @@ pub(crate) async fn create_response(
         }));
         return sse_response(tokio_stream::wrappers::ReceiverStream::new(receiver));
     }
+    let heavy = plan.heavy;
     let mut sink = Sink::collecting(false);
     let (object, failure) = run_registered(&state, plan, cancel, &mut sink).await;
     record(failure.as_ref());
     match failure {
         // A whole response that failed answers with the failure's status.
         Some(err) => render(&err, ErrorDialect::OpenAi),
+        // It echoes the request's tools: as large as they were.
+        None if heavy => match state
+            .offload
+            .run(move || {
+                serde_json::to_vec(&object)
+                    .map_err(|err| Error::internal(format!("a response does not serialize: {err}")))
+            })
+            .await
+        {
+            Ok(body) => (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response(),
+            Err(err) => error_response(&err),
+        },
         None => json_response(StatusCode::OK, &object),
     }
 }
@@ -942,9 +1216,20 @@ async fn run_registered(
     sink: &mut Sink,
 ) -> (ResponseObject, Option<Error>) {
     let id = plan.id.clone();
+    let heavy = plan.heavy;
     let guard = state.responses.register(&id, cancel.clone());
     let (object, failure) = execute(state, plan, cancel, sink).await;
-    guard.finish(serde_json::to_value(&object).unwrap_or(Value::Null));
+    let finished = {
+        let object = object.clone();
+        state
+            .offload
+            .run_when(heavy, move || Ok(serde_json::to_value(&object)))
+            .await
+    };
+    guard.finish(match finished {
+        Ok(Ok(value)) => value,
+        _ => Value::Null,
+    });
     (object, failure)
 }
 
