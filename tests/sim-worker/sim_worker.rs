@@ -185,6 +185,11 @@ struct Args {
     /// Fault: read shm tensors but never unlink their names.
     #[arg(long)]
     keep_shm_names: bool,
+    /// Stop before opening the first shm tensor: write its name to
+    /// DIR/paused, then wait until DIR/resume exists (a test removes or
+    /// truncates the gateway's files meanwhile).
+    #[arg(long, value_name = "DIR")]
+    pause_shm_read: Option<PathBuf>,
     /// Benchmarks only: check each tensor's size and consume its shm name,
     /// but neither read nor digest its bytes (a real engine copies them to
     /// its GPU on cores of its own). The output digest then covers each
@@ -384,6 +389,9 @@ async fn main() -> Result<()> {
     let engine = Arc::new(Engine::new(config, model)?);
     if let Some(dir) = &args.shm_dir {
         tensor::set_shm_dir(dir.clone());
+    }
+    if let Some(dir) = &args.pause_shm_read {
+        tensor::pause_first_shm_read(dir.clone());
     }
     let shm_namespace_id = match (&args.shm_namespace_id, &args.shm_dir) {
         (Some(id), _) => id.clone(),

@@ -156,6 +156,53 @@ fn shm_path(name: &str) -> Result<PathBuf, Status> {
     Ok(shm_root().join(bare))
 }
 
+/// Where `--pause-shm-read` signals and waits, and whether the one pause
+/// it makes has happened.
+static SHM_PAUSE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+static SHM_PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The file the worker writes (holding the shm name) when it stops before
+/// its first shm read.
+pub const PAUSED_FILE: &str = "paused";
+/// The file a test creates to let the paused read go on.
+pub const RESUME_FILE: &str = "resume";
+
+/// Stops before opening the first shm tensor until `dir/resume` exists,
+/// after writing the name it is about to open to `dir/paused` (set once,
+/// at start-up). Lets a test act on the gateway's files between the
+/// gateway publishing a tensor and the worker reading it.
+pub fn pause_first_shm_read(dir: PathBuf) {
+    let _ = SHM_PAUSE.set(dir);
+}
+
+/// The `--pause-shm-read` stop, once per process.
+fn pause_before_reading(name: &str) -> Result<(), Status> {
+    let Some(dir) = SHM_PAUSE.get() else {
+        return Ok(());
+    };
+    if SHM_PAUSED.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    // Written whole, then renamed: a test never reads half a name.
+    let staged = dir.join(format!("{PAUSED_FILE}.partial"));
+    std::fs::write(&staged, name)
+        .and_then(|()| std::fs::rename(&staged, dir.join(PAUSED_FILE)))
+        .map_err(|err| Status::internal(format!("cannot signal the pause: {err}")))?;
+    tracing::info!(name, "paused before reading a shm tensor");
+    let resume = dir.join(RESUME_FILE);
+    // The call's thread waits; the runtime moves its other tasks away.
+    let wait = || {
+        while !resume.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(wait),
+        Err(_) => wait(),
+    }
+    Ok(())
+}
+
 /// The bytes (none when `intake.size_only`) and their length.
 fn read_shm(
     name: &str,
@@ -164,6 +211,7 @@ fn read_shm(
     intake: Intake,
 ) -> Result<(Vec<u8>, usize), Status> {
     let path = shm_path(name)?;
+    pause_before_reading(name)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
