@@ -245,6 +245,12 @@ error_codes! {
     DataplaneBusy => ("dataplane_busy", 503, Gateway, true, free),
     /// The data plane is shutting down.
     DataplaneUnavailable => ("dataplane_unavailable", 503, Gateway, true, free),
+    /// A tensor the request sent through `/dev/shm` was removed or
+    /// truncated by someone else before its worker read it, and could not
+    /// be sent again inline (its bytes went with the truncation, or no
+    /// retry was left). The lane rebuilds its slots; the next request
+    /// uses them.
+    TensorLost => ("tensor_lost", 503, Gateway, true, free),
     /// The request took longer than the configured timeout.
     RequestTimeout => ("request_timeout", 504, Gateway, true, free),
     /// A worker could not be reached.

@@ -412,11 +412,19 @@ pub(crate) fn media_for_attempt(request: &PreparedRequest) -> Result<Vec<MediaIt
     for (item, lease) in media.iter_mut().zip(&request.leases) {
         let Some(lease) = lease else { continue };
         let renewed = lease.renew().map_err(|err| {
+            let code = if err.code() == "shm_slot_lost" {
+                ErrorCode::TensorLost
+            } else {
+                ErrorCode::EncodeFailed
+            };
             Error::new(
-                ErrorCode::EncodeFailed,
+                code,
                 format!("the image's tensor cannot be sent again: {err}"),
             )
         })?;
+        if let Some(fallback) = lease.take_fallback() {
+            crate::lanes::record_fallback(&fallback);
+        }
         if let Some(payload) = renewed {
             item.encoder_input.payload = Some(crate::lanes::engine_payload(payload));
         }

@@ -484,6 +484,7 @@ impl Router {
                             first_token_at,
                         }),
                         Err(err) => {
+                            let err = blame_a_lost_tensor(request, err);
                             charged.record(&chosen, &err);
                             Err(err)
                         }
@@ -502,11 +503,36 @@ impl Router {
                 })
             }
             Err(err) => {
+                let err = blame_a_lost_tensor(request, err);
                 charged.record(&chosen, &err);
                 Err(err)
             }
         }
     }
+}
+
+/// `err`, unless a tensor this attempt sent through a lane was taken from
+/// under it (a shm file removed or truncated before the worker read it):
+/// then the worker's refusal (`worker_rejected`, `encode_failed`) was the
+/// lane's fault, neither the client's nor the worker's, so the failure
+/// becomes `tensor_lost`, which charges no worker and is retried; the
+/// retry sends the tensor inline when the gateway still holds its bytes
+/// (`media_for_attempt`).
+fn blame_a_lost_tensor(request: &PreparedRequest, err: Error) -> Error {
+    if err.code == ErrorCode::TensorLost || !request.leases.iter().flatten().any(|l| l.lost()) {
+        return err;
+    }
+    tracing::warn!(
+        request_id = %request.request_id,
+        code = %err.code,
+        detail = %err.message,
+        "a tensor's shm file was removed or truncated before its worker read it"
+    );
+    Error::new(
+        ErrorCode::TensorLost,
+        "an image's tensor was removed from /dev/shm before the worker read it \
+         (someone else deleted or truncated the gateway's file)",
+    )
 }
 
 /// A successful attempt.

@@ -19,14 +19,19 @@
 //! same holds when sealing fails after the write (a shm slot whose file
 //! someone removed): the written bytes are copied inline ([`Unsealed`]),
 //! and the shm lane rebuilds the pool that lost it
-//! ([`ShmLane::rebuild_lost`]).
+//! ([`ShmLane::rebuild_lost`]). And when a shm tensor is lost after it was
+//! published, while a worker was to read it, its lease says so
+//! ([`TensorLease::lost`]: the failed call was the lane's fault, so the
+//! request may retry) and the retry carries its bytes inline when the
+//! gateway still holds them ([`TensorLease::renew`],
+//! [`TensorLease::take_fallback`]).
 
 pub mod rdma;
 pub mod shm;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -129,6 +134,18 @@ pub trait LeaseResource: Send + Sync + fmt::Debug {
     fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
         Ok(None)
     }
+
+    /// Whether someone else took the resource the last RPC named from under
+    /// it (a shm file removed or truncated before the worker read it): the
+    /// call failed because of the lane, not the worker or the request.
+    fn lost(&self) -> bool {
+        false
+    }
+
+    /// Once, after a [`renew`](Self::renew) moved the tensor inline: why.
+    fn take_fallback(&self) -> Option<Fallback> {
+        None
+    }
 }
 
 /// Shared ownership of a sealed tensor's lane resources: the last clone to
@@ -144,6 +161,16 @@ impl TensorLease {
     /// See [`LeaseResource::renew`].
     pub fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
         self.0.renew()
+    }
+
+    /// See [`LeaseResource::lost`].
+    pub fn lost(&self) -> bool {
+        self.0.lost()
+    }
+
+    /// See [`LeaseResource::take_fallback`].
+    pub fn take_fallback(&self) -> Option<Fallback> {
+        self.0.take_fallback()
     }
 }
 
@@ -403,6 +430,8 @@ impl LaneBuffer for ShmBuffer {
             lease: Some(TensorLease::new(ShmLease {
                 name: Mutex::new(tensor.name().to_owned()),
                 tensor,
+                inline: OnceLock::new(),
+                fallback: Mutex::new(None),
             })),
             fallback: None,
         })
@@ -415,12 +444,33 @@ struct ShmLease {
     tensor: ShmTensor,
     /// The public name the last RPC carried.
     name: Mutex<String>,
+    /// The bytes, once the tensor could not be named again (its file lost,
+    /// or a one-off file's only name consumed): later RPCs carry them.
+    inline: OnceLock<Bytes>,
+    /// Why it went inline, until the caller took it to count it.
+    fallback: Mutex<Option<Fallback>>,
 }
 
 impl LeaseResource for ShmLease {
     fn renew(&self) -> Result<Option<WirePayload>, LaneError> {
-        let Some(name) = self.tensor.renew()? else {
-            return Ok(None);
+        if let Some(bytes) = self.inline.get() {
+            return Ok(Some(WirePayload::Inline(bytes.clone())));
+        }
+        let name = match self.tensor.renew() {
+            Ok(None) => return Ok(None),
+            Ok(Some(name)) => name,
+            Err(err) => {
+                // The name cannot come back, but the gateway's open file may
+                // still hold the bytes: send them inline (a truncated file
+                // no longer does, and the request fails with the loss).
+                let bytes = self.tensor.copy_out()?;
+                let bytes = self.inline.get_or_init(|| Bytes::from(bytes)).clone();
+                *self.fallback.lock().unwrap_or_else(PoisonError::into_inner) = Some(Fallback {
+                    requested: LaneKind::Shm,
+                    reason: err.code(),
+                });
+                return Ok(Some(WirePayload::Inline(bytes)));
+            }
         };
         match self.name.lock() {
             Ok(mut current) => current.clone_from(&name),
@@ -430,5 +480,17 @@ impl LeaseResource for ShmLease {
             name,
             nbytes: self.tensor.nbytes(),
         }))
+    }
+
+    fn lost(&self) -> bool {
+        // Once inline, the last RPC carried bytes, not the lost name.
+        self.inline.get().is_none() && self.tensor.lost()
+    }
+
+    fn take_fallback(&self) -> Option<Fallback> {
+        self.fallback
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }

@@ -45,6 +45,19 @@
 //! control plane's reclaim tick) replaces the pool with a fresh one. Loss is
 //! noticed by the publish that hits it, not by polling every slot's name
 //! ([`ShmPool::is_lost`] does that for whoever wants to ask).
+//!
+//! **Losing a slot under a running RPC.** A slot's names can also go (or
+//! its file be truncated) after the tensor was published and before the
+//! worker read it. Then the worker fails the call, and [`ShmTensor::lost`]
+//! tells the gateway its lane, not the worker or the client, was at fault;
+//! the bytes are still in the gateway's open file unless it was truncated
+//! ([`ShmTensor::copy_out`] reads them with `pread`, never through the
+//! mapping, so a truncated file is a short read, not a `SIGBUS`), so the
+//! request can retry them inline. A slot found removed or truncated is
+//! never written again (writing a mapping past a truncated file's end
+//! would kill the process with `SIGBUS`): claiming a slot and freeing a
+//! returned one both check that its private name still leads to its file
+//! at full size, and mark the pool lost when not.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -316,6 +329,17 @@ impl ShmPool {
         if nbytes <= inner.config.slot_bytes
             && let Some(index) = self.claim_slot()
         {
+            if !self.slot_intact(index) {
+                // Removed or truncated while free: never write it again.
+                inner.slots[index].state.store(FREE, Ordering::Release);
+                inner.lost.store(true, Ordering::Relaxed);
+                return Err(ShmError::SlotLost {
+                    source: io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "a free slot's file was removed or truncated",
+                    ),
+                });
+            }
             return Ok(ShmWriter {
                 pool: self.clone(),
                 target: Some(Target::Slot(index)),
@@ -399,6 +423,13 @@ impl ShmPool {
         match slot.state.load(Ordering::Acquire) {
             FREE => true,
             RETURNED => {
+                if !self.slot_intact(index) {
+                    // Its file went, or shrank, under the RPC: reusing it
+                    // would write past the file's end (SIGBUS). The pool is
+                    // rebuilt instead; this slot stays busy until then.
+                    self.inner.lost.store(true, Ordering::Relaxed);
+                    return false;
+                }
                 let name_gone = slot.file.metadata().is_ok_and(|meta| meta.nlink() == 1);
                 let returned_at = Duration::from_nanos(slot.returned_at.load(Ordering::Relaxed));
                 let overdue = now.saturating_duration_since(self.inner.epoch)
@@ -427,6 +458,21 @@ impl ShmPool {
 
     fn name(&self, hi: u64, lo: u64) -> String {
         self.inner.public_name(hi, lo)
+    }
+
+    /// Whether slot `index`'s private name still leads to its file and the
+    /// file still holds a whole slot (one `fstatat`). Someone else removing
+    /// or truncating it makes it false for good.
+    fn slot_intact(&self, index: usize) -> bool {
+        let inner = &self.inner;
+        let slot = &inner.slots[index];
+        let at_name = nix::sys::stat::fstatat(
+            &inner.dir_fd,
+            slot.private_name.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        );
+        matches!(at_name, Ok(stat) if stat.st_ino == slot.ino
+            && u64::try_from(stat.st_size).is_ok_and(|len| len >= inner.config.slot_bytes as u64))
     }
 
     fn release(&self, index: usize) {
@@ -566,6 +612,60 @@ impl ShmTensor {
         self.nbytes
     }
 
+    /// Whether someone else took the tensor from under its RPC: a slot
+    /// whose private name was removed or replaced or whose file was
+    /// truncated (the pool is then marked lost, to be rebuilt), a one-off
+    /// file truncated. A name a worker consumed is not a loss.
+    pub fn lost(&self) -> bool {
+        match &self.target {
+            Some(Target::Slot(index)) => {
+                let lost = !self.pool.slot_intact(*index);
+                if lost {
+                    self.pool.inner.lost.store(true, Ordering::Relaxed);
+                }
+                lost
+            }
+            Some(Target::OneOff { file, .. }) => {
+                !file.metadata().is_ok_and(|meta| meta.len() >= self.nbytes)
+            }
+            None => false,
+        }
+    }
+
+    /// The tensor's bytes, read from the open file with `pread` (never
+    /// through the mapping, which faults past a truncated file's end), so
+    /// they can still go inline when their names are gone. Fails with
+    /// [`ShmError::SlotLost`] when the file no longer holds them.
+    pub fn copy_out(&self) -> Result<Vec<u8>, ShmError> {
+        use std::os::unix::fs::FileExt;
+        let file = match &self.target {
+            Some(Target::Slot(index)) => &self.pool.inner.slots[*index].file,
+            Some(Target::OneOff { file, .. }) => file,
+            None => {
+                return Err(ShmError::Io {
+                    action: "copying a tensor out",
+                    source: io::Error::other("the tensor was already released"),
+                });
+            }
+        };
+        let len = usize::try_from(self.nbytes).map_err(|_| ShmError::Io {
+            action: "copying a tensor out",
+            source: io::Error::other("the tensor is larger than memory"),
+        })?;
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, 0).map_err(|source| {
+            if source.kind() == io::ErrorKind::UnexpectedEof {
+                ShmError::SlotLost { source }
+            } else {
+                ShmError::Io {
+                    action: "copying a tensor out",
+                    source,
+                }
+            }
+        })?;
+        Ok(bytes)
+    }
+
     /// Makes sure the tensor has a public name again before another RPC
     /// carries it (a retry after a worker read and unlinked the last one):
     /// `None` when the current name still exists, else the fresh name now
@@ -574,6 +674,14 @@ impl ShmTensor {
     pub fn renew(&self) -> Result<Option<String>, ShmError> {
         match &self.target {
             Some(Target::Slot(index)) => {
+                if self.lost() {
+                    return Err(ShmError::SlotLost {
+                        source: io::Error::new(
+                            io::ErrorKind::NotFound,
+                            "the slot's file was removed or truncated under its RPC",
+                        ),
+                    });
+                }
                 let slot = &self.pool.inner.slots[*index];
                 let linked = slot
                     .file
