@@ -552,6 +552,207 @@ async fn a_lane_whose_slot_files_are_removed_goes_inline_then_rebuilds() {
     assert_settles(&gateway, &shm, &rebuilt).await;
 }
 
+/// How a test takes a published tensor from under the worker about to read
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Every name of the gateway's but its owner file is unlinked: the
+    /// public name the worker was given and both slots' private names.
+    Removed,
+    /// The public name's file (the slot itself) is truncated to nothing.
+    Truncated,
+}
+
+/// A Regular TokenSpeed worker reading over shm stops right before it
+/// opens the first tensor (`--pause-shm-read`); the test then removes or
+/// truncates the gateway's files and lets it go on. The request must end
+/// cleanly: retried inline when the gateway still holds the bytes (a
+/// `shm_slot_lost` fallback), else 503 `tensor_lost`; never a 400 blaming
+/// the client nor a vague 5xx. Then the pool is rebuilt, the next two
+/// images (one per slot) go over shm again, no name leaks, and the slot,
+/// admission and worker load counters return to 0.
+async fn a_tensor_lost_under_its_rpc(loss: Loss, extra: &[&str]) -> LostTensor {
+    let shm = ShmDir::in_dev_shm();
+    let record = tempfile::tempdir().unwrap();
+    let pause = tempfile::tempdir().unwrap();
+    let (record_arg, shm_arg) = (record.path().display().to_string(), shm.arg());
+    let pause_arg = pause.path().display().to_string();
+    let worker = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &[
+            "--zero-delay",
+            "--record-dir",
+            &record_arg,
+            "--shm-dir",
+            &shm_arg,
+            "--pause-shm-read",
+            &pause_arg,
+        ],
+    );
+    let mut args = vec!["--worker-urls".to_owned(), worker.grpc_url()];
+    args.extend(common_flags(&shm));
+    args.extend(
+        [
+            "--multimodal-tensor-transport",
+            "shm",
+            "--retry-initial-backoff-ms",
+            "1",
+        ]
+        .map(String::from),
+    );
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gateway = Gateway::start(&args);
+    let held = shm.names_of(gateway.pid());
+    assert_eq!(held.len(), 3, "two slots and the owner file: {held:?}");
+
+    let messages = messages(&[image_url(MEDIUM)]);
+    let request = {
+        let gateway_url = gateway.url("/v1/chat/completions");
+        let body =
+            json!({"model": "model", "messages": messages, "max_tokens": 40, "ignore_eos": true});
+        tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(gateway_url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    // The worker holds the handle and has not opened it yet.
+    let paused = pause.path().join("paused");
+    let name = support::poll_until("the worker to pause before its shm read", async || {
+        std::fs::read_to_string(&paused).ok()
+    })
+    .await;
+    let public = shm.path.join(&name);
+    assert!(public.exists(), "the gateway published {name}");
+    match loss {
+        Loss::Removed => {
+            for gone in shm.names_of(gateway.pid()) {
+                if !gone.ends_with(".owner") {
+                    std::fs::remove_file(shm.path.join(gone)).unwrap();
+                }
+            }
+        }
+        Loss::Truncated => {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&public)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+        }
+    }
+    std::fs::write(pause.path().join("resume"), b"").unwrap();
+    let (status, body) = support::bounded("the request whose tensor was lost", request)
+        .await
+        .unwrap();
+    let lost = LostTensor {
+        status,
+        body,
+        lanes: recorded_in(record.path()),
+        slot_lost: metric(
+            &metrics_text(&gateway).await,
+            "smg_tensor_lane_fallbacks_total",
+            &["requested=\"shm\"", "reason=\"shm_slot_lost\""],
+        ),
+    };
+
+    // (Shown when a later step fails.)
+    println!(
+        "the lost tensor's request: {} {} (worker read {:?}, {} shm_slot_lost fallbacks)",
+        lost.status, lost.body, lost.lanes, lost.slot_lost
+    );
+    // The pool is rebuilt: two fresh slots and the owner file, nothing else.
+    let rebuilt = support::poll_until("the pool to be rebuilt", async || {
+        let names = shm.names_of(gateway.pid());
+        let fresh = names
+            .iter()
+            .filter(|n| !n.ends_with(".owner") && !held.contains(n))
+            .count();
+        (fresh == 2 && names.len() == 3).then_some(names)
+    })
+    .await;
+    clear_records(&record);
+    for _ in 0..2 {
+        chat_exactly(&gateway, &[MEDIUM]).await;
+    }
+    assert_eq!(
+        recorded_in(record.path()),
+        vec![(tensor_bytes(MEDIUM), "shm".to_owned()); 2],
+        "the rebuilt pool's two slots carry the next images"
+    );
+    assert_settles(&gateway, &shm, &rebuilt).await;
+    let text = metrics_text(&gateway).await;
+    assert_eq!(metric(&text, "smg_admission_in_flight", &[]), 0.0, "{text}");
+    let (_, listed) = gateway.admin(reqwest::Method::GET, "/workers", None).await;
+    for worker in listed["workers"].as_array().unwrap() {
+        assert_eq!(worker["in_flight"], 0, "{listed}");
+    }
+    // Only the rebuilt pool's names remain, in the whole directory.
+    assert_eq!(shm.all_names(), rebuilt);
+    lost
+}
+
+/// How the request whose tensor was lost ended.
+struct LostTensor {
+    status: u16,
+    body: Value,
+    /// What the worker recorded reading for it.
+    lanes: Vec<(u64, String)>,
+    /// `shm_slot_lost` fallbacks counted by then.
+    slot_lost: f64,
+}
+
+#[tokio::test]
+async fn a_slot_removed_before_the_worker_read_it_is_retried_inline() {
+    let lost = a_tensor_lost_under_its_rpc(Loss::Removed, &[]).await;
+    assert_eq!(
+        lost.status, 200,
+        "retried with the bytes inline: {}",
+        lost.body
+    );
+    assert_eq!(
+        lost.lanes,
+        vec![(tensor_bytes(MEDIUM), "inline".to_owned())],
+        "the worker could not open the name; the retry carried the bytes"
+    );
+    assert_eq!(lost.slot_lost, 1.0);
+}
+
+#[tokio::test]
+async fn a_slot_removed_with_no_retry_left_fails_with_tensor_lost() {
+    let lost = a_tensor_lost_under_its_rpc(Loss::Removed, &["--disable-retries"]).await;
+    assert_eq!(
+        (lost.status, &lost.body["error"]["code"]),
+        (503, &json!("tensor_lost")),
+        "{}",
+        lost.body
+    );
+    assert_eq!(lost.lanes, vec![], "the worker read nothing");
+}
+
+#[tokio::test]
+async fn a_slot_truncated_before_the_worker_read_it_fails_with_tensor_lost() {
+    // The bytes went with the truncation: nothing to send inline.
+    let lost = a_tensor_lost_under_its_rpc(Loss::Truncated, &[]).await;
+    assert_eq!(
+        (lost.status, &lost.body["error"]["code"]),
+        (503, &json!("tensor_lost")),
+        "{}",
+        lost.body
+    );
+    assert_eq!((lost.lanes.len(), lost.slot_lost), (0, 0.0));
+}
+
 #[tokio::test]
 async fn a_full_shm_directory_sends_tensors_inline_and_counts_it() {
     // A tmpfs barely larger than the slots when mounting is allowed;
