@@ -199,12 +199,12 @@ pub const FAMILIES: &[Family] = &[
     family(
         CPU_WORK_RUNNING,
         Kind::Gauge,
-        "Large prompts being rendered or tokenized off the request threads.",
+        "CPU-heavy request work running on the blocking pool, off the request threads: parsing or converting a body over 64 KiB (chat tools, a Responses input and history), rendering a chat template past its first fuel budget, tokenizing over 64 KiB of text, freeing what these built.",
     ),
     family(
         CPU_WORK_WAITING,
         Kind::Gauge,
-        "Large prompts waiting for a CPU slot to be rendered or tokenized (one slot per core).",
+        "CPU-heavy request work (large bodies, tools, Responses inputs and history, templates past their first budget, long prompts) waiting for one of the gate's slots (one per CPU).",
     ),
     family(
         ADMISSION_WAIT,
