@@ -571,39 +571,38 @@ enum Loss {
 /// the client nor a vague 5xx. Then the pool is rebuilt, the next two
 /// images (one per slot) go over shm again, no name leaks, and the slot,
 /// admission and worker load counters return to 0.
-async fn a_tensor_lost_under_its_rpc(loss: Loss, extra: &[&str]) -> LostTensor {
+async fn a_tensor_lost_under_its_rpc(mode: &str, loss: Loss, extra: &[&str]) -> LostTensor {
     let shm = ShmDir::in_dev_shm();
-    let record = tempfile::tempdir().unwrap();
     let pause = tempfile::tempdir().unwrap();
-    let (record_arg, shm_arg) = (record.path().display().to_string(), shm.arg());
     let pause_arg = pause.path().display().to_string();
-    let worker = SimWorker::start(
-        "tokenspeed",
-        "regular",
-        &[
+    let pause_flags = ["--pause-shm-read", pause_arg.as_str()];
+    let mut gateway_extra = vec!["--retry-initial-backoff-ms", "1"];
+    gateway_extra.extend_from_slice(extra);
+    // The reader (the regular worker, or the encoder in EPD) pauses and
+    // records into `record`.
+    let (gateway, record, _workers) = if mode == "epd" {
+        let fleet = fleet(&shm, &pause_flags, &[]);
+        let gateway = gateway(&fleet, "shm", &gateway_extra);
+        (gateway, fleet.record, fleet._workers)
+    } else {
+        let record = tempfile::tempdir().unwrap();
+        let (record_arg, shm_arg) = (record.path().display().to_string(), shm.arg());
+        let mut flags = vec![
             "--zero-delay",
             "--record-dir",
             &record_arg,
             "--shm-dir",
             &shm_arg,
-            "--pause-shm-read",
-            &pause_arg,
-        ],
-    );
-    let mut args = vec!["--worker-urls".to_owned(), worker.grpc_url()];
-    args.extend(common_flags(&shm));
-    args.extend(
-        [
-            "--multimodal-tensor-transport",
-            "shm",
-            "--retry-initial-backoff-ms",
-            "1",
-        ]
-        .map(String::from),
-    );
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let gateway = Gateway::start(&args);
+        ];
+        flags.extend_from_slice(&pause_flags);
+        let worker = SimWorker::start("tokenspeed", "regular", &flags);
+        let mut args = vec!["--worker-urls".to_owned(), worker.grpc_url()];
+        args.extend(common_flags(&shm));
+        args.extend(["--multimodal-tensor-transport", "shm"].map(String::from));
+        args.extend(gateway_extra.iter().map(|s| (*s).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (Gateway::start(&args), record, vec![worker])
+    };
     let held = shm.names_of(gateway.pid());
     assert_eq!(held.len(), 3, "two slots and the owner file: {held:?}");
 
@@ -714,7 +713,7 @@ struct LostTensor {
 
 #[tokio::test]
 async fn a_slot_removed_before_the_worker_read_it_is_retried_inline() {
-    let lost = a_tensor_lost_under_its_rpc(Loss::Removed, &[]).await;
+    let lost = a_tensor_lost_under_its_rpc("regular", Loss::Removed, &[]).await;
     assert_eq!(
         lost.status, 200,
         "retried with the bytes inline: {}",
@@ -730,7 +729,7 @@ async fn a_slot_removed_before_the_worker_read_it_is_retried_inline() {
 
 #[tokio::test]
 async fn a_slot_removed_with_no_retry_left_fails_with_tensor_lost() {
-    let lost = a_tensor_lost_under_its_rpc(Loss::Removed, &["--disable-retries"]).await;
+    let lost = a_tensor_lost_under_its_rpc("regular", Loss::Removed, &["--disable-retries"]).await;
     assert_eq!(
         (lost.status, &lost.body["error"]["code"]),
         (503, &json!("tensor_lost")),
@@ -743,7 +742,7 @@ async fn a_slot_removed_with_no_retry_left_fails_with_tensor_lost() {
 #[tokio::test]
 async fn a_slot_truncated_before_the_worker_read_it_fails_with_tensor_lost() {
     // The bytes went with the truncation: nothing to send inline.
-    let lost = a_tensor_lost_under_its_rpc(Loss::Truncated, &[]).await;
+    let lost = a_tensor_lost_under_its_rpc("regular", Loss::Truncated, &[]).await;
     assert_eq!(
         (lost.status, &lost.body["error"]["code"]),
         (503, &json!("tensor_lost")),
@@ -751,6 +750,21 @@ async fn a_slot_truncated_before_the_worker_read_it_fails_with_tensor_lost() {
         lost.body
     );
     assert_eq!((lost.lanes.len(), lost.slot_lost), (0, 0.0));
+}
+
+#[tokio::test]
+async fn an_encoders_slot_removed_before_it_read_it_is_retried_inline() {
+    let lost = a_tensor_lost_under_its_rpc("epd", Loss::Removed, &[]).await;
+    assert_eq!(
+        lost.status, 200,
+        "retried with the bytes inline: {}",
+        lost.body
+    );
+    assert_eq!(
+        lost.lanes,
+        vec![(tensor_bytes(MEDIUM), "inline".to_owned())]
+    );
+    assert_eq!(lost.slot_lost, 1.0);
 }
 
 #[tokio::test]
