@@ -660,7 +660,7 @@ mod tests {
             .apply_chat_template(&[], &ChatTemplateOptions::default())
             .expect("renders");
         // `transformers` 5 gives templates the named tokens only.
-        assert_eq!(rendered, "<|endoftext|>|<|im_end|>|false");
+        assert_eq!(rendered, "<|endoftext|>|<|im_end|>|False");
     }
 
     #[test]
