@@ -1,9 +1,17 @@
 //! The family test models under `tests/fixtures/models/` load with the
 //! gateway's tokenizer code, keep each family marker as one token, and render
-//! their chat templates exactly as Python's Jinja2 did when the fixtures
-//! were generated (`example.json`, written by
-//! `tests/fixtures/make_family_models.py`), on conversations with tools, tool
-//! calls, tool results and reasoning.
+//! their chat templates exactly as Hugging Face `transformers`'
+//! `apply_chat_template` did when the fixtures were generated
+//! (`example.json`, written by `tests/fixtures/make_family_models.py`; CI
+//! checks it against `transformers` again with
+//! `scripts/hf_chat_templates.sh`), on conversations with tools, tool calls
+//! (parallel ones, arguments as objects and as JSON text), tool results,
+//! reasoning under its several names, null fields and no tools, for every
+//! `chat_template_kwargs` setting. Each example is also rendered through a
+//! probe template that prints what it was given (every message key, the
+//! special tokens, `tools`, `documents`, the kwargs), so a difference in
+//! what reaches a template shows even where a family's template would
+//! hide it.
 
 use std::path::PathBuf;
 
@@ -55,6 +63,41 @@ fn load(family: &str) -> Tokenizer {
         .unwrap_or_else(|err| panic!("{family} does not load: {err:?}"))
 }
 
+/// The probe template: prints what it is given instead of a prompt.
+fn probe_template() -> String {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/probe_chat_template.jinja");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()))
+}
+
+/// The conversations every example.json holds (hand-typed: one that goes
+/// missing fails here).
+const CONVERSATIONS: &[&str] = &[
+    "agent_step",
+    "follow_up",
+    "parallel_text_arguments",
+    "no_tools",
+    "reasoning_named_reasoning",
+];
+
+/// Where smg's rendering parts from `transformers`', for a readable failure.
+fn first_difference(smg: &str, transformers: &str) -> String {
+    let (ours, theirs): (Vec<&str>, Vec<&str>) =
+        (smg.lines().collect(), transformers.lines().collect());
+    let line = ours
+        .iter()
+        .zip(&theirs)
+        .position(|(a, b)| a != b)
+        .unwrap_or(ours.len().min(theirs.len()));
+    format!(
+        "line {}: smg {:?}, transformers {:?}",
+        line + 1,
+        ours.get(line),
+        theirs.get(line)
+    )
+}
+
 fn options(tools: &Value, kwargs: &Value) -> ChatTemplateOptions {
     ChatTemplateOptions {
         add_generation_prompt: true,
@@ -71,26 +114,56 @@ fn messages_of(conversation: &Value) -> Vec<Value> {
 }
 
 #[test]
-fn every_family_renders_its_examples_as_jinja2_did() {
+fn every_family_renders_its_examples_as_transformers_did() {
+    let probe_source = probe_template();
     for family in FAMILIES {
         let tokenizer = load(family);
+        let probe = tokenizer
+            .clone()
+            .with_chat_template(&probe_source)
+            .expect("the probe template compiles");
         let example = read_json(family, "example.json");
         let conversations = example["conversations"].as_array().expect("conversations");
-        assert_eq!(conversations.len(), 2, "{family}");
+        let names: Vec<&str> = conversations
+            .iter()
+            .map(|conversation| conversation["name"].as_str().expect("a name"))
+            .collect();
+        assert_eq!(names, CONVERSATIONS, "{family}");
         for conversation in conversations {
             let messages = messages_of(conversation);
-            for rendering in conversation["renderings"].as_array().expect("renderings") {
-                let expected = rendering["prompt"].as_str().expect("a prompt");
-                let prompt = tokenizer
-                    .apply_chat_template(
-                        &messages,
-                        &options(&example["tools"], &rendering["chat_template_kwargs"]),
-                    )
-                    .unwrap_or_else(|err| panic!("{family} does not render: {err:?}"));
-                assert_eq!(
-                    prompt, expected,
+            let tools = if conversation["with_tools"] == Value::Bool(true) {
+                &example["tools"]
+            } else {
+                &Value::Null
+            };
+            let renderings = conversation["renderings"].as_array().expect("renderings");
+            assert!(
+                renderings.len() >= 2,
+                "{family}: the default and a custom kwarg"
+            );
+            for rendering in renderings {
+                let options = options(tools, &rendering["chat_template_kwargs"]);
+                let what = format!(
                     "{family} {} {}",
                     conversation["name"], rendering["chat_template_kwargs"]
+                );
+                let prompt = tokenizer
+                    .apply_chat_template(&messages, &options)
+                    .unwrap_or_else(|err| panic!("{what} does not render: {err:?}"));
+                let expected = rendering["prompt"].as_str().expect("a prompt");
+                assert!(
+                    prompt == expected,
+                    "{what}: {}",
+                    first_difference(&prompt, expected)
+                );
+                let given = probe
+                    .apply_chat_template(&messages, &options)
+                    .unwrap_or_else(|err| panic!("{what}: the probe does not render: {err:?}"));
+                let expected = rendering["probe"].as_str().expect("a probe rendering");
+                assert!(
+                    given == expected,
+                    "{what}, what the template is given: {}",
+                    first_difference(&given, expected)
                 );
             }
         }

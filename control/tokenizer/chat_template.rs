@@ -7,8 +7,12 @@
 //! file reproduces the Jinja environment `transformers` builds: `trim_blocks`
 //! and `lstrip_blocks` on, `keep_trailing_newline` off, `raise_exception`,
 //! HF's own `tojson`, `strftime_now`, Python string methods, and the same
-//! variables (`messages`, `tools`, `add_generation_prompt`, the special
-//! tokens by name, and the request's `chat_template_kwargs`).
+//! variables (`messages`, `tools`, `documents`, `add_generation_prompt`, the
+//! special tokens by name, and the request's `chat_template_kwargs`), with
+//! the messages changed as `apply_chat_template` changes them (see
+//! [`as_transformers_passes`]). The reference is the `transformers` version
+//! pinned in `scripts/hf_chat_templates.sh`, which checks the family
+//! fixtures' renderings against it.
 //!
 //! Templates are compiled once, when the tokenizer loads; rendering a request
 //! only runs the compiled template.
@@ -28,6 +32,8 @@
 //! own thread (see `crate::offload`): a template that needs more than the
 //! small budget is rendered again, off the request threads, with the full
 //! one.
+
+use std::borrow::Cow;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Serde, Value as JinjaValue, merge_maps};
@@ -284,8 +290,10 @@ impl ChatTemplate {
         };
         let template = Self::select(environment, options.tools.is_some())?;
         let fixed = minijinja::context! {
-            messages => Serde(messages),
+            messages => Serde(as_transformers_passes(messages)),
             tools => options.tools.as_ref().map(|tools| tools.0.clone()),
+            // `transformers` always passes it (RAG documents); smg has none.
+            documents => (),
             add_generation_prompt => options.add_generation_prompt,
         };
         // The last map that has a name wins.
@@ -329,6 +337,57 @@ impl ChatTemplate {
             ))
         })
     }
+}
+
+/// The names a message's reasoning arrives under, in the order
+/// `transformers` takes the first one set.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// The messages as `transformers`' `apply_chat_template` hands them to the
+/// template: a key whose value is null is left out (OpenAI clients send
+/// `"content": null` beside `tool_calls`, `"tool_calls": null`, ...; to a
+/// template that is `undefined`, not `none`), and a message's reasoning,
+/// under whichever of [`REASONING_FIELDS`] it came, is also given as
+/// `reasoning_content` (what most templates read) and `thinking` (what
+/// gpt-oss's reads), in `transformers`' key order. Messages that need
+/// neither are passed as they are, uncopied.
+fn as_transformers_passes(messages: &[Value]) -> Vec<Cow<'_, Value>> {
+    messages
+        .iter()
+        .map(|message| match message {
+            Value::Object(fields) if needs_changes(fields) => {
+                Cow::Owned(Value::Object(transformers_message(fields)))
+            }
+            _ => Cow::Borrowed(message),
+        })
+        .collect()
+}
+
+fn needs_changes(fields: &Map<String, Value>) -> bool {
+    fields.values().any(Value::is_null) || reasoning_of(fields).is_some()
+}
+
+/// The first of [`REASONING_FIELDS`] that is set (not null).
+fn reasoning_of(fields: &Map<String, Value>) -> Option<&Value> {
+    REASONING_FIELDS
+        .iter()
+        .find_map(|name| fields.get(*name).filter(|value| !value.is_null()))
+}
+
+fn transformers_message(fields: &Map<String, Value>) -> Map<String, Value> {
+    let set = fields.iter().filter(|(_, value)| !value.is_null());
+    let Some(reasoning) = reasoning_of(fields) else {
+        return set
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+    };
+    // `{"thinking": reasoning, **message, "reasoning_content": reasoning}`:
+    // a `thinking` of the message's own keeps the first place and its value.
+    let mut message = Map::with_capacity(fields.len() + 2);
+    message.insert("thinking".to_owned(), reasoning.clone());
+    message.extend(set.map(|(key, value)| (key.clone(), value.clone())));
+    message.insert("reasoning_content".to_owned(), reasoning.clone());
+    message
 }
 
 /// The Jinja environment `transformers` renders chat templates in.
@@ -726,6 +785,36 @@ mod tests {
             .expect_err("recursion is capped");
         assert_eq!(err.code, ErrorCode::InvalidRequest);
         assert!(err.message.contains("recursion"), "{}", err.message);
+    }
+
+    /// As `transformers`' `apply_chat_template`: null keys are left out
+    /// (undefined, not none), reasoning under any of its names is also
+    /// `thinking` (first) and `reasoning_content`, and `documents` is none.
+    #[test]
+    fn messages_reach_the_template_as_transformers_hands_them() {
+        let template = hand_written(
+            "{% for m in messages %}{{ m | tojson }}|\
+             {{ 'set' if m.content is defined else 'undefined' }}\n{% endfor %}\
+             {{ documents | tojson }}",
+        );
+        let messages = [
+            json!({"role": "user", "content": "hi", "name": null}),
+            json!({"role": "assistant", "content": null, "reasoning": "r", "tool_calls": []}),
+            json!({"role": "assistant", "content": "a", "thinking": "t", "reasoning_content": "c"}),
+        ];
+        let rendered = template
+            .render(&messages, &ChatTemplateOptions::default())
+            .expect("renders");
+        // What transformers 5.23.0 renders for the same call.
+        assert_eq!(
+            rendered,
+            "{\"role\": \"user\", \"content\": \"hi\"}|set\n\
+             {\"thinking\": \"r\", \"role\": \"assistant\", \"reasoning\": \"r\", \
+             \"tool_calls\": [], \"reasoning_content\": \"r\"}|undefined\n\
+             {\"thinking\": \"t\", \"role\": \"assistant\", \"content\": \"a\", \
+             \"reasoning_content\": \"c\"}|set\n\
+             null"
+        );
     }
 
     #[test]

@@ -48,7 +48,9 @@ use crate::error::{Error, Result};
 use files::{Links, ModelFiles};
 use segments::SegmentEncoder;
 
-/// The special tokens `transformers` exposes to chat templates by name.
+/// The special tokens `transformers` exposes to chat templates by name (its
+/// `special_tokens_map`; since version 5 that no longer holds
+/// `additional_special_tokens`, so templates are not given them).
 const SPECIAL_TOKEN_NAMES: [&str; 7] = [
     "bos_token",
     "eos_token",
@@ -58,7 +60,6 @@ const SPECIAL_TOKEN_NAMES: [&str; 7] = [
     "cls_token",
     "mask_token",
 ];
-const ADDITIONAL_SPECIAL_TOKENS: &str = "additional_special_tokens";
 
 /// A model's tokenizer and chat template. Cloning is cheap: clones share one
 /// loaded tokenizer.
@@ -348,17 +349,6 @@ fn special_tokens(files: &ModelFiles) -> Map<String, Value> {
     for name in SPECIAL_TOKEN_NAMES {
         if let Some(content) = lookup(name).and_then(token_content) {
             tokens.insert(name.to_owned(), Value::from(content));
-        }
-    }
-    if let Some(Value::Array(additional)) = lookup(ADDITIONAL_SPECIAL_TOKENS) {
-        let contents: Vec<Value> = additional
-            .iter()
-            .filter_map(token_content)
-            .map(Value::from)
-            .collect();
-        // `transformers` leaves an empty list out, like an unset token.
-        if !contents.is_empty() {
-            tokens.insert(ADDITIONAL_SPECIAL_TOKENS.to_owned(), Value::Array(contents));
         }
     }
     tokens
@@ -658,7 +648,7 @@ mod tests {
                 json!({
                     "bos_token": {"content": "<|endoftext|>", "lstrip": false},
                     "eos_token": null,
-                    "chat_template": "{{ bos_token }}|{{ eos_token }}|{{ additional_special_tokens | join(',') }}",
+                    "chat_template": "{{ bos_token }}|{{ eos_token }}|{{ additional_special_tokens is defined }}",
                 }),
             ),
             (
@@ -669,7 +659,8 @@ mod tests {
         let rendered = tokenizer
             .apply_chat_template(&[], &ChatTemplateOptions::default())
             .expect("renders");
-        assert_eq!(rendered, "<|endoftext|>|<|im_end|>|<|im_start|>,<|im_end|>");
+        // `transformers` 5 gives templates the named tokens only.
+        assert_eq!(rendered, "<|endoftext|>|<|im_end|>|False");
     }
 
     #[test]

@@ -149,6 +149,14 @@ pub struct ChatMessage {
     /// that replay reasoning (gpt-oss, DeepSeek) read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same under the other names clients send it back by (`reasoning`
+    /// as newer servers return it, `thinking`). Passed on as sent: the
+    /// renderer also gives the first one set as `reasoning_content` and
+    /// `thinking`, as `transformers` does (`tokenizer::chat_template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
 }
 
 /// A tool the model may call.
@@ -985,7 +993,8 @@ mod tests {
                     {"type": "image_url", "image_url": {
                         "url": "https://example.com/cat.png", "detail": "high"}},
                 ]},
-                {"role": "assistant", "content": null, "tool_calls": [
+                {"role": "assistant", "content": null, "reasoning": "Look it up.",
+                 "tool_calls": [
                     {"id": "call_1", "type": "function",
                      "function": {"name": "lookup", "arguments": "{\"q\":\"cat\"}"}}
                 ]},
@@ -1038,11 +1047,12 @@ mod tests {
                     "url": "https://example.com/cat.png", "detail": "high"}},
             ]}),
             // Past arguments reach the template as a mapping, as the Python
-            // servers hand them to HF templates.
+            // servers hand them to HF templates; null content is left out and
+            // reasoning keeps the name it was sent by.
             json!({"role": "assistant", "tool_calls": [
                 {"id": "call_1", "type": "function",
                  "function": {"name": "lookup", "arguments": {"q": "cat"}}}
-            ]}),
+            ], "reasoning": "Look it up."}),
             json!({"role": "tool", "tool_call_id": "call_1", "content": "a tabby cat"}),
         ];
         assert_eq!(chat_prompt.messages, expected_messages);

@@ -67,6 +67,8 @@ impl Messages {
             tool_calls: None,
             tool_call_id: None,
             reasoning_content: None,
+            reasoning: None,
+            thinking: None,
         });
     }
 
@@ -84,6 +86,8 @@ impl Messages {
                 tool_calls: None,
                 tool_call_id: None,
                 reasoning_content: reasoning,
+                reasoning: None,
+                thinking: None,
             });
         }
         let last = self.messages.len() - 1;
@@ -113,6 +117,8 @@ impl Messages {
             tool_calls: None,
             tool_call_id: Some(call_id.to_owned()),
             reasoning_content: None,
+            reasoning: None,
+            thinking: None,
         }
     }
 
@@ -136,6 +142,8 @@ impl Messages {
                     tool_calls: None,
                     tool_call_id: None,
                     reasoning_content: reasoning,
+                    reasoning: None,
+                    thinking: None,
                 });
             }
             Item::Message { role, content, .. } => {
@@ -171,6 +179,8 @@ impl Messages {
                     tool_calls: None,
                     tool_call_id: None,
                     reasoning_content: None,
+                    reasoning: None,
+                    thinking: None,
                 });
             }
             Item::Reasoning {
