@@ -22,6 +22,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Tensor payloads stay `bytes::Bytes` end to end: an inline tensor
         // written by the data plane reaches the gRPC frame without a copy.
         .bytes(".")
+        // The prompt's token ids are encoded by hand (a stack block per 64
+        // ids instead of a buffer call per byte): control/proto/tokenized.rs.
+        .extern_path(
+            ".tokenspeed.grpc.scheduler.TokenizedInput",
+            "crate::proto::tokenized::TokenSpeedTokenizedInput",
+        )
+        .extern_path(
+            ".sglang.grpc.scheduler.TokenizedInput",
+            "crate::proto::tokenized::SglangTokenizedInput",
+        )
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -2,7 +2,9 @@
 //!
 //! `build.rs` compiles `proto/` at build time; the module tree mirrors the
 //! proto packages because generated code refers across packages with
-//! `super::` paths. Use the short aliases at the bottom.
+//! `super::` paths. Use the short aliases at the bottom. The two
+//! `TokenizedInput` messages are hand-encoded (`tokenized`) and re-exported
+//! where the generated ones would be.
 
 #![allow(
     missing_docs,
@@ -23,6 +25,7 @@ pub mod tokenspeed {
     pub mod grpc {
         pub mod scheduler {
             tonic::include_proto!("tokenspeed.grpc.scheduler");
+            pub use crate::proto::tokenized::TokenSpeedTokenizedInput as TokenizedInput;
         }
         pub mod encoder {
             tonic::include_proto!("tokenspeed.grpc.encoder");
@@ -34,9 +37,12 @@ pub mod sglang {
     pub mod grpc {
         pub mod scheduler {
             tonic::include_proto!("sglang.grpc.scheduler");
+            pub use crate::proto::tokenized::SglangTokenizedInput as TokenizedInput;
         }
     }
 }
+
+pub mod tokenized;
 
 pub use sglang::grpc::scheduler as sglang_scheduler;
 pub use smg::grpc::common;
