@@ -122,6 +122,24 @@ impl CallObject {
         }
     }
 
+    /// Reads the plain inside of a string value in one go (see
+    /// [`JsonValue::push_plain`]), at most `limit` bytes. Returns the bytes
+    /// read; 0 when the next character needs [`CallObject::push`].
+    pub(crate) fn push_plain(&mut self, text: &str, limit: usize, args: &mut String) -> usize {
+        if self.state != State::Value {
+            return 0;
+        }
+        let mut end = limit.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let target = match self.field {
+            Field::Arguments => args,
+            Field::Name | Field::Other => &mut self.scratch,
+        };
+        self.value.push_plain(&text[..end], target)
+    }
+
     /// The text ended inside the object: complete a committed call's
     /// arguments.
     pub(crate) fn close_truncated(&mut self, stream: &mut Stream) {

@@ -260,6 +260,15 @@ impl JsonCalls {
             return false;
         };
         let after = *after;
+        // A string's plain run in one step; never past the held-text cap,
+        // so the cap still trips on the same character as one at a time.
+        let limit = stream.held_allowance();
+        let (rest, args) = stream.rest_and_args();
+        let plain = object.push_plain(rest, limit, args);
+        if plain > 0 {
+            stream.consume(plain);
+            return true;
+        }
         let Some(c) = stream.rest().chars().next() else {
             return false;
         };

@@ -272,6 +272,17 @@ impl Stream {
         )
     }
 
+    /// Bytes that can still be consumed before [`Stream::over_cap`] trips
+    /// (unbounded unless a pending call is held).
+    pub(crate) fn held_allowance(&self) -> usize {
+        match &self.call {
+            Some(call) if call.status == CallStatus::Pending => {
+                MAX_HELD_BYTES.saturating_sub(self.pos - call.raw_start)
+            }
+            _ => usize::MAX,
+        }
+    }
+
     /// A pending call holds more than [`MAX_HELD_BYTES`].
     pub(crate) fn over_cap(&self) -> bool {
         match &self.call {
