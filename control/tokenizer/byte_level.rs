@@ -34,6 +34,30 @@ pub(super) fn char_of(byte: u8) -> char {
     char::from_u32(0x100 + rank as u32).unwrap_or(char::REPLACEMENT_CHARACTER)
 }
 
+/// Characters from U+0000 to here may be in the alphabet (the last is
+/// U+0143, byte 0xAD's).
+const ALPHABET_END: usize = 0x144;
+
+/// [`byte_of`] as a lookup table, for converting a whole vocabulary at once.
+pub(super) struct Alphabet([Option<u8>; ALPHABET_END]);
+
+impl Alphabet {
+    pub(super) fn new() -> Self {
+        let mut bytes = [None; ALPHABET_END];
+        for byte in 0..=u8::MAX {
+            if let Some(slot) = bytes.get_mut(char_of(byte) as usize) {
+                *slot = Some(byte);
+            }
+        }
+        Self(bytes)
+    }
+
+    /// The byte `ch` spells, if it is in the alphabet.
+    pub(super) fn byte_of(&self, ch: char) -> Option<u8> {
+        *self.0.get(ch as usize)?
+    }
+}
+
 /// The bytes a byte-level vocabulary entry stands for, or `None` when the
 /// entry has a character outside the alphabet (e.g. an added token).
 pub(super) fn token_bytes(entry: &str) -> Option<Vec<u8>> {
@@ -55,6 +79,11 @@ mod tests {
         assert_eq!(seen.len(), 256);
         for byte in 0..=u8::MAX {
             assert_eq!(byte_of(char_of(byte)), Some(byte));
+        }
+        let alphabet = Alphabet::new();
+        for code in 0u32..0x400 {
+            let ch = char::from_u32(code).expect("a scalar value");
+            assert_eq!(alphabet.byte_of(ch), byte_of(ch), "U+{code:04X}");
         }
     }
 

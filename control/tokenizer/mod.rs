@@ -18,8 +18,12 @@
 //!   caching the pieces (system prompts, role headers) that recur.
 //! - `byte_level_bpe.rs` encodes those pieces directly for byte-level BPE
 //!   tokenizers (GPT-2, Qwen2, Llama 3 style), with `tokenizers`' ids.
+//! - `byte_decode.rs` decodes ids for byte-level BPE tokenizers from a
+//!   table of each id's bytes, exactly as `tokenizers` does but without its
+//!   per-token allocations.
 //! - `stop.rs` finds and trims stop strings in the streamed text.
 
+mod byte_decode;
 mod byte_level;
 mod byte_level_bpe;
 mod chat_template;
@@ -45,6 +49,7 @@ use serde_json::{Map, Value};
 use tokenizers::PostProcessor;
 
 use crate::error::{Error, Result};
+use byte_decode::ByteLevelTable;
 use files::{Links, ModelFiles};
 use segments::SegmentEncoder;
 
@@ -84,6 +89,9 @@ struct Loaded {
     added_ids: HashSet<u32>,
     /// Whether vocabulary entries spell bytes in the byte-level alphabet.
     byte_level: bool,
+    /// Every id's bytes, when the decoder is byte-level alone: `decode`
+    /// without `tokenizers`.
+    byte_table: Option<ByteLevelTable>,
     /// The vision preprocessing files found beside the tokenizer's.
     vision: Option<VisionFiles>,
     /// `bos_token`, `eos_token`, ... by name: the variables a chat template
@@ -152,6 +160,7 @@ impl Tokenizer {
             tokenizer.get_decoder(),
             Some(tokenizers::DecoderWrapper::ByteLevel(_))
         );
+        let byte_table = ByteLevelTable::build(&tokenizer);
         let segments = SegmentEncoder::for_tokenizer(&tokenizer);
         if segments.is_none() {
             tracing::debug!("this tokenizer's added tokens are not cut verbatim: no piece cache");
@@ -175,6 +184,7 @@ impl Tokenizer {
                 special_ids,
                 added_ids,
                 byte_level,
+                byte_table,
                 vision,
                 special_tokens,
             }),
@@ -230,8 +240,13 @@ impl Tokenizer {
     }
 
     /// The text of `ids`. Ids outside the vocabulary are ignored; bytes that
-    /// do not form UTF-8 come out as U+FFFD.
+    /// do not form UTF-8 come out as U+FFFD. Byte-level BPE tokenizers
+    /// decode from a table with the same result (`byte_decode.rs`); others
+    /// through `tokenizers`, whose errors fail with `internal_error`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if let Some(table) = &self.loaded.byte_table {
+            return Ok(table.decode(ids, skip_special_tokens));
+        }
         self.loaded
             .tokenizer
             .decode(ids, skip_special_tokens)
