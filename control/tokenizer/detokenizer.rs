@@ -15,7 +15,9 @@
 //! (skipped special tokens) are dropped at once, and a run of more than
 //! [`MAX_PENDING_TOKENS`] ids that never completes a character (a real
 //! character spans at most four byte tokens) is emitted as the U+FFFD a
-//! full decode shows for invalid bytes.
+//! full decode shows for invalid bytes. A long push that ends inside a
+//! character (a worker sending many ids at once) emits up to its last
+//! whole character and holds back only the ids of the one in progress.
 
 use super::Tokenizer;
 use crate::error::Result;
@@ -29,6 +31,10 @@ const CONTEXT_TOKENS: usize = 4;
 /// How many ids may wait for their character to complete before they are
 /// emitted as they decode (with U+FFFD for their incomplete bytes).
 const MAX_PENDING_TOKENS: usize = 16;
+
+/// The most ids one character can span: four UTF-8 bytes, one per
+/// byte-level token at worst.
+const MAX_CHAR_TOKENS: usize = 4;
 
 /// Decodes one sequence's tokens as they arrive.
 #[derive(Debug)]
@@ -74,8 +80,26 @@ impl IncrementalDecoder {
         if incomplete && pending <= MAX_PENDING_TOKENS {
             return Ok(String::new());
         }
+        if incomplete {
+            // A long push that ends inside a character (a worker sending
+            // many ids at once): emit up to the last whole character and
+            // hold back the ids of the one in progress, at most
+            // [`MAX_CHAR_TOKENS`]. Only a run that no such cut completes
+            // (bytes that are not UTF-8) comes out with U+FFFD.
+            for held in 1..=MAX_CHAR_TOKENS.min(pending - 1) {
+                let cut = self.window.len() - held;
+                let text = self
+                    .tokenizer
+                    .decode(&self.window[..cut], self.skip_special_tokens)?;
+                if !text.ends_with(char::REPLACEMENT_CHARACTER) {
+                    let new_text = text_after(&text, self.context_text_len).to_owned();
+                    self.retire_emitted(held)?;
+                    return Ok(new_text);
+                }
+            }
+        }
         let new_text = text_after(&text, self.context_text_len).to_owned();
-        self.retire_emitted()?;
+        self.retire_emitted(0)?;
         Ok(new_text)
     }
 
@@ -96,13 +120,21 @@ impl IncrementalDecoder {
             .decode(&self.window, self.skip_special_tokens)
     }
 
-    /// Everything in the window has been emitted: keep its last tokens as
-    /// the context for the next push.
-    fn retire_emitted(&mut self) -> Result<()> {
-        let keep_from = self.window.len().saturating_sub(CONTEXT_TOKENS);
+    /// The window has been emitted but for its last `held` ids: keep the
+    /// emitted part's last tokens as the context for the next push, and
+    /// the held ids after them, pending.
+    fn retire_emitted(&mut self, held: usize) -> Result<()> {
+        let emitted = self.window.len() - held;
+        let keep_from = emitted.saturating_sub(CONTEXT_TOKENS);
         self.window.drain(..keep_from);
-        self.context_tokens = self.window.len();
-        self.context_text_len = self.decode_window()?.len();
+        self.context_tokens = emitted - keep_from;
+        self.context_text_len = self
+            .tokenizer
+            .decode(
+                &self.window[..self.context_tokens],
+                self.skip_special_tokens,
+            )?
+            .len();
         Ok(())
     }
 }
@@ -189,6 +221,40 @@ mod tests {
                 "chunk {chunk}"
             );
         }
+    }
+
+    #[test]
+    fn a_long_push_ending_inside_a_character_holds_back_only_that_character() {
+        // A worker that sends more than MAX_PENDING_TOKENS ids at once,
+        // cut inside a character: the text must still be the full decode,
+        // with no U+FFFD, whatever comes next.
+        let tokenizer = fixture();
+        let ids = tokenizer.encode(MULTILINGUAL, false).expect("encodes");
+        let mut cuts = 0;
+        for cut in MAX_PENDING_TOKENS + 1..ids.len() {
+            let head = tokenizer.decode(&ids[..cut], false).expect("decodes");
+            if !head.ends_with(char::REPLACEMENT_CHARACTER) {
+                continue;
+            }
+            cuts += 1;
+            let mut decoder = IncrementalDecoder::new(&tokenizer, false);
+            let pieces = [
+                decoder.push(&ids[..cut]).expect("decodes"),
+                decoder.push(&ids[cut..]).expect("decodes"),
+                decoder.finish().expect("decodes"),
+            ];
+            for piece in &pieces {
+                assert!(
+                    !piece.contains(char::REPLACEMENT_CHARACTER),
+                    "cut {cut}: {piece:?}"
+                );
+            }
+            assert_eq!(pieces.concat(), MULTILINGUAL, "cut {cut}");
+        }
+        assert!(
+            cuts >= 3,
+            "the fixture has cuts inside characters past 16 ids"
+        );
     }
 
     #[test]
