@@ -268,9 +268,9 @@ impl Shutdown {
             let pending = self.tasks.aborts.len();
             tokio::select! {
                 () = self.tasks.aborts.wait() => {
-                    if pending > 0 {
-                        tracing::info!(aborts = pending, "shutdown: engine aborts sent");
-                    }
+                    // Logged even when none was left to wait for: an abort
+                    // the cut triggered may have been answered already.
+                    tracing::info!(waited_for = pending, "shutdown: engine aborts sent");
                 }
                 () = tokio::time::sleep(ABORT_WAIT) => {
                     tracing::warn!(
