@@ -409,6 +409,9 @@ impl Error {
     /// [`MAX_MESSAGE_CHARS`] as a backstop.
     pub fn client_message(&self, request_id: Option<&str>) -> String {
         if !self.code.withholds_detail() {
+            if self.code.origin() == Origin::Worker {
+                return self.worker_words(request_id);
+            }
             return bounded(&self.message, MAX_MESSAGE_CHARS);
         }
         tracing::warn!(
@@ -432,6 +435,23 @@ impl Error {
                 self.code
             ),
         }
+    }
+
+    /// A worker's refusal the client caused (`worker_rejected`,
+    /// `worker_overloaded`): its reason helps the client (a prompt over
+    /// the context length), but the worker wrote it, and a worker's words
+    /// may name its files, its peers' addresses or the gateway's `/dev/shm`
+    /// names. The client reads them [redacted] and cut to
+    /// [`WORKER_TEXT_CHARS`]; the log has them whole under the request id.
+    fn worker_words(&self, request_id: Option<&str>) -> String {
+        tracing::warn!(
+            code = self.code.as_str(),
+            request_id = request_id.unwrap_or("-"),
+            worker = self.worker.as_deref().unwrap_or("-"),
+            detail = %self.message,
+            "a worker refused the request"
+        );
+        Excerpt(&redacted(&self.message), WORKER_TEXT_CHARS).to_string()
     }
 
     /// The OpenAI-shaped error body:
@@ -506,6 +526,10 @@ impl Error {
 /// The most characters of client input a message quotes.
 pub const EXCERPT_CHARS: usize = 100;
 
+/// The most characters of a worker's own message a client reads
+/// ([`redacted`] first).
+pub const WORKER_TEXT_CHARS: usize = 200;
+
 /// The most characters of any message a client reads: a backstop for a
 /// message that quoted input without [`excerpt`].
 pub const MAX_MESSAGE_CHARS: usize = 1024;
@@ -520,19 +544,19 @@ pub const MAX_PARAM_CHARS: usize = 256;
 /// the original length in bytes. `Display` writes it bare, `Debug` in
 /// double quotes (inner quotes escaped), as `{:?}` quotes a string.
 pub fn excerpt(text: &str) -> Excerpt<'_> {
-    Excerpt(text)
+    Excerpt(text, EXCERPT_CHARS)
 }
 
-/// See [`excerpt`].
+/// See [`excerpt`]: the text and the most characters shown.
 #[derive(Clone, Copy)]
-pub struct Excerpt<'a>(&'a str);
+pub struct Excerpt<'a>(&'a str, usize);
 
 impl Excerpt<'_> {
     fn write(&self, f: &mut fmt::Formatter<'_>, quoted: bool) -> fmt::Result {
         use fmt::Write as _;
         let mut written = 0;
         for c in self.0.chars() {
-            if written >= EXCERPT_CHARS {
+            if written >= self.1 {
                 return write!(f, "… ({} bytes)", self.0.len());
             }
             if c.is_control() {
@@ -564,6 +588,92 @@ impl fmt::Debug for Excerpt<'_> {
         self.write(f, true)?;
         f.write_str("\"")
     }
+}
+
+/// A worker's message with what it must not pass on replaced: URLs
+/// (`<url>`), file paths (`<path>`: absolute, `~/`, `./`, `../`, a
+/// drive letter, or two or more `/`), network addresses (`<address>`:
+/// IPv4 and IPv6 with or without a port, `host:port`) and the gateway's
+/// `/dev/shm` names (`<shm name>`). Words are runs between whitespace and
+/// `=,;"'()`; a word's trailing `.` or `:` (sentence punctuation) is kept
+/// outside what it is judged as. A host name without a port is not
+/// recognized (nothing tells it from a word like `config.json`).
+pub(crate) fn redacted(text: &str) -> String {
+    const SEPARATORS: &[char] = &['=', ',', ';', '"', '\'', '(', ')', '`'];
+    let mut out = String::with_capacity(text.len().min(4 * WORKER_TEXT_CHARS));
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| c.is_whitespace() || SEPARATORS.contains(&c))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            let c = rest.chars().next().map_or(1, char::len_utf8);
+            out.push_str(&rest[..c]);
+            rest = &rest[c..];
+            continue;
+        }
+        let word = &rest[..end];
+        let core = word.trim_end_matches(['.', ':']);
+        match sensitive(core) {
+            Some(placeholder) => {
+                out.push_str(placeholder);
+                out.push_str(&word[core.len()..]);
+            }
+            None => out.push_str(word),
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// What a word of a worker's message is, when it must not reach a client.
+fn sensitive(word: &str) -> Option<&'static str> {
+    if word.contains("://") {
+        return Some("<url>");
+    }
+    let bytes = word.as_bytes();
+    let drive = bytes.len() > 2 && bytes[0].is_ascii_alphabetic() && &bytes[1..3] == b":\\";
+    if (word.starts_with('/') && word.len() > 1)
+        || ["~/", "./", "../"].iter().any(|p| word.starts_with(p))
+        || drive
+        || word.matches('/').count() >= 2
+    {
+        return Some("<path>");
+    }
+    if is_address(word) {
+        return Some("<address>");
+    }
+    if let Some(at) = word.find(smg_dataplane::lanes::shm::NAME_PREFIX) {
+        let after = &word[at + smg_dataplane::lanes::shm::NAME_PREFIX.len()..];
+        if after.len() >= 16 && after[..16].bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Some("<shm name>");
+        }
+    }
+    None
+}
+
+/// An IP address (v4 or v6, bracketed or not, with or without a port) or
+/// a `host:port`.
+fn is_address(word: &str) -> bool {
+    if word.starts_with('[') && word.contains(']') || word.parse::<std::net::Ipv6Addr>().is_ok() {
+        return true;
+    }
+    let (host, port) = match word.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            (host, true)
+        }
+        _ => (word, false),
+    };
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return true;
+    }
+    port && !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_')
+        && host.bytes().any(|b| b.is_ascii_alphabetic() || b == b'.')
 }
 
 /// `text` cut to `max` characters with an ellipsis and its length.
@@ -747,6 +857,52 @@ mod tests {
     }
 
     #[test]
+    fn worker_words_lose_urls_paths_addresses_and_shm_names() {
+        let cases = [
+            ("the prompt has 9000 tokens; the context holds 8192", None),
+            ("cannot open /srv/models/x/config.json.", Some("cannot open <path>.")),
+            ("see ~/cache/x and ./w and ../up", Some("see <path> and <path> and <path>")),
+            ("weights in data/llama/shard-1 (missing)", Some("weights in <path> (missing)")),
+            ("ratio 3/4 tokens/s ok", None),
+            (r"file C:\models\m.bin", Some("file <path>")),
+            ("peer=10.0.0.5:8000, backup 10.0.0.6", Some("peer=<address>, backup <address>")),
+            ("at http://h:1/v1 now", Some("at <url> now")),
+            ("v6 [fe80::1]:50051 and ::1 and fe80::2:", Some("v6 <address> and <address> and <address>:")),
+            ("rank node-7.internal:29500 failed", Some("rank <address> failed")),
+            ("error: step 3:12 of 'x'", None),
+            (
+                "slot smg-0123456789abcdef0123456789abcdef-00112233445566778899aabb-ff gone",
+                Some("slot <shm name> gone"),
+            ),
+            ("smg-sim-worker said no", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(redacted(text), expected.unwrap_or(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_worker_refusal_reads_redacted_and_cut() {
+        let status = tonic::Status::invalid_argument(format!(
+            "too long: /etc/engine/limits.toml says so {}",
+            "y".repeat(5000)
+        ));
+        for code in [ErrorCode::WorkerRejected, ErrorCode::WorkerOverloaded] {
+            let mut err = Error::from_worker_status(&status, "grpc://10.9.9.9:1");
+            err.code = code;
+            let message = err.client_message(Some("req-1"));
+            assert!(
+                message.starts_with("the worker answered InvalidArgument: too long: <path> says so y"),
+                "{message}"
+            );
+            assert!(!message.contains("/etc") && !message.contains("10.9.9.9"), "{message}");
+            assert!(message.chars().count() <= WORKER_TEXT_CHARS + 20, "{message}");
+            // The message kept for the log is whole.
+            assert!(err.message.contains("/etc/engine/limits.toml"));
+        }
+    }
+
+    #[test]
     fn excerpts_are_bounded_escaped_and_cut_on_a_character() {
         let long = "x".repeat(1_500_000);
         let shown = excerpt(&long).to_string();
@@ -795,6 +951,9 @@ mod tests {
                 assert!(!message.contains("4242"), "{code}: {message}");
                 assert!(message.contains(code.as_str()), "{code}: {message}");
                 assert!(message.contains("req-7"), "{code}: {message}");
+            } else if code.origin() == Origin::Worker {
+                // A worker's refusal: its words, redacted.
+                assert_eq!(message, "<url> pid 4242: <path>", "{code}");
             } else {
                 assert_eq!(message, err.message, "{code}");
             }

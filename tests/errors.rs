@@ -387,6 +387,89 @@ async fn a_worker_failure_names_the_request_id_and_no_worker_address() {
     }
 }
 
+/// A worker's refusal (400 `worker_rejected`) passes the worker's reason
+/// on, since the client caused it, but a worker's words may name its
+/// files, its peers' addresses and the gateway's `/dev/shm` names: the
+/// client reads them redacted and cut, the log has them whole under the
+/// request id.
+#[tokio::test]
+async fn a_worker_refusal_gives_its_reason_without_paths_addresses_or_shm_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("smg.log");
+    let shm_name = format!(
+        "smg-{}-{}-{}",
+        "0123456789abcdef".repeat(2),
+        "00112233445566778899aabb",
+        "ff".repeat(16)
+    );
+    let secrets = [
+        "/models/llama-3/config.json",
+        "10.1.2.3:8000",
+        "http://10.1.2.3:8000/v1",
+        "[fe80::1]:50051",
+        "node-7.internal:29500",
+        shm_name.as_str(),
+    ];
+    let words = format!(
+        "prompt too long for this model. cannot open {} (peer {}, at {} or {}, rank {}), segment {}. {}",
+        secrets[0],
+        secrets[1],
+        secrets[2],
+        secrets[3],
+        secrets[4],
+        secrets[5],
+        "x".repeat(4000)
+    );
+    let rejecting = SimWorker::start(
+        "tokenspeed",
+        "regular",
+        &["--hostile", &format!("reject={words}"), "--zero-delay"],
+    );
+    let address = rejecting.grpc_url();
+    let args = [
+        "--worker-urls",
+        address.as_str(),
+        "--served-model-name",
+        "model",
+        "--disable-health-check",
+    ];
+    let gateway = Gateway::start_logged(&args, "warn", &log);
+    let leaks = |text: &str| {
+        secrets
+            .iter()
+            .chain(["10.1.2.3", "fe80", "node-7", "/models", "smg-0123"].iter())
+            .find(|secret| text.contains(*secret))
+            .copied()
+    };
+    for path in [CHAT, MESSAGES] {
+        let id = format!("trace-reject-{}", path.len());
+        let answer = send(
+            http()
+                .post(gateway.url(path))
+                .header("x-request-id", &id)
+                .json(&body(path)),
+        )
+        .await;
+        let message = assert_error(path, &answer, 400, "worker_rejected");
+        assert_eq!(leaks(&answer.text), None, "{path}: {}", answer.text);
+        assert!(
+            message.contains("prompt too long for this model. cannot open <path> (peer <address>, at <url> or <address>, rank <address>), segment <shm name>."),
+            "{path}: the reason stays, what it names does not: {message}"
+        );
+        assert!(
+            message.chars().count() < 260 && message.ends_with("bytes)"),
+            "{path}: cut to an excerpt: {message}"
+        );
+        poll_until("the log has the whole reason under the id", async || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.lines()
+                .any(|line| line.contains(&id) && line.contains(secrets[0]) && line.contains(secrets[5]))
+                .then_some(())
+        })
+        .await;
+    }
+}
+
 /// A client's value is quoted in an error only as an excerpt (100
 /// characters and its length), wherever the gateway or serde quotes it:
 /// a 100 KB model name, role, tool name, logit-bias key, response id or

@@ -478,6 +478,9 @@ impl Engine {
             }
             _ => {}
         }
+        if let Some(text) = &self.config.hostile.reject {
+            return Err(Status::invalid_argument(text.clone()));
+        }
         if job.input_ids.is_empty() {
             return Err(Status::invalid_argument("the prompt has no tokens"));
         }

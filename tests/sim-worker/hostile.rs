@@ -41,6 +41,10 @@ pub enum Misbehaviour {
     /// `archive-chunk-bytes=N`: GetTokenizer sends chunks of N bytes (not
     /// 64 KiB).
     ArchiveChunkBytes(u64),
+    /// `reject=TEXT`: every Generate call is refused as INVALID_ARGUMENT
+    /// with TEXT as the message (whatever `only-for` says): a worker's
+    /// own words, which may name its files and its peers' addresses.
+    Reject(String),
     /// `only-for=TEXT`: generation misbehaves only for prompts containing
     /// TEXT, so one worker serves an attacker and well-behaved clients
     /// side by side (`benches/attacks.rs`).
@@ -76,6 +80,11 @@ impl Misbehaviour {
             "embedding-dim" => Misbehaviour::EmbeddingDim(narrow(number("N")?)?),
             "control-bytes" => Misbehaviour::ControlBytes(number("N")?),
             "archive-chunk-bytes" => Misbehaviour::ArchiveChunkBytes(number("N")?),
+            "reject" => Misbehaviour::Reject(
+                value
+                    .ok_or_else(|| format!("{name} needs =TEXT"))?
+                    .to_owned(),
+            ),
             "only-for" => Misbehaviour::OnlyFor(
                 value
                     .ok_or_else(|| format!("{name} needs =TEXT"))?
@@ -86,7 +95,7 @@ impl Misbehaviour {
                     "unknown misbehaviour {name:?}: overrun-tokens=N, logprobs=N, \
                      short-logprobs, sequence-index=N, dp-ranks=N, archive-bytes=N, \
                      tokenizer-path=DIR, embedding-dim=N, control-bytes=N, \
-                     archive-chunk-bytes=N, only-for=TEXT"
+                     archive-chunk-bytes=N, reject=TEXT, only-for=TEXT"
                 ));
             }
         })
@@ -106,6 +115,7 @@ pub struct Hostility {
     pub embedding_dim: Option<u32>,
     pub control_bytes: Option<u64>,
     pub archive_chunk_bytes: Option<u64>,
+    pub reject: Option<String>,
     pub only_for: Option<String>,
 }
 
@@ -124,6 +134,7 @@ impl Hostility {
                 Misbehaviour::EmbeddingDim(n) => hostility.embedding_dim = Some(n),
                 Misbehaviour::ControlBytes(n) => hostility.control_bytes = Some(n),
                 Misbehaviour::ArchiveChunkBytes(n) => hostility.archive_chunk_bytes = Some(n),
+                Misbehaviour::Reject(text) => hostility.reject = Some(text),
                 Misbehaviour::OnlyFor(text) => hostility.only_for = Some(text),
             }
         }
@@ -174,6 +185,10 @@ mod tests {
                 "archive-chunk-bytes=1048576",
                 Misbehaviour::ArchiveChunkBytes(1 << 20),
             ),
+            (
+                "reject=no model at /srv/m",
+                Misbehaviour::Reject("no model at /srv/m".to_owned()),
+            ),
         ];
         for (text, expected) in cases {
             assert_eq!(Misbehaviour::parse(text), Ok(expected), "{text}");
@@ -183,6 +198,7 @@ mod tests {
             "logprobs=x",
             "nice",
             "dp-ranks=99999999999",
+            "reject",
         ] {
             assert!(Misbehaviour::parse(bad).is_err(), "{bad}");
         }
