@@ -16,32 +16,41 @@
 //! what is in use at the cost of one map swap, with no list to maintain on
 //! every hit; at most twice the budget of one generation is held.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Mutex;
 
+use hashbrown::HashTable;
+
 /// Independent shards (lock striping across tokio workers).
 const SHARDS: usize = 16;
-/// What an entry costs beyond its key and the caller's charge: two hash
-/// map slots and the shared value's header, roughly.
+/// What an entry costs beyond its key and the caller's charge: a table
+/// slot (key pointer and length, hash, charge) and the shared value's
+/// header, roughly.
 const ENTRY_OVERHEAD_BYTES: usize = 64;
 
 /// Text → `V`, bounded by bytes. `V` is cloned out on a hit, so it should
 /// be cheap to clone (an `Arc`).
+///
+/// A key is hashed once per call (SipHash, randomly keyed: the keys are
+/// client text), and that hash picks the shard and finds the entry: keys
+/// here are whole system prompts and tool lists, kilobytes each, so a
+/// second pass over them is a real share of a lookup.
 pub(crate) struct Memo<V> {
     shards: Vec<Mutex<Shard<V>>>,
     hasher: RandomState,
 }
 
 struct Shard<V> {
-    young: HashMap<Box<str>, Entry<V>>,
-    old: HashMap<Box<str>, Entry<V>>,
+    young: HashTable<Entry<V>>,
+    old: HashTable<Entry<V>>,
     young_bytes: usize,
     budget_bytes: usize,
 }
 
 struct Entry<V> {
+    key: Box<str>,
+    hash: u64,
     value: V,
     cost: usize,
 }
@@ -55,8 +64,8 @@ impl<V: Clone> Memo<V> {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        young: HashMap::new(),
-                        old: HashMap::new(),
+                        young: HashTable::new(),
+                        old: HashTable::new(),
                         young_bytes: 0,
                         budget_bytes,
                     })
@@ -66,20 +75,26 @@ impl<V: Clone> Memo<V> {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<Shard<V>> {
-        let index = self.hasher.hash_one(key) as usize % SHARDS;
-        &self.shards[index]
+    /// The key's hash and its shard. The shard is chosen by bits the
+    /// tables use for neither the bucket (the low bits) nor the tag (the
+    /// top seven), so entries of one shard still spread over its table.
+    fn locate(&self, key: &str) -> (u64, &Mutex<Shard<V>>) {
+        let hash = self.hasher.hash_one(key);
+        let index = (hash >> 32) as usize % SHARDS;
+        (hash, &self.shards[index])
     }
 
     /// The value remembered for exactly `key`.
     pub(crate) fn get(&self, key: &str) -> Option<V> {
-        let mut shard = self.shard(key).lock().ok()?;
-        if let Some(entry) = shard.young.get(key) {
+        let (hash, shard) = self.locate(key);
+        let mut shard = shard.lock().ok()?;
+        let same = |entry: &Entry<V>| entry.hash == hash && &*entry.key == key;
+        if let Some(entry) = shard.young.find(hash, same) {
             return Some(entry.value.clone());
         }
-        let (key, entry) = shard.old.remove_entry(key)?;
+        let entry = shard.old.find_entry(hash, same).ok()?.remove().0;
         let value = entry.value.clone();
-        shard.admit(key, entry);
+        shard.admit(entry);
         Some(value)
     }
 
@@ -88,10 +103,16 @@ impl<V: Clone> Memo<V> {
     /// shard's budget is not remembered.
     pub(crate) fn insert(&self, key: &str, value: V, charge: usize) {
         let cost = key.len() + charge + ENTRY_OVERHEAD_BYTES;
-        if let Ok(mut shard) = self.shard(key).lock()
+        let (hash, shard) = self.locate(key);
+        if let Ok(mut shard) = shard.lock()
             && cost <= shard.budget_bytes
         {
-            shard.admit(key.into(), Entry { value, cost });
+            shard.admit(Entry {
+                key: key.into(),
+                hash,
+                value,
+                cost,
+            });
         }
     }
 
@@ -131,13 +152,22 @@ impl<V> fmt::Debug for Memo<V> {
 }
 
 impl<V> Shard<V> {
-    fn admit(&mut self, key: Box<str>, entry: Entry<V>) {
+    /// Puts `entry` in the young generation, replacing an entry of the
+    /// same key; a young generation that would pass its budget becomes
+    /// the old one first (the previous old one is dropped).
+    fn admit(&mut self, entry: Entry<V>) {
         if self.young_bytes + entry.cost > self.budget_bytes {
             self.old = std::mem::take(&mut self.young);
             self.young_bytes = 0;
         }
+        let hash = entry.hash;
+        let same = |held: &Entry<V>| held.hash == hash && held.key == entry.key;
+        if let Ok(held) = self.young.find_entry(hash, same) {
+            let (replaced, _) = held.remove();
+            self.young_bytes -= replaced.cost;
+        }
         self.young_bytes += entry.cost;
-        self.young.insert(key, entry);
+        self.young.insert_unique(hash, entry, |held| held.hash);
     }
 }
 
@@ -179,6 +209,18 @@ mod tests {
             assert_eq!(memo.get("kept"), Some(0), "lost after {index} inserts");
             memo.insert(&format!("filler {index}"), index + 1, 100);
         }
+    }
+
+    #[test]
+    fn a_key_inserted_again_replaces_its_entry_and_its_cost() {
+        let memo = Memo::new(SHARDS * 2 * 1024);
+        for value in 0..1_000 {
+            memo.insert("same", value, 100);
+        }
+        assert_eq!(memo.len(), 1);
+        assert_eq!(memo.get("same"), Some(999));
+        let shard = memo.locate("same").1.lock().unwrap();
+        assert_eq!(shard.young_bytes, "same".len() + 100 + ENTRY_OVERHEAD_BYTES);
     }
 
     #[test]
