@@ -826,6 +826,12 @@ pub struct LaunchArgs {
     /// aborted. A second signal stops at once.
     #[arg(long, value_name = "SECS", default_value_t = 180, help_heading = heading::REQUESTS)]
     pub shutdown_grace_period_secs: u64,
+    /// The nice value (0-19) of the threads doing a request's CPU-heavy
+    /// work (bodies over 64 KiB, large prompts, long template renders):
+    /// under contention the request threads get the cores first. 0: the
+    /// process's own priority.
+    #[arg(long, value_name = "NICE", default_value_t = crate::offload::WorkThreads::DEFAULT_NICE, value_parser = clap::value_parser!(u8).range(0..=19), help_heading = heading::REQUESTS)]
+    pub cpu_work_nice: u8,
 
     // ==== Admission ====
     /// Requests served at once (admission control); the rest wait in the
@@ -1807,6 +1813,7 @@ impl TryFrom<LaunchArgs> for GatewayConfig {
             io: args.dataplane_io.backend(),
         };
         Ok(GatewayConfig {
+            cpu_work_nice: args.cpu_work_nice,
             listen,
             front,
             fleet,

@@ -64,6 +64,9 @@ pub struct GatewayConfig {
     /// How much work the gateway takes on at once, and who waits.
     pub admission: AdmissionConfig,
     pub dataplane: DataPlaneSettings,
+    /// The nice value of the threads doing CPU-heavy request work
+    /// (`--cpu-work-nice`; `crate::offload`).
+    pub cpu_work_nice: u8,
     /// How the gateway waits for the workers named at start-up.
     pub startup: StartupConfig,
     /// How the gateway stops on SIGTERM.

@@ -22,14 +22,23 @@
 //! work that has started runs to its end (a thread cannot be interrupted)
 //! and keeps its slot until then, so the bound holds.
 //!
+//! The work runs on the gate's own threads (one per slot), not tokio's
+//! blocking pool, at a lower scheduling priority (nice 10 by default,
+//! `--cpu-work-nice`): under contention the kernel gives the request
+//! threads, which drive every client's I/O, about ten times their share
+//! of a core, so four clients sending 10 MB bodies back to back slow the
+//! others' requests less. Idle cores still run the work at full speed.
+//!
 //! Chat templates cannot be sized by their input (a small conversation may
 //! drive a template into a long loop), so they are first rendered inline on
 //! a small fuel budget and, when that runs out, again here on the full one
 //! (see `crate::tokenizer`'s `RenderBudget`).
 
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 
+use smg_dataplane::runtime::{CoreId, confine_current_thread, lower_current_thread_priority};
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
@@ -48,6 +57,25 @@ struct Shared {
     concurrency: usize,
     waiting: AtomicUsize,
     running: AtomicUsize,
+    /// The gate's threads take work from here; they end when the last
+    /// clone of the gate is dropped (and the sender with it).
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Where and how the gate's threads run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkThreads {
+    /// The nice value they run at (0: the process's own).
+    pub nice: u8,
+    /// The cores they may run on (empty: any).
+    pub cores: Vec<CoreId>,
+}
+
+impl WorkThreads {
+    /// `--cpu-work-nice`'s default.
+    pub const DEFAULT_NICE: u8 = 10;
 }
 
 impl Offload {
@@ -55,22 +83,55 @@ impl Offload {
     /// thread: well under a millisecond of encoding.
     pub const INLINE_BYTES: usize = 64 * 1024;
 
-    /// A gate letting `concurrency` (at least 1) pieces of work run at once.
+    /// A gate letting `concurrency` (at least 1) pieces of work run at
+    /// once, on threads at the process's own priority (tests).
     pub fn new(concurrency: usize) -> Self {
+        Self::with_threads(concurrency, &WorkThreads::default())
+    }
+
+    /// A gate letting `concurrency` (at least 1) pieces of work run at
+    /// once, on as many threads set up as `threads` says.
+    pub fn with_threads(concurrency: usize, threads: &WorkThreads) -> Self {
         let concurrency = concurrency.max(1);
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        for index in 0..concurrency {
+            let receiver = Arc::clone(&receiver);
+            let threads = threads.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("smg-cpu-work-{index}"))
+                .spawn(move || work_thread(&threads, &receiver));
+            if let Err(err) = spawned {
+                // Fewer threads only means less parallel work; with none,
+                // `run` answers every job with an error.
+                tracing::warn!(%err, "cannot start a CPU work thread");
+            }
+        }
         Self {
             shared: Arc::new(Shared {
                 slots: Arc::new(Semaphore::new(concurrency)),
                 concurrency,
                 waiting: AtomicUsize::new(0),
                 running: AtomicUsize::new(0),
+                jobs: Mutex::new(sender),
             }),
         }
     }
 
-    /// A gate with one slot per CPU this process may use.
+    /// A gate with one slot per CPU this process may use, its threads at
+    /// the default nice value.
     pub fn for_host() -> Self {
-        Self::new(std::thread::available_parallelism().map_or(1, usize::from))
+        Self::for_host_with(&WorkThreads {
+            nice: WorkThreads::DEFAULT_NICE,
+            cores: Vec::new(),
+        })
+    }
+
+    /// A gate with one slot per CPU this process may use, its threads set
+    /// up as `threads` says.
+    pub fn for_host_with(threads: &WorkThreads) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        Self::with_threads(cpus, threads)
     }
 
     /// How many pieces of work may run at once.
@@ -140,13 +201,30 @@ impl Offload {
                 .map_err(|_| Error::internal("the CPU work gate is closed"))?
         };
         let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || {
-            let _running = Counted::enter(&shared, |s| &s.running);
-            let _slot = slot;
-            work()
-        })
-        .await
-        .map_err(|err| Error::internal(format!("a CPU work task failed: {err}")))?
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let outcome = {
+                let _running = Counted::enter(&shared, |s| &s.running);
+                let _slot = slot;
+                // A panic is this job's failure, not the thread's end.
+                std::panic::catch_unwind(AssertUnwindSafe(work))
+            };
+            // The counts and the slot are released before the caller
+            // hears the outcome.
+            let _ = done.send(outcome);
+        });
+        let sent = match self.shared.jobs.lock() {
+            Ok(jobs) => jobs.send(job).is_ok(),
+            Err(_) => false,
+        };
+        if !sent {
+            return Err(Error::internal("the CPU work threads are gone"));
+        }
+        match outcome.await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(Error::internal("a CPU work task panicked")),
+            Err(_) => Err(Error::internal("a CPU work task was dropped unrun")),
+        }
     }
 
     /// Work waiting for a slot.
@@ -163,6 +241,29 @@ impl Offload {
 impl Default for Offload {
     fn default() -> Self {
         Self::for_host()
+    }
+}
+
+/// A gate's thread: set up once, then runs jobs until the gate is gone.
+fn work_thread(threads: &WorkThreads, jobs: &Mutex<mpsc::Receiver<Job>>) {
+    confine_current_thread(&threads.cores);
+    if threads.nice > 0 && !lower_current_thread_priority(threads.nice) {
+        tracing::warn!(
+            nice = threads.nice,
+            "cannot lower a CPU work thread's priority (--cpu-work-nice)"
+        );
+    }
+    loop {
+        // One thread waits in `recv` while the others wait for the lock;
+        // the lock is let go before the job runs.
+        let job = match jobs.lock() {
+            Ok(receiver) => receiver.recv(),
+            Err(_) => return,
+        };
+        match job {
+            Ok(job) => job(),
+            Err(_) => return,
+        }
     }
 }
 
@@ -195,9 +296,9 @@ fn publish(shared: &Shared) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
 
     #[tokio::test]
     async fn small_work_runs_inline_and_large_work_on_another_thread() {
@@ -277,6 +378,56 @@ mod tests {
         assert_eq!(first.await.expect("joined").expect("ran"), 1);
         assert_eq!(third.await.expect("joined").expect("ran"), 3);
         assert_eq!(ran.load(Ordering::Relaxed), 0, "the dropped work never ran");
+        assert_eq!(offload.running() + offload.waiting(), 0);
+    }
+
+    /// The calling thread's nice value, from `/proc/thread-self/stat`
+    /// (field 19; the command name before it may hold spaces).
+    fn own_nice() -> i64 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        // Fields from the third on: state is index 0, nice is field 19.
+        after_name.split(' ').nth(16).unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn work_runs_on_the_gates_threads_at_their_nice_value() {
+        let here = own_nice();
+        let offload = Offload::with_threads(
+            2,
+            &WorkThreads {
+                nice: 7,
+                cores: Vec::new(),
+            },
+        );
+        for _ in 0..4 {
+            let (name, nice) = offload
+                .run(|| {
+                    let name = std::thread::current().name().map(str::to_owned);
+                    Ok((name, own_nice()))
+                })
+                .await
+                .unwrap();
+            assert!(name.unwrap().starts_with("smg-cpu-work-"));
+            // Lowering is always allowed; a test run already niced above
+            // 7 stays where it is.
+            assert_eq!(nice, here.max(7));
+        }
+        assert_eq!(own_nice(), here, "the caller's thread is untouched");
+        // Nice 0 leaves the threads as the process is.
+        let plain = Offload::new(1);
+        assert_eq!(plain.run(|| Ok(own_nice())).await.unwrap(), here);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_fails_alone_and_its_thread_serves_on() {
+        let offload = Offload::new(1);
+        let err = offload
+            .run(|| -> Result<()> { panic!("a bug in some work") })
+            .await
+            .expect_err("fails");
+        assert_eq!(err.code, crate::error::ErrorCode::InternalError);
+        assert_eq!(offload.run(|| Ok(5)).await.unwrap(), 5);
         assert_eq!(offload.running() + offload.waiting(), 0);
     }
 

@@ -67,7 +67,15 @@ pub async fn launch(config: GatewayConfig, cores: CorePlan) -> anyhow::Result<()
         media: config.media.clone(),
         dataplane: dataplane.clone(),
         lanes: Arc::clone(&lanes),
-        offload: crate::offload::Offload::for_host(),
+        offload: crate::offload::Offload::for_host_with(&crate::offload::WorkThreads {
+            nice: config.cpu_work_nice,
+            // Off the data plane's cores, as tokio's own threads are.
+            cores: if cores.exclusive {
+                cores.control.clone()
+            } else {
+                Vec::new()
+            },
+        }),
     };
     let served = serve_with(config, env, metrics).await;
     // In-flight images finish or fail; the cores' threads join.

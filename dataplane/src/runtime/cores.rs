@@ -95,6 +95,23 @@ pub fn confine_current_thread(cores: &[CoreId]) -> bool {
     sched_setaffinity(Pid::from_raw(0), &set).is_ok()
 }
 
+/// Lowers the calling thread's scheduling priority to `nice` (1..=19; 0
+/// leaves it as it is): when the cores are contended the kernel gives it
+/// a smaller share than threads at the default priority (at nice 10,
+/// about a tenth of theirs). Linux keeps the nice value per thread, so
+/// only the caller changes. Returns whether it was applied. The control
+/// plane's threads for CPU-heavy request work use it, so that a flood of
+/// heavy requests cannot starve the threads serving everyone's I/O.
+#[allow(unsafe_code)]
+pub fn lower_current_thread_priority(nice: u8) -> bool {
+    if nice == 0 {
+        return false;
+    }
+    // SAFETY: setpriority takes no pointers and cannot break memory
+    // safety; on Linux `who` 0 with PRIO_PROCESS names the calling thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, i32::from(nice.min(19))) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

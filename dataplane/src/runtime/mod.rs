@@ -58,13 +58,16 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
-use core_affinity::CoreId;
+
 use smg_shared::ring::{self, Full, RingSender};
 use smg_shared::tensor::DType;
 use tokio::sync::oneshot;
 
 use self::core::{CoreSettings, CoreShared, CoreWorker};
-pub use self::cores::{CorePlan, confine_current_thread, default_dataplane_cores};
+pub use core_affinity::CoreId;
+pub use self::cores::{
+    CorePlan, confine_current_thread, default_dataplane_cores, lower_current_thread_priority,
+};
 pub use self::inline::padded_decoded_len;
 pub use self::job::{
     Base64Decode, Base64Error, Destination, FileContents, FileRead, FileReadError, FileSource,
