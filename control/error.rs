@@ -860,15 +860,33 @@ mod tests {
     fn worker_words_lose_urls_paths_addresses_and_shm_names() {
         let cases = [
             ("the prompt has 9000 tokens; the context holds 8192", None),
-            ("cannot open /srv/models/x/config.json.", Some("cannot open <path>.")),
-            ("see ~/cache/x and ./w and ../up", Some("see <path> and <path> and <path>")),
-            ("weights in data/llama/shard-1 (missing)", Some("weights in <path> (missing)")),
+            (
+                "cannot open /srv/models/x/config.json.",
+                Some("cannot open <path>."),
+            ),
+            (
+                "see ~/cache/x and ./w and ../up",
+                Some("see <path> and <path> and <path>"),
+            ),
+            (
+                "weights in data/llama/shard-1 (missing)",
+                Some("weights in <path> (missing)"),
+            ),
             ("ratio 3/4 tokens/s ok", None),
             (r"file C:\models\m.bin", Some("file <path>")),
-            ("peer=10.0.0.5:8000, backup 10.0.0.6", Some("peer=<address>, backup <address>")),
+            (
+                "peer=10.0.0.5:8000, backup 10.0.0.6",
+                Some("peer=<address>, backup <address>"),
+            ),
             ("at http://h:1/v1 now", Some("at <url> now")),
-            ("v6 [fe80::1]:50051 and ::1 and fe80::2:", Some("v6 <address> and <address> and <address>:")),
-            ("rank node-7.internal:29500 failed", Some("rank <address> failed")),
+            (
+                "v6 [fe80::1]:50051 and ::1 and fe80::2:",
+                Some("v6 <address> and <address> and <address>:"),
+            ),
+            (
+                "rank node-7.internal:29500 failed",
+                Some("rank <address> failed"),
+            ),
             ("error: step 3:12 of 'x'", None),
             (
                 "slot smg-0123456789abcdef0123456789abcdef-00112233445566778899aabb-ff gone",
@@ -892,11 +910,18 @@ mod tests {
             err.code = code;
             let message = err.client_message(Some("req-1"));
             assert!(
-                message.starts_with("the worker answered InvalidArgument: too long: <path> says so y"),
+                message
+                    .starts_with("the worker answered InvalidArgument: too long: <path> says so y"),
                 "{message}"
             );
-            assert!(!message.contains("/etc") && !message.contains("10.9.9.9"), "{message}");
-            assert!(message.chars().count() <= WORKER_TEXT_CHARS + 20, "{message}");
+            assert!(
+                !message.contains("/etc") && !message.contains("10.9.9.9"),
+                "{message}"
+            );
+            assert!(
+                message.chars().count() <= WORKER_TEXT_CHARS + 20,
+                "{message}"
+            );
             // The message kept for the log is whole.
             assert!(err.message.contains("/etc/engine/limits.toml"));
         }

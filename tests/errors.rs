@@ -463,7 +463,9 @@ async fn a_worker_refusal_gives_its_reason_without_paths_addresses_or_shm_names(
         poll_until("the log has the whole reason under the id", async || {
             let text = std::fs::read_to_string(&log).ok()?;
             text.lines()
-                .any(|line| line.contains(&id) && line.contains(secrets[0]) && line.contains(secrets[5]))
+                .any(|line| {
+                    line.contains(&id) && line.contains(secrets[0]) && line.contains(secrets[5])
+                })
                 .then_some(())
         })
         .await;

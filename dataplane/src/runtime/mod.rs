@@ -64,7 +64,6 @@ use smg_shared::tensor::DType;
 use tokio::sync::oneshot;
 
 use self::core::{CoreSettings, CoreShared, CoreWorker};
-pub use core_affinity::CoreId;
 pub use self::cores::{
     CorePlan, confine_current_thread, default_dataplane_cores, lower_current_thread_priority,
 };
@@ -76,6 +75,7 @@ pub use self::job::{
 use self::job::{Completion, Job};
 use self::reactor::SpaceSignal;
 use crate::preprocess::{PreprocessedImage, Qwen2VlImageProcessor};
+pub use core_affinity::CoreId;
 
 /// Which loop the cores run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
