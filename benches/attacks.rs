@@ -25,7 +25,12 @@
 //! 19, measured on the code before the fixes with its own harness; the
 //! rows here measure the code as it is. Prints a table and writes
 //! `bench-results/attacks.json`. Run: `cargo bench --bench attacks`
-//! (`SMG_BENCH_ONLY`, a `|`-separated list of labels, runs only those).
+//! (`SMG_BENCH_ONLY`, a `|`-separated list of labels, runs only those;
+//! `SMG_BENCH_VARIANTS`, a `|`-separated list of extra gateway flags,
+//! runs every attack once per variant, one after the other, e.g.
+//! `--cpu-work-nice 0|--cpu-work-nice 10`). The sim worker's CPU seconds
+//! are given too: for a worker's attacks it burns CPU making the flood,
+//! on the same cores.
 //! Not a test: nothing here asserts a speed.
 
 // The e2e harness (process start-up, ports, the fixtures); its digest unit
@@ -333,6 +338,7 @@ struct Phase {
     sent: usize,
     failed: usize,
     cpu: f64,
+    worker_cpu: f64,
 }
 
 async fn well_behaved(gateway: &Gateway, seconds: f64, seed: u64) -> (Vec<f64>, usize) {
@@ -352,7 +358,7 @@ async fn well_behaved(gateway: &Gateway, seconds: f64, seed: u64) -> (Vec<f64>, 
     .await
 }
 
-fn phase(mut latencies: Vec<f64>, failed: usize, cpu: f64) -> Phase {
+fn phase(mut latencies: Vec<f64>, failed: usize, cpu: f64, worker_cpu: f64) -> Phase {
     latencies.sort_by(f64::total_cmp);
     Phase {
         p50: percentile(&latencies, 0.50),
@@ -360,12 +366,15 @@ fn phase(mut latencies: Vec<f64>, failed: usize, cpu: f64) -> Phase {
         sent: latencies.len() + failed,
         failed,
         cpu,
+        worker_cpu,
     }
 }
 
 #[derive(Debug)]
 struct Row {
     class: Class,
+    /// The extra gateway flags of this run.
+    variant: String,
     quiet: Phase,
     attacked: Phase,
     attacks: u64,
@@ -375,7 +384,7 @@ struct Row {
     rss_peak: u64,
 }
 
-async fn run(class: Class, seconds: f64) -> Row {
+async fn run(class: Class, variant: &str, seconds: f64) -> Row {
     let mut worker_args = vec!["--zero-delay"];
     worker_args.extend_from_slice(class.hostile());
     let worker = SimWorker::start("tokenspeed", "regular", &worker_args);
@@ -388,9 +397,12 @@ async fn run(class: Class, seconds: f64) -> Row {
         common::images_dir().display().to_string(),
     ];
     args.extend(class.gateway_flags().iter().map(|flag| (*flag).to_owned()));
+    args.extend(variant.split_whitespace().map(str::to_owned));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let gateway = Gateway::start(&args);
     let pid = gateway.pid();
+    let worker_pid = worker.pid();
+    let worker_cpu = || cpu_seconds(worker_pid).unwrap_or(f64::NAN);
     let attack = Arc::new(attack(class));
     let url = gateway.url("/v1/chat/completions");
 
@@ -409,10 +421,10 @@ async fn run(class: Class, seconds: f64) -> Row {
 
     // Warm up, then the quiet phase.
     let _ = well_behaved(&gateway, 1.0, 1).await;
-    let cpu0 = cpu_seconds(pid).unwrap_or(f64::NAN);
+    let (cpu0, worker0) = (cpu_seconds(pid).unwrap_or(f64::NAN), worker_cpu());
     let (latencies, failed) = well_behaved(&gateway, seconds, 7).await;
-    let cpu1 = cpu_seconds(pid).unwrap_or(f64::NAN);
-    let quiet = phase(latencies, failed, cpu1 - cpu0);
+    let (cpu1, worker1) = (cpu_seconds(pid).unwrap_or(f64::NAN), worker_cpu());
+    let quiet = phase(latencies, failed, cpu1 - cpu0, worker1 - worker0);
     let rss_before = proc_status_bytes(pid, "VmRSS:").unwrap_or(0);
 
     // The attack phase: attackers back to back, the RSS sampled.
@@ -457,9 +469,9 @@ async fn run(class: Class, seconds: f64) -> Row {
             })
         })
         .collect();
-    let cpu2 = cpu_seconds(pid).unwrap_or(f64::NAN);
+    let (cpu2, worker2) = (cpu_seconds(pid).unwrap_or(f64::NAN), worker_cpu());
     let (latencies, failed) = well_behaved(&gateway, seconds, 7).await;
-    let cpu3 = cpu_seconds(pid).unwrap_or(f64::NAN);
+    let (cpu3, worker3) = (cpu_seconds(pid).unwrap_or(f64::NAN), worker_cpu());
     stop.store(true, Ordering::Relaxed);
     let mut statuses: Vec<(u16, u64)> = Vec::new();
     let mut largest_answer = 0;
@@ -477,8 +489,9 @@ async fn run(class: Class, seconds: f64) -> Row {
         .max(proc_status_bytes(pid, "VmHWM:").unwrap_or(0));
     Row {
         class,
+        variant: variant.to_owned(),
         quiet,
-        attacked: phase(latencies, failed, cpu3 - cpu2),
+        attacked: phase(latencies, failed, cpu3 - cpu2, worker3 - worker2),
         attacks: statuses.iter().map(|(_, count)| count).sum(),
         statuses,
         largest_answer,
@@ -503,6 +516,9 @@ fn main() {
     let only: Option<Vec<String>> = std::env::var("SMG_BENCH_ONLY")
         .ok()
         .map(|list| list.split('|').map(str::to_owned).collect());
+    let variants: Vec<String> = std::env::var("SMG_BENCH_VARIANTS")
+        .map(|list| list.split('|').map(|v| v.trim().to_owned()).collect())
+        .unwrap_or_else(|_| vec![String::new()]);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -520,32 +536,38 @@ fn main() {
         {
             continue;
         }
-        let row = runtime.block_on(run(class, seconds));
-        println!(
-            "{:<17} attacks {:>6} {:?} largest answer {} B; RSS {:.0} -> peak {:.0} MiB; CPU {:.2} -> {:.2} s; p50 {:.1} -> {:.1} ms, p99 {:.1} -> {:.1} ms ({} / {} failed)",
-            row.class.label(),
-            row.attacks,
-            row.statuses,
-            row.largest_answer,
-            mib(row.rss_before),
-            mib(row.rss_peak),
-            row.quiet.cpu,
-            row.attacked.cpu,
-            row.quiet.p50,
-            row.attacked.p50,
-            row.quiet.p99,
-            row.attacked.p99,
-            row.quiet.failed,
-            row.attacked.failed,
-        );
-        rows.push(row);
+        for variant in &variants {
+            let row = runtime.block_on(run(class, variant, seconds));
+            println!(
+                "{:<17} [{}] attacks {:>6} {:?} largest answer {} B; RSS {:.0} -> peak {:.0} MiB; CPU {:.2} -> {:.2} s (worker {:.2} -> {:.2}); p50 {:.1} -> {:.1} ms, p99 {:.1} -> {:.1} ms ({} / {} failed); load {:.2}",
+                row.class.label(),
+                row.variant,
+                row.attacks,
+                row.statuses,
+                row.largest_answer,
+                mib(row.rss_before),
+                mib(row.rss_peak),
+                row.quiet.cpu,
+                row.attacked.cpu,
+                row.quiet.worker_cpu,
+                row.attacked.worker_cpu,
+                row.quiet.p50,
+                row.attacked.p50,
+                row.quiet.p99,
+                row.attacked.p99,
+                row.quiet.failed,
+                row.attacked.failed,
+                load_average().unwrap_or(f64::NAN),
+            );
+            rows.push(row);
+        }
     }
 
     println!();
     println!(
-        "| attack | before (issue 19's probe) | attacks answered (status × count) | largest answer | gateway RSS quiet → peak | gateway CPU s quiet → attacked | others' p50 quiet → attacked | others' p99 quiet → attacked |"
+        "| attack | gateway flags | before (issue 19's probe) | attacks answered (status × count) | largest answer | gateway RSS quiet → peak | gateway CPU s quiet → attacked | worker CPU s quiet → attacked | others' p50 quiet → attacked | others' p99 quiet → attacked |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in &rows {
         let statuses = row
             .statuses
@@ -554,9 +576,14 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ");
         println!(
-            "| `{}`: {} | {} | {} | {} B | {:.0} → {:.0} MiB | {:.2} → {:.2} | {:.1} → {:.1} ms | {:.1} → {:.1} ms |",
+            "| `{}`: {} | {} | {} | {} | {} B | {:.0} → {:.0} MiB | {:.2} → {:.2} | {:.2} → {:.2} | {:.1} → {:.1} ms | {:.1} → {:.1} ms |",
             row.class.label(),
             row.class.what(),
+            if row.variant.is_empty() {
+                "(defaults)"
+            } else {
+                row.variant.as_str()
+            },
             row.class.before(),
             statuses,
             row.largest_answer,
@@ -564,6 +591,8 @@ fn main() {
             mib(row.rss_peak),
             row.quiet.cpu,
             row.attacked.cpu,
+            row.quiet.worker_cpu,
+            row.attacked.worker_cpu,
             row.quiet.p50,
             row.attacked.p50,
             row.quiet.p99,
@@ -575,6 +604,9 @@ fn main() {
         .map(|row| {
             json!({
                 "attack": row.class.label(),
+                "gateway_flags": row.variant,
+                "worker_cpu_quiet_s": row.quiet.worker_cpu,
+                "worker_cpu_attacked_s": row.attacked.worker_cpu,
                 "attacks": row.attacks,
                 "statuses": row.statuses,
                 "largest_answer_bytes": row.largest_answer,
