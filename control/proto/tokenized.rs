@@ -120,8 +120,26 @@ fn encode_ids(tag: u32, ids: &[u32], buf: &mut impl BufMut) {
 
 /// Writes `value` as a varint at `block[at..]`, returns the end. `block`
 /// has room for 5 bytes past `at` (the caller's block holds 5 per id).
+///
+/// Token ids are one to three bytes (vocabularies hold up to ~2^18 ids),
+/// written straight; only wider values take the loop.
 #[inline]
 fn put_varint(block: &mut [u8; IDS_PER_BLOCK * 5], mut at: usize, mut value: u32) -> usize {
+    if value < 1 << 7 {
+        block[at] = value as u8;
+        return at + 1;
+    }
+    if value < 1 << 14 {
+        block[at] = value as u8 | 0x80;
+        block[at + 1] = (value >> 7) as u8;
+        return at + 2;
+    }
+    if value < 1 << 21 {
+        block[at] = value as u8 | 0x80;
+        block[at + 1] = (value >> 7) as u8 | 0x80;
+        block[at + 2] = (value >> 14) as u8;
+        return at + 3;
+    }
     while value >= 0x80 {
         block[at] = (value as u8) | 0x80;
         value >>= 7;
