@@ -9,7 +9,10 @@
 //! `chat_answer_stream/qwen3+qwen` is the answer of `benches/tool_calls.rs`
 //! (the gateway's tool-chat scenario: a think block, a sentence, two short
 //! Hermes calls) through the qwen3 reasoning parser and then the qwen tool
-//! parser, as the gateway chains them, in the same ~4-byte chunks.
+//! parser, as the gateway chains them, in the same ~4-byte chunks;
+//! `qwen3+qwen/16B` pushes ~16 bytes at a time, as the gateway did in that
+//! scenario (~21 pushes for ~330 bytes), and is reported per ~4-byte token
+//! too.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -109,10 +112,15 @@ fn response(parser: &str) -> String {
 
 /// ~4-byte chunks on char boundaries.
 fn chunks(text: &str) -> Vec<&str> {
+    chunks_of(text, 4)
+}
+
+/// ~`size`-byte chunks on char boundaries.
+fn chunks_of(text: &str, size: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < text.len() {
-        let mut end = (start + 4).min(text.len());
+        let mut end = (start + size).min(text.len());
         while !text.is_char_boundary(end) {
             end += 1;
         }
@@ -174,7 +182,7 @@ fn chat_answer(c: &mut Criterion) {
         starts_in_reasoning: false,
         tool_call_ends_reasoning: reasoning::tool_call_ends_reasoning("qwen3"),
     };
-    let pieces = chunks(TOOL_ANSWER);
+    let tokens = chunks(TOOL_ANSWER).len() as u64;
     let named = |delta: smg_parsers::tool::ToolDelta| {
         delta
             .calls
@@ -182,11 +190,11 @@ fn chat_answer(c: &mut Criterion) {
             .filter(|call| call.name.is_some())
             .count()
     };
-    let run = || {
+    let run = |pieces: &[&str]| {
         let mut thinking = reasoning::create("qwen3", options).expect("known parser");
         let mut calls = create("qwen", tools.clone()).expect("known parser");
         let mut made = 0;
-        for piece in &pieces {
+        for piece in pieces {
             let delta = thinking.push(black_box(piece));
             if !delta.content.is_empty() {
                 made += named(calls.push(&delta.content));
@@ -198,10 +206,13 @@ fn chat_answer(c: &mut Criterion) {
         made += named(calls.finish());
         made
     };
-    assert_eq!(run(), 2, "the answer's two calls are parsed");
     let mut group = c.benchmark_group("chat_answer_stream");
-    group.throughput(Throughput::Elements(pieces.len() as u64));
-    group.bench_function("qwen3+qwen", |b| b.iter(|| black_box(run())));
+    group.throughput(Throughput::Elements(tokens));
+    for (label, size) in [("qwen3+qwen", 4), ("qwen3+qwen/16B", 16)] {
+        let pieces = chunks_of(TOOL_ANSWER, size);
+        assert_eq!(run(&pieces), 2, "the answer's two calls are parsed");
+        group.bench_function(label, |b| b.iter(|| black_box(run(&pieces))));
+    }
     group.finish();
 }
 

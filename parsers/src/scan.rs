@@ -90,12 +90,12 @@ impl<'a> FirstBytes<'a> {
         firsts
     }
 
-    /// The first position in `haystack` holding one of the bytes.
+    /// The first position in `haystack` holding one of the bytes. A chunk
+    /// of a few tokens is shorter than `memchr`'s vector set-up is worth:
+    /// below [`SHORT`] bytes, a plain loop.
     fn position(&self, haystack: &[u8]) -> Option<usize> {
-        if self.more {
-            return haystack
-                .iter()
-                .position(|b| self.markers.iter().any(|m| m.as_bytes().first() == Some(b)));
+        if self.more || haystack.len() < SHORT {
+            return haystack.iter().position(|&b| self.contains(b));
         }
         match self.bytes[..self.count] {
             [a] => memchr::memchr(a, haystack),
@@ -104,7 +104,20 @@ impl<'a> FirstBytes<'a> {
             _ => None,
         }
     }
+
+    fn contains(&self, byte: u8) -> bool {
+        if self.more {
+            self.markers
+                .iter()
+                .any(|m| m.as_bytes().first() == Some(&byte))
+        } else {
+            self.bytes[..self.count].contains(&byte)
+        }
+    }
 }
+
+/// Haystacks shorter than this are searched with a plain loop.
+const SHORT: usize = 16;
 
 #[cfg(test)]
 mod tests {
@@ -195,6 +208,9 @@ mod tests {
             "ééé ab",
             "[TOOL_CALLS",
             "<|python_st",
+            // Past the short-haystack loop: memchr finds the candidates.
+            "a long run of plain text, well past sixteen bytes, then <tool_call> \
+             and </think> and <｜tool▁call▁begin｜> ab bc [TOOL_CALLS] {x} <|python_end|>",
         ];
         for markers in MARKER_SETS {
             for text in texts {

@@ -14,6 +14,11 @@
 //! The text of a call is kept from its first byte until its name is accepted,
 //! so that a call that never becomes valid can be returned verbatim; that
 //! retained text is bounded by [`MAX_HELD_BYTES`].
+//!
+//! The buffers (the text, the argument output, the delta's content) keep
+//! their capacity for the parser's life: a push hands out exact copies of
+//! what it produced, one allocation each, instead of giving its buffers away
+//! and growing new ones through 8, 16, 32… bytes on the next push.
 
 use std::mem;
 
@@ -27,6 +32,10 @@ pub const MAX_HELD_BYTES: usize = 64 * 1024;
 
 /// The longest function name accepted (bytes).
 pub(crate) const MAX_NAME_BYTES: usize = 256;
+
+/// The text buffer's first capacity: a typical call's text, so the buffer
+/// does not regrow while the first call streams.
+const INITIAL_BUF_BYTES: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CallStatus {
@@ -85,7 +94,7 @@ pub(crate) struct Stream {
 impl Stream {
     pub(crate) fn new(tools: Tools) -> Self {
         Self {
-            buf: String::new(),
+            buf: String::with_capacity(INITIAL_BUF_BYTES),
             pos: 0,
             tools,
             delta: ToolDelta::default(),
@@ -253,7 +262,7 @@ impl Stream {
         self.delta.calls.push(CallDelta {
             index,
             name: Some(name.to_owned()),
-            arguments: mem::take(&mut self.args),
+            arguments: take_copy(&mut self.args),
         });
         true
     }
@@ -315,13 +324,12 @@ impl Stream {
         match self.call.as_ref().map(|c| c.status) {
             Some(CallStatus::Pending) => return,
             Some(CallStatus::Committed(index)) if !self.args.is_empty() => {
-                let arguments = mem::take(&mut self.args);
                 match self.delta.calls.last_mut() {
-                    Some(last) if last.index == index => last.arguments.push_str(&arguments),
+                    Some(last) if last.index == index => last.arguments.push_str(&self.args),
                     _ => self.delta.calls.push(CallDelta {
                         index,
                         name: None,
-                        arguments,
+                        arguments: self.args.clone(),
                     }),
                 }
             }
@@ -351,8 +359,20 @@ impl Stream {
                 *start = start.saturating_sub(keep_from);
             }
         }
-        mem::take(&mut self.delta)
+        ToolDelta {
+            content: take_copy(&mut self.delta.content),
+            calls: mem::take(&mut self.delta.calls),
+            cut_call: self.delta.cut_call.take(),
+        }
     }
+}
+
+/// `buffer`'s text, copied out (one exact allocation, none when empty);
+/// `buffer` is emptied and keeps its capacity.
+fn take_copy(buffer: &mut String) -> String {
+    let copy = buffer.as_str().to_owned();
+    buffer.clear();
+    copy
 }
 
 /// Whether `text` starts with `literal` ([`Eat::Yes`]), is a proper prefix
