@@ -720,8 +720,8 @@ mod tests {
             let expected = one_at_a_time(*dialect, text);
             let label = &text[..text.len().min(60)];
             assert_eq!(in_runs(*dialect, text, &[]), expected, "whole: {label}");
-            // Every cut of a short case; a sample of the long ones.
-            let step = (text.len() / 200).max(1);
+            // Every cut of a short case; ~40 cuts of a long one.
+            let step = (text.len() / 40).max(1);
             for cut in (0..text.len())
                 .step_by(step)
                 .filter(|&at| text.is_char_boundary(at))
