@@ -59,6 +59,7 @@
 //! `json` array, or the function's arguments), so their output is read as
 //! for every model; the model's Harmony structure is then not produced.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -66,6 +67,7 @@ use smg_parsers::harmony::{self, HarmonyOptions, HarmonyParser};
 use smg_parsers::reasoning::{self, ReasoningOptions, ReasoningParser, ThinkingToggle};
 use smg_parsers::tool::{self, CallDelta, ToolParser, Tools};
 
+use super::request_context::push_hex_u128;
 use super::spec::{ChatPrompt, ToolChoice};
 
 /// The parsers a model's output goes through, decided once per model.
@@ -298,7 +300,19 @@ fn past_calls(messages: &[Value]) -> usize {
 
 /// A fresh OpenAI-style call id.
 fn random_call_id() -> String {
-    format!("call_{:024x}", rand::random::<u128>() & ((1u128 << 96) - 1))
+    call_id(rand::random())
+}
+
+/// `call_` and the low 96 bits of `bits` as 24 hex digits, as
+/// `format!("call_{:024x}", bits & mask)` writes it, by hand: `format!`'s
+/// `u128` hex costs several times more, on every call a tool chat makes.
+fn call_id(bits: u128) -> String {
+    let mut id = String::with_capacity("call_".len() + 32);
+    id.push_str("call_");
+    push_hex_u128(&mut id, bits);
+    // The first 8 of the 32 digits go: 96 bits stay.
+    id.drain(5..13);
+    id
 }
 
 /// A fragment of one tool call: the first fragment of a call carries its
@@ -376,14 +390,15 @@ impl SequenceParser {
         let (parsed, calls) = match &mut self.reader {
             Reader::Harmony(parser) => harmony_parsed(parser.push(text)),
             Reader::Text { reasoning, calls } => {
+                // The answer text is borrowed when nothing split it off.
                 let (reasoning, answer) = match reasoning {
                     Some(parser) => {
                         let delta = parser.push(text);
-                        (delta.reasoning, delta.content)
+                        (delta.reasoning, Cow::Owned(delta.content))
                     }
-                    None => (String::new(), text.to_owned()),
+                    None => (String::new(), Cow::Borrowed(text)),
                 };
-                let (parsed, calls, _) = answer_calls(calls, reasoning, &answer, None);
+                let (parsed, calls, _) = answer_calls(calls, reasoning, answer, None);
                 (parsed, calls)
             }
         };
@@ -417,12 +432,12 @@ impl SequenceParser {
                 let (reasoning, answer) = match reasoning {
                     Some(parser) => {
                         let delta = parser.finish();
-                        (delta.reasoning, delta.content)
+                        (delta.reasoning, Cow::Owned(delta.content))
                     }
-                    None => (String::new(), String::new()),
+                    None => (String::new(), Cow::Borrowed("")),
                 };
                 let end = if cut { End::Cut } else { End::Normal };
-                let (parsed, calls, cut_call) = answer_calls(calls, reasoning, &answer, Some(end));
+                let (parsed, calls, cut_call) = answer_calls(calls, reasoning, answer, Some(end));
                 self.cut_call = cut_call.filter(|&index| !self.single_call || index == 0);
                 (parsed, calls)
             }
@@ -476,11 +491,12 @@ fn harmony_parsed(delta: harmony::HarmonyDelta) -> (ParsedText, Vec<CallDelta>) 
 }
 
 /// Runs answer text through the call parser (`last`: the text ended, and
-/// how). Also returns the call a cut-off end withdrew.
+/// how). Also returns the call a cut-off end withdrew. Answer text that
+/// becomes content or arguments as it is is moved there, not copied.
 fn answer_calls(
     parser: &mut Option<Calls>,
     reasoning: String,
-    answer: &str,
+    answer: Cow<'_, str>,
     last: Option<End>,
 ) -> (ParsedText, Vec<CallDelta>, Option<usize>) {
     let mut cut_call = None;
@@ -490,12 +506,12 @@ fn answer_calls(
     };
     let mut calls: Vec<CallDelta> = Vec::new();
     match parser {
-        None => parsed.content.push_str(answer),
+        None => parsed.content = answer.into_owned(),
         Some(Calls::Parsed(parser)) => {
             let mut delta = if answer.is_empty() {
                 tool::ToolDelta::default()
             } else {
-                parser.push(answer)
+                parser.push(&answer)
             };
             if let Some(end) = last {
                 let tail = match end {
@@ -514,7 +530,7 @@ fn answer_calls(
                 calls.push(CallDelta {
                     index: 0,
                     name: (!std::mem::replace(started, true)).then(|| name.clone()),
-                    arguments: answer.to_owned(),
+                    arguments: answer.into_owned(),
                 });
             }
         }
@@ -528,6 +544,26 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_call_id_is_the_low_96_bits_in_24_hex_digits() {
+        for bits in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            1 << 95,
+            1 << 96,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            let mask = (1u128 << 96) - 1;
+            assert_eq!(
+                call_id(bits),
+                format!("call_{:024x}", bits & mask),
+                "{bits:#x}"
+            );
+        }
+    }
 
     fn chat(tools: Value, choice: ToolChoice) -> ChatPrompt {
         ChatPrompt {

@@ -5,11 +5,20 @@
 //! token-sized chunks of ~4 bytes, as the detokenizer would feed it. The
 //! throughput is reported in chunks, so `1e9 / (elements per second)` is the
 //! parser's cost in ns per generated token.
+//!
+//! `chat_answer_stream/qwen3+qwen` is the answer of `benches/tool_calls.rs`
+//! (the gateway's tool-chat scenario: a think block, a sentence, two short
+//! Hermes calls) through the qwen3 reasoning parser and then the qwen tool
+//! parser, as the gateway chains them, in the same ~4-byte chunks;
+//! `qwen3+qwen/16B` pushes ~16 bytes at a time, as the gateway did in that
+//! scenario (~21 pushes for ~330 bytes), and is reported per ~4-byte token
+//! too.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use smg_parsers::reasoning::{self, ReasoningOptions};
 use smg_parsers::tool::{ToolSpec, Tools, create};
 
 const INTRO: &str = "Sure, let me look that up for you before answering the question in detail. ";
@@ -103,10 +112,15 @@ fn response(parser: &str) -> String {
 
 /// ~4-byte chunks on char boundaries.
 fn chunks(text: &str) -> Vec<&str> {
+    chunks_of(text, 4)
+}
+
+/// ~`size`-byte chunks on char boundaries.
+fn chunks_of(text: &str, size: usize) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     while start < text.len() {
-        let mut end = (start + 4).min(text.len());
+        let mut end = (start + size).min(text.len());
         while !text.is_char_boundary(end) {
             end += 1;
         }
@@ -150,6 +164,54 @@ fn bench(c: &mut Criterion) {
                 black_box(p.finish());
             })
         });
+    }
+    group.finish();
+    chat_answer(c);
+}
+
+/// The gateway's tool-chat answer (`benches/tool_calls.rs`).
+const TOOL_ANSWER: &str = "<think>\nThe user wants the weather in two cities, so I will call \
+    get_weather once for each of them.\n</think>\n\nLet me check both cities.\n<tool_call>\n\
+    {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n\
+    </tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \
+    \"unit\": \"celsius\"}}\n</tool_call>";
+
+fn chat_answer(c: &mut Criterion) {
+    let tools = tools();
+    let options = ReasoningOptions {
+        starts_in_reasoning: false,
+        tool_call_ends_reasoning: reasoning::tool_call_ends_reasoning("qwen3"),
+    };
+    let tokens = chunks(TOOL_ANSWER).len() as u64;
+    let named = |delta: smg_parsers::tool::ToolDelta| {
+        delta
+            .calls
+            .iter()
+            .filter(|call| call.name.is_some())
+            .count()
+    };
+    let run = |pieces: &[&str]| {
+        let mut thinking = reasoning::create("qwen3", options).expect("known parser");
+        let mut calls = create("qwen", tools.clone()).expect("known parser");
+        let mut made = 0;
+        for piece in pieces {
+            let delta = thinking.push(black_box(piece));
+            if !delta.content.is_empty() {
+                made += named(calls.push(&delta.content));
+            }
+            black_box(delta.reasoning);
+        }
+        let delta = thinking.finish();
+        made += named(calls.push(&delta.content));
+        made += named(calls.finish());
+        made
+    };
+    let mut group = c.benchmark_group("chat_answer_stream");
+    group.throughput(Throughput::Elements(tokens));
+    for (label, size) in [("qwen3+qwen", 4), ("qwen3+qwen/16B", 16)] {
+        let pieces = chunks_of(TOOL_ANSWER, size);
+        assert_eq!(run(&pieces), 2, "the answer's two calls are parsed");
+        group.bench_function(label, |b| b.iter(|| black_box(run(&pieces))));
     }
     group.finish();
 }

@@ -14,4 +14,5 @@
 
 pub mod harmony;
 pub mod reasoning;
+mod scan;
 pub mod tool;

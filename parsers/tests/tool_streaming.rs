@@ -175,6 +175,88 @@ fn a_call_with_no_name_within_the_cap_comes_back_as_content() {
     assert_eq!(sent, format!("{head}{}", piece.repeat(100)));
 }
 
+/// A held call (no name yet) is given back on the character that takes it
+/// past the cap, however the text is chunked and however the parser reads
+/// it in runs: a call written right after that character is parsed; a call
+/// whose `<` is that character is not.
+#[test]
+fn the_cap_trips_on_the_same_character_in_any_chunking() {
+    let call = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>";
+    // The held call starts at byte 0: the character holding byte
+    // MAX_HELD_BYTES takes it past the cap.
+    let crossing = MAX_HELD_BYTES;
+    let up_to = |head: &str, fill: char, last: char| {
+        let mut text = head.to_owned();
+        while text.len() + last.len_utf8() <= crossing {
+            text.push(fill);
+        }
+        text.push(last);
+        text
+    };
+    let cases = [
+        // (text, calls): the crossing character is the last one before `call`.
+        // A string argument held before the name; the crossing character
+        // straddles the cap.
+        (up_to("<tool_call>{\"arguments\": {\"a\": \"", 'x', 'é'), 1),
+        // Another key's string value.
+        (up_to("<tool_call>{\"note\": \"", 'x', 'é'), 1),
+        // Whitespace between tokens (a non-ASCII space crossing).
+        (up_to("<tool_call>{", ' ', '\u{a0}'), 1),
+        // The crossing character is the call's own `<`: read into the held
+        // call, so no call.
+        (up_to("<tool_call>{\"arguments\": {\"a\": \"", 'x', 'x'), 0),
+        (up_to("<tool_call>{\"note\": \"", 'x', 'x'), 0),
+    ];
+    for (index, (head, calls)) in cases.into_iter().enumerate() {
+        let head = if calls == 0 {
+            head[..head.len() - 1].to_owned()
+        } else {
+            head
+        };
+        let text = format!("{head}{call}");
+        let mut chunkings: Vec<(String, Vec<&str>)> = vec![("whole".to_owned(), vec![&text])];
+        for at in [1, 4096, crossing - 1, crossing, crossing + 1, crossing + 2] {
+            if text.is_char_boundary(at) {
+                chunkings.push((format!("split at {at}"), vec![&text[..at], &text[at..]]));
+            }
+        }
+        for size in [7, 4096] {
+            let mut chunks = Vec::new();
+            let mut start = 0;
+            while start < text.len() {
+                let mut end = (start + size).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                chunks.push(&text[start..end]);
+                start = end;
+            }
+            chunkings.push((format!("{size}-byte chunks"), chunks));
+        }
+        let chars: Vec<&str> = text
+            .char_indices()
+            .map(|(at, c)| &text[at..at + c.len_utf8()])
+            .collect();
+        chunkings.push(("char by char".to_owned(), chars));
+        for (how, chunks) in chunkings {
+            let mut p = create("qwen", default_tools()).expect("known parser");
+            let mut collector = smg_parsers::tool::Collector::default();
+            for chunk in chunks {
+                collector.add(p.push(chunk));
+            }
+            collector.add(p.finish());
+            let parsed = collector.finish();
+            assert_eq!(parsed.calls.len(), calls, "case {index}, {how}: calls");
+            let given_back = if calls == 1 {
+                head.as_str()
+            } else {
+                text.as_str()
+            };
+            assert_eq!(parsed.content, given_back, "case {index}, {how}: content");
+        }
+    }
+}
+
 #[test]
 fn deep_nesting_is_malformed_not_unbounded() {
     let mut p = create("json", no_tools()).expect("known parser");

@@ -16,7 +16,9 @@
 //! begin inside it, so only a suffix of the buffer that is a proper prefix of
 //! a marker the phase is looking for is held back (`abc</thi` sends `abc`
 //! and keeps `</thi`). Suffixes are taken at character boundaries, so a
-//! held-back `◁/thi` never splits a character.
+//! held-back `◁/thi` never splits a character. The end marker and the
+//! tool-call markers are looked for together, in one pass over the text
+//! ([`crate::scan`]), and the answer passes through without being held.
 //!
 //! The whitespace right after the end marker is dropped: Qwen3 and
 //! DeepSeek-R1 write `</think>\n\n` before their answer, and an answer that
@@ -33,6 +35,7 @@
 
 use super::families::{Family, ThinkMarkers};
 use super::{ReasoningDelta, ReasoningOptions, ReasoningParser};
+use crate::scan::{self, Found};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -46,9 +49,10 @@ enum Phase {
 pub(crate) struct MarkerParser {
     /// `None`: passthrough, everything is content.
     markers: Option<ThinkMarkers>,
-    /// Markers that end reasoning and stay in the content (empty when the
-    /// option is off).
-    tool_markers: &'static [&'static str],
+    /// What ends reasoning: the end marker first (dropped), then the
+    /// tool-call markers (kept as content; none when the option is off),
+    /// searched for together in one pass.
+    exits: Vec<&'static str>,
     phase: Phase,
     /// In reasoning, nothing but whitespace seen yet: a start marker here is
     /// the model repeating the prompt's, and is dropped.
@@ -67,13 +71,20 @@ impl MarkerParser {
             Some(_) if family.always_thinks || options.starts_in_reasoning => Phase::Reasoning,
             Some(_) => Phase::Opening,
         };
+        let tool_markers = if options.tool_call_ends_reasoning {
+            family.tool_markers
+        } else {
+            &[]
+        };
+        let exits = family
+            .markers
+            .iter()
+            .map(|markers| markers.end)
+            .chain(tool_markers.iter().copied())
+            .collect();
         Self {
             markers: family.markers,
-            tool_markers: if options.tool_call_ends_reasoning {
-                family.tool_markers
-            } else {
-                &[]
-            },
+            exits,
             phase,
             start_still_droppable: phase == Phase::Reasoning,
             pending: String::new(),
@@ -139,67 +150,32 @@ impl MarkerParser {
                         }
                         continue;
                     }
-                    match self.first_exit(markers.end) {
-                        Some(Exit::End(at)) => {
+                    match scan::find(&self.pending, &self.exits) {
+                        Found::Marker { at, index } => {
                             out.reasoning.push_str(&self.pending[..at]);
-                            self.pending.drain(..at + markers.end.len());
+                            if index == 0 {
+                                // The end marker: dropped.
+                                self.pending.drain(..at + markers.end.len());
+                                self.after_end = true;
+                            } else {
+                                // A tool-call marker: the first content.
+                                self.pending.drain(..at);
+                            }
                             self.phase = Phase::Content;
-                            self.after_end = true;
                         }
-                        Some(Exit::ToolCall(at)) => {
+                        Found::Prefix { at } => {
                             out.reasoning.push_str(&self.pending[..at]);
                             self.pending.drain(..at);
-                            self.phase = Phase::Content;
+                            return;
                         }
-                        None => {
-                            let held = self.partial_exit_len(markers.end);
-                            let send = self.pending.len() - held;
-                            out.reasoning.push_str(&self.pending[..send]);
-                            self.pending.drain(..send);
+                        Found::Nothing => {
+                            out.reasoning.push_str(&self.pending);
+                            self.pending.clear();
                             return;
                         }
                     }
                 }
             }
-        }
-    }
-
-    /// The earliest complete end or tool-call marker in `pending`.
-    fn first_exit(&self, end: &str) -> Option<Exit> {
-        let mut first = self.pending.find(end).map(Exit::End);
-        for marker in self.tool_markers {
-            if let Some(at) = self.pending.find(marker)
-                && first.is_none_or(|exit| at < exit.at())
-            {
-                first = Some(Exit::ToolCall(at));
-            }
-        }
-        first
-    }
-
-    /// The length of the longest suffix of `pending` that is a proper prefix
-    /// of the end marker or of a tool-call marker.
-    fn partial_exit_len(&self, end: &str) -> usize {
-        std::iter::once(&end)
-            .chain(self.tool_markers)
-            .map(|marker| partial_suffix_len(&self.pending, marker))
-            .max()
-            .unwrap_or(0)
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Exit {
-    /// The end marker at this byte offset: dropped.
-    End(usize),
-    /// A tool-call marker at this byte offset: kept as content.
-    ToolCall(usize),
-}
-
-impl Exit {
-    fn at(self) -> usize {
-        match self {
-            Exit::End(at) | Exit::ToolCall(at) => at,
         }
     }
 }
@@ -227,23 +203,16 @@ fn leading_marker(buffer: &str, marker: &str) -> Leading {
     }
 }
 
-/// The length of the longest suffix of `buffer`, starting at a character
-/// boundary, that is a proper prefix of `marker` (0 if none).
-pub(crate) fn partial_suffix_len(buffer: &str, marker: &str) -> usize {
-    let longest = marker.len().saturating_sub(1).min(buffer.len());
-    (1..=longest)
-        .rev()
-        .find(|&len| {
-            let start = buffer.len() - len;
-            buffer.is_char_boundary(start) && marker.starts_with(&buffer[start..])
-        })
-        .unwrap_or(0)
-}
-
 impl ReasoningParser for MarkerParser {
     fn push(&mut self, chunk: &str) -> ReasoningDelta {
-        self.pending.push_str(chunk);
         let mut out = ReasoningDelta::default();
+        if self.phase == Phase::Content && !self.after_end {
+            // Nothing is held in the answer (`drain` leaves `pending`
+            // empty there): the chunk is content as it is, copied once.
+            out.content.push_str(chunk);
+            return out;
+        }
+        self.pending.push_str(chunk);
         self.drain(&mut out);
         out
     }
@@ -263,6 +232,14 @@ impl ReasoningParser for MarkerParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the parser holds back of `buffer` while looking for `marker`.
+    fn partial_suffix_len(buffer: &str, marker: &str) -> usize {
+        match scan::find(buffer, &[marker]) {
+            Found::Prefix { at } => buffer.len() - at,
+            Found::Marker { .. } | Found::Nothing => 0,
+        }
+    }
 
     #[test]
     fn a_partial_marker_is_held_back_only_as_a_suffix_at_a_character_boundary() {

@@ -18,7 +18,7 @@
 //! calls inside a section (and around a call inside its markers) is dropped;
 //! any other text outside calls is content.
 
-use super::call_object::CallObject;
+use super::call_object::{CallObject, Stop};
 use super::engine::Grammar;
 use super::json_value::{Dialect, Flow, JsonValue};
 use super::stream::{Eat, MAX_NAME_BYTES, Scan, Stream, peek, valid_name};
@@ -232,7 +232,7 @@ impl JsonCalls {
                 }
                 return false;
             }
-            match markers.iter().map(|m| peek(trimmed, m)).collect::<Vec<_>>() {
+            match markers.map(|m| peek(trimmed, m)) {
                 eats if eats.contains(&Eat::Yes) => stream.consume(skipped),
                 eats if eats.contains(&Eat::Partial) && !at_end => return false,
                 _ => self.section_run_has_text = true,
@@ -260,22 +260,36 @@ impl JsonCalls {
             return false;
         };
         let after = *after;
-        // A string's plain run in one step; never past the held-text cap,
-        // so the cap still trips on the same character as one at a time.
-        let limit = stream.held_allowance();
-        let (rest, args) = stream.rest_and_args();
-        let plain = object.push_plain(rest, limit, args);
-        if plain > 0 {
-            stream.consume(plain);
-            return true;
-        }
-        let Some(c) = stream.rest().chars().next() else {
-            return false;
+        let (used, stop) = {
+            // One run, never past the held-text cap: the run stops at the
+            // cap, and the character that passes it is read alone, so the
+            // driver's check after this step trips on the same character
+            // as if every character were a step.
+            let limit = stream.held_allowance();
+            let (rest, args) = stream.rest_and_args();
+            let mut capped = limit.min(rest.len());
+            while !rest.is_char_boundary(capped) {
+                capped -= 1;
+            }
+            let (mut used, mut stop) = object.push_run(&rest[..capped], args);
+            if stop == Stop::More && used < rest.len() {
+                let next = rest[used..].chars().next().map_or(0, char::len_utf8);
+                let (one, one_stop) = object.push_run(&rest[used..used + next], args);
+                used += one;
+                stop = one_stop;
+            }
+            (used, stop)
         };
-        match object.push(c, stream) {
-            Ok(Flow::More) => stream.consume(c.len_utf8()),
-            Ok(Flow::Done) => {
-                stream.consume(c.len_utf8());
+        stream.consume(used);
+        match stop {
+            Stop::More => return used > 0,
+            Stop::Name => {
+                let named = object.name().map(|name| stream.commit_name(&name));
+                if named.is_err() {
+                    self.fail(stream);
+                }
+            }
+            Stop::Done => {
                 self.state = match after {
                     After::Trailer => State::Trailer { fence_seen: true },
                     // The separator after the object still belongs to this
@@ -288,7 +302,7 @@ impl JsonCalls {
                     }
                 };
             }
-            Ok(Flow::DoneBefore) | Err(_) => self.fail(stream),
+            Stop::Malformed => self.fail(stream),
         }
         true
     }
@@ -298,26 +312,11 @@ impl JsonCalls {
             return false;
         };
         let (rest, args) = stream.rest_and_args();
-        let mut used = 0;
-        let mut outcome = None;
-        for c in rest.chars() {
-            match value.push(c, args) {
-                Ok(Flow::More) => used += c.len_utf8(),
-                Ok(Flow::Done) => {
-                    used += c.len_utf8();
-                    outcome = Some(true);
-                    break;
-                }
-                Ok(Flow::DoneBefore) | Err(_) => {
-                    outcome = Some(false);
-                    break;
-                }
-            }
-        }
+        let (used, flow) = value.push_run(rest, args);
         stream.consume(used);
-        match outcome {
-            None => return used > 0,
-            Some(true) => {
+        match flow {
+            Ok(Flow::More) => return used > 0,
+            Ok(Flow::Done) => {
                 self.state = if self.syntax == Syntax::Mistral {
                     stream.end_call();
                     State::Text
@@ -325,7 +324,7 @@ impl JsonCalls {
                     State::Trailer { fence_seen: false }
                 };
             }
-            Some(false) => self.fail(stream),
+            Ok(Flow::DoneBefore) | Err(_) => self.fail(stream),
         }
         true
     }

@@ -155,28 +155,93 @@ impl JsonValue {
         }
     }
 
-    /// Reads, in one go, the longest prefix of `text` that `push` would
-    /// write out unchanged one character at a time: the plain inside of a
-    /// string value (not a key), up to its closing quote, a backslash or a
-    /// control character. Returns the bytes read (0 anywhere else). The
-    /// output is exactly what `push` writes for the same characters; this
-    /// only saves the per-character dispatch on long string arguments.
-    pub(crate) fn push_plain(&mut self, text: &str, out: &mut String) -> usize {
-        let Token::Str {
-            quote,
-            key: false,
-            escape: Escape::None,
-        } = self.token
-        else {
-            return 0;
-        };
-        // The stops are ASCII, so the prefix ends on a char boundary.
-        let len = text
-            .bytes()
-            .position(|b| b < 0x20 || b == b'\\' || u32::from(b) == quote as u32)
-            .unwrap_or(text.len());
-        out.push_str(&text[..len]);
-        len
+    /// Reads characters of `text` until the value completes or fails, or the
+    /// text ends. Returns the bytes read and how the run stopped:
+    /// `Ok(Flow::More)`, all of `text` was read; `Ok(Flow::Done)`, the last
+    /// character read completed the value (a closing quote or bracket:
+    /// always one ASCII byte); `Ok(Flow::DoneBefore)`, the value was complete
+    /// before `text[read..]`, which was not read; `Err(Malformed)`,
+    /// `text[read..]` starts with a character that cannot continue it.
+    ///
+    /// The output and the answer are exactly those of [`JsonValue::push`]
+    /// one character at a time, which this falls back to. Runs in which
+    /// `push` would make no decision (the plain inside of a string or key,
+    /// whitespace between tokens, the characters of a number or literal) are
+    /// read as byte slices instead: that is where nearly all of a model's
+    /// argument text goes.
+    pub(crate) fn push_run(
+        &mut self,
+        text: &str,
+        out: &mut String,
+    ) -> (usize, Result<Flow, Malformed>) {
+        let mut read = 0;
+        while read < text.len() {
+            let rest = &text[read..];
+            let run = self.plain_run(rest, out);
+            if run > 0 {
+                read += run;
+                continue;
+            }
+            let Some(c) = rest.chars().next() else {
+                break;
+            };
+            match self.push(c, out) {
+                Ok(Flow::More) => read += c.len_utf8(),
+                Ok(Flow::Done) => return (read + c.len_utf8(), Ok(Flow::Done)),
+                stop => return (read, stop),
+            }
+        }
+        (read, Ok(Flow::More))
+    }
+
+    /// Reads the longest prefix of `text` that [`JsonValue::push`] would
+    /// take one character at a time without a decision, with the same
+    /// effect; returns its length (0 when the next character needs `push`).
+    /// Every stop is an ASCII byte, so a run ends on a char boundary.
+    fn plain_run(&mut self, text: &str, out: &mut String) -> usize {
+        let bytes = text.as_bytes();
+        match &mut self.token {
+            // Written as they are (`push_escaped` changes only quotes,
+            // backslashes and control characters); a key within its bound.
+            Token::Str {
+                quote,
+                key,
+                escape: Escape::None,
+            } => {
+                let quote = *quote as u32;
+                let len = bytes
+                    .iter()
+                    .position(|&b| b < 0x20 || b == b'"' || b == b'\\' || u32::from(b) == quote)
+                    .unwrap_or(bytes.len());
+                if *key {
+                    if self.held.len() + len > MAX_KEY_BYTES {
+                        return 0;
+                    }
+                    self.held.push_str(&text[..len]);
+                } else {
+                    out.push_str(&text[..len]);
+                }
+                len
+            }
+            Token::Str { .. } => 0,
+            // A number or literal within its bound.
+            Token::Scalar(scalar) => {
+                let len = bytes
+                    .iter()
+                    .position(|&b| !is_scalar_char(char::from(b)))
+                    .unwrap_or(bytes.len());
+                if scalar.len() + len > MAX_SCALAR_BYTES {
+                    return 0;
+                }
+                scalar.push_str(&text[..len]);
+                len
+            }
+            // Whitespace between tokens is skipped in every state.
+            Token::None => bytes
+                .iter()
+                .position(|&b| !(b.is_ascii() && char::from(b).is_whitespace()))
+                .unwrap_or(bytes.len()),
+        }
     }
 
     /// The input ended inside the value: write what completes it (close an
@@ -502,11 +567,21 @@ pub(crate) fn push_escaped(out: &mut String, c: char) {
     }
 }
 
-/// Appends `text` escaped as the inside of a JSON string.
+/// Appends `text` escaped as the inside of a JSON string, as
+/// [`push_escaped`] one character at a time would: the runs between
+/// characters that need an escape (quotes, backslashes, control characters,
+/// all ASCII) are copied as slices.
 pub(crate) fn push_escaped_str(out: &mut String, text: &str) {
-    for c in text.chars() {
-        push_escaped(out, c);
+    let mut rest = text;
+    while let Some(at) = rest
+        .bytes()
+        .position(|b| b < 0x20 || b == b'"' || b == b'\\')
+    {
+        out.push_str(&rest[..at]);
+        push_escaped(out, char::from(rest.as_bytes()[at]));
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
 }
 
 #[cfg(test)]
@@ -564,6 +639,120 @@ mod tests {
             r#"{"a":1]"#,
         ] {
             assert_eq!(reserialize(Dialect::Json, case), Err(Malformed), "{case}");
+        }
+    }
+
+    /// Feeds `text` one character at a time through [`JsonValue::push`]:
+    /// (output, bytes read, how it stopped), as `push_run` reports them.
+    fn one_at_a_time(dialect: Dialect, text: &str) -> (String, usize, Result<Flow, Malformed>) {
+        let mut value = JsonValue::new(dialect);
+        let mut out = String::new();
+        for (at, c) in text.char_indices() {
+            match value.push(c, &mut out) {
+                Ok(Flow::More) => {}
+                Ok(Flow::Done) => return (out, at + c.len_utf8(), Ok(Flow::Done)),
+                stop => return (out, at, stop),
+            }
+        }
+        (out, text.len(), Ok(Flow::More))
+    }
+
+    /// Feeds `text` as runs cut at `cuts` through [`JsonValue::push_run`].
+    fn in_runs(
+        dialect: Dialect,
+        text: &str,
+        cuts: &[usize],
+    ) -> (String, usize, Result<Flow, Malformed>) {
+        let mut value = JsonValue::new(dialect);
+        let mut out = String::new();
+        let mut read = 0;
+        for end in cuts.iter().copied().chain([text.len()]) {
+            let (used, stop) = value.push_run(&text[read..end], &mut out);
+            read += used;
+            if stop != Ok(Flow::More) {
+                return (out, read, stop);
+            }
+        }
+        (out, read, Ok(Flow::More))
+    }
+
+    #[test]
+    fn runs_read_exactly_as_one_character_at_a_time() {
+        let long = "x".repeat(5000);
+        let key = |n: usize| format!("{{\"{}\": 1}}", "k".repeat(n));
+        let number = |n: usize| format!("{{\"n\": {}}}", "1".repeat(n));
+        let mut cases: Vec<(Dialect, String)> = [
+            r#"{ "a" : 1 , "b":[true, false,null], "c": {"d": "x\"y\\z"} }"#,
+            r#"{"u": "\u00e9\ud83d\ude00 caf\u00e9 \/ \b\f\n\r\t\u0001", "raw": "é😀"}"#,
+            "{\"ctl\": \"tab\there\u{1}\nline\", \"ws\":\u{b}\u{c}\r\n 1,\u{a0}\"nb\"\u{2028}: 2}",
+            r#"{"empty": {}, "list": [], "nested": [[[]], {"a": [{}]}], "t": [1,],}"#,
+            r#"{"e": 1e3, "neg": -0.5, "big": 12345678901234567890, "z": 0}"#,
+            r#"{"city": "Paris", "unit": "celsius"} and then text"#,
+            "  123 rest",
+            "true,",
+            "\"a top-level string\" after",
+            r#"{"a" 1}"#,
+            r#"{"a": "\x"}"#,
+            r#"{"a": tru}"#,
+            r#"{"a": "\udc00"}"#,
+            r#"{"a":1]"#,
+            r#"{"a": "unterminated"#,
+        ]
+        .iter()
+        .map(|text| (Dialect::Json, (*text).to_owned()))
+        .collect();
+        cases.push((Dialect::Json, format!("{{\"long\": \"{long}\\n{long}\"}}")));
+        // Keys and numbers at their bounds: the run stops before the bound
+        // and the last characters are judged one at a time.
+        for n in MAX_KEY_BYTES - 3..=MAX_KEY_BYTES + 1 {
+            cases.push((Dialect::Json, key(n)));
+        }
+        for n in MAX_SCALAR_BYTES - 2..=MAX_SCALAR_BYTES + 1 {
+            cases.push((Dialect::Json, number(n)));
+        }
+        for text in [
+            r#"{'a': True, 'b': [None, False, 'it\'s'], "c": 1.5,}"#,
+            r#"{'q': 'he said "hi" \x41\q', "d": "it's"}"#,
+        ] {
+            cases.push((Dialect::Python, text.to_owned()));
+        }
+        for (dialect, text) in &cases {
+            let expected = one_at_a_time(*dialect, text);
+            let label = &text[..text.len().min(60)];
+            assert_eq!(in_runs(*dialect, text, &[]), expected, "whole: {label}");
+            // Every cut of a short case; ~40 cuts of a long one.
+            let step = (text.len() / 40).max(1);
+            for cut in (0..text.len())
+                .step_by(step)
+                .filter(|&at| text.is_char_boundary(at))
+            {
+                assert_eq!(
+                    in_runs(*dialect, text, &[cut]),
+                    expected,
+                    "cut at {cut}: {label}"
+                );
+            }
+            let chars: Vec<usize> = text.char_indices().map(|(at, _)| at).skip(1).collect();
+            assert_eq!(
+                in_runs(*dialect, text, &chars),
+                expected,
+                "char runs: {label}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_string_is_escaped_as_its_characters_are() {
+        let mut every_ascii: String = (0u8..0x80).map(char::from).collect();
+        every_ascii.push_str("é😀 \u{2028} plain run \\ \" end");
+        for text in ["", "plain", "\"", "a\\b", "\n\t\u{0}x", &every_ascii] {
+            let mut expected = String::new();
+            for c in text.chars() {
+                push_escaped(&mut expected, c);
+            }
+            let mut got = String::new();
+            push_escaped_str(&mut got, text);
+            assert_eq!(got, expected, "{text:?}");
         }
     }
 

@@ -163,34 +163,15 @@ impl Grammar for Pythonic {
             }
             State::Value(value) => {
                 let (rest, args) = stream.rest_and_args();
-                let mut used = 0;
-                let mut outcome = None;
-                for c in rest.chars() {
-                    match value.push(c, args) {
-                        Ok(Flow::More) => used += c.len_utf8(),
-                        Ok(Flow::Done) => {
-                            used += c.len_utf8();
-                            outcome = Some(true);
-                            break;
-                        }
-                        Ok(Flow::DoneBefore) => {
-                            outcome = Some(true);
-                            break;
-                        }
-                        Err(_) => {
-                            outcome = Some(false);
-                            break;
-                        }
-                    }
-                }
+                let (used, flow) = value.push_run(rest, args);
                 stream.consume(used);
-                match outcome {
-                    None => used > 0,
-                    Some(true) => {
+                match flow {
+                    Ok(Flow::More) => used > 0,
+                    Ok(Flow::Done | Flow::DoneBefore) => {
                         self.state = State::KeywordNext;
                         true
                     }
-                    Some(false) => {
+                    Err(_) => {
                         self.fail(stream);
                         true
                     }

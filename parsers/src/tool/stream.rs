@@ -2,8 +2,9 @@
 //! progress, and the [`ToolDelta`] being built for the current push.
 //!
 //! Why it exists: the rules that make parsers agree with each other live here
-//! once instead of in each format. Markers are found with [`Stream::scan_text`],
-//! which holds back a chunk-final prefix of a marker (on a UTF-8 boundary);
+//! once instead of in each format. Markers are found with [`Stream::scan_text`]
+//! (one `memchr` pass, see [`crate::scan`]), which holds back a chunk-final
+//! prefix of a marker (on a UTF-8 boundary);
 //! a call is opened with [`Stream::begin_call`], named with
 //! [`Stream::commit_name`] (which applies the unknown-name policy), fed with
 //! [`Stream::args`] and closed with [`Stream::end_call`] or
@@ -13,10 +14,16 @@
 //! The text of a call is kept from its first byte until its name is accepted,
 //! so that a call that never becomes valid can be returned verbatim; that
 //! retained text is bounded by [`MAX_HELD_BYTES`].
+//!
+//! The buffers (the text, the argument output, the delta's content) keep
+//! their capacity for the parser's life: a push hands out exact copies of
+//! what it produced, one allocation each, instead of giving its buffers away
+//! and growing new ones through 8, 16, 32… bytes on the next push.
 
 use std::mem;
 
 use super::{CallDelta, ToolDelta, Tools};
+use crate::scan::{self, Found};
 
 /// The most text a parser holds for one call before its name is accepted
 /// (64 KiB). A call whose name has not been accepted within this many bytes is
@@ -25,6 +32,10 @@ pub const MAX_HELD_BYTES: usize = 64 * 1024;
 
 /// The longest function name accepted (bytes).
 pub(crate) const MAX_NAME_BYTES: usize = 256;
+
+/// The text buffer's first capacity: a typical call's text, so the buffer
+/// does not regrow while the first call streams.
+const INITIAL_BUF_BYTES: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CallStatus {
@@ -83,7 +94,7 @@ pub(crate) struct Stream {
 impl Stream {
     pub(crate) fn new(tools: Tools) -> Self {
         Self {
-            buf: String::new(),
+            buf: String::with_capacity(INITIAL_BUF_BYTES),
             pos: 0,
             tools,
             delta: ToolDelta::default(),
@@ -147,22 +158,20 @@ impl Stream {
     /// `at_end`, nothing is held back.
     pub(crate) fn scan_text(&mut self, markers: &[&str], at_end: bool) -> Scan {
         let rest = self.rest();
-        let found = markers
-            .iter()
-            .enumerate()
-            .filter_map(|(n, m)| rest.find(m).map(|at| (at, n)))
-            .min();
-        if let Some((at, n)) = found {
-            self.content(at);
-            return Scan::Marker(n);
+        match scan::find(rest, markers) {
+            Found::Marker { at, index } => {
+                self.content(at);
+                Scan::Marker(index)
+            }
+            Found::Prefix { at } if !at_end => {
+                self.content(at);
+                Scan::NeedMore
+            }
+            Found::Prefix { .. } | Found::Nothing => {
+                self.content(rest.len());
+                Scan::NeedMore
+            }
         }
-        let keep = if at_end {
-            0
-        } else {
-            partial_marker_len(rest, markers)
-        };
-        self.content(rest.len() - keep);
-        Scan::NeedMore
     }
 
     /// Where the text up to the first of `terminators` ends, if one is in
@@ -174,18 +183,15 @@ impl Stream {
         max: usize,
     ) -> Result<Option<(usize, usize)>, ()> {
         let rest = self.rest();
-        let found = terminators
-            .iter()
-            .enumerate()
-            .filter_map(|(n, t)| rest.find(t).map(|at| (at, n)))
-            .min();
-        match found {
-            Some((at, n)) if at <= max => Ok(Some((at, n))),
-            Some(_) => Err(()),
-            None if rest.len() > max + terminators.iter().map(|t| t.len()).max().unwrap_or(0) => {
+        match scan::find(rest, terminators) {
+            Found::Marker { at, index } if at <= max => Ok(Some((at, index))),
+            Found::Marker { .. } => Err(()),
+            Found::Prefix { .. } | Found::Nothing
+                if rest.len() > max + terminators.iter().map(|t| t.len()).max().unwrap_or(0) =>
+            {
                 Err(())
             }
-            None => Ok(None),
+            Found::Prefix { .. } | Found::Nothing => Ok(None),
         }
     }
 
@@ -256,7 +262,7 @@ impl Stream {
         self.delta.calls.push(CallDelta {
             index,
             name: Some(name.to_owned()),
-            arguments: mem::take(&mut self.args),
+            arguments: take_copy(&mut self.args),
         });
         true
     }
@@ -318,13 +324,12 @@ impl Stream {
         match self.call.as_ref().map(|c| c.status) {
             Some(CallStatus::Pending) => return,
             Some(CallStatus::Committed(index)) if !self.args.is_empty() => {
-                let arguments = mem::take(&mut self.args);
                 match self.delta.calls.last_mut() {
-                    Some(last) if last.index == index => last.arguments.push_str(&arguments),
+                    Some(last) if last.index == index => last.arguments.push_str(&self.args),
                     _ => self.delta.calls.push(CallDelta {
                         index,
                         name: None,
-                        arguments,
+                        arguments: self.args.clone(),
                     }),
                 }
             }
@@ -354,8 +359,20 @@ impl Stream {
                 *start = start.saturating_sub(keep_from);
             }
         }
-        mem::take(&mut self.delta)
+        ToolDelta {
+            content: take_copy(&mut self.delta.content),
+            calls: mem::take(&mut self.delta.calls),
+            cut_call: self.delta.cut_call.take(),
+        }
     }
+}
+
+/// `buffer`'s text, copied out (one exact allocation, none when empty);
+/// `buffer` is emptied and keeps its capacity.
+fn take_copy(buffer: &mut String) -> String {
+    let copy = buffer.as_str().to_owned();
+    buffer.clear();
+    copy
 }
 
 /// Whether `text` starts with `literal` ([`Eat::Yes`]), is a proper prefix
@@ -370,32 +387,23 @@ pub(crate) fn peek(text: &str, literal: &str) -> Eat {
     }
 }
 
-/// The length of the longest suffix of `text` that is a proper prefix of one
-/// of `markers` and starts on a char boundary.
-pub(crate) fn partial_marker_len(text: &str, markers: &[&str]) -> usize {
-    let longest = markers.iter().map(|m| m.len()).max().unwrap_or(0);
-    let from = text.len().saturating_sub(longest.saturating_sub(1));
-    (from..text.len())
-        .filter(|&at| text.is_char_boundary(at))
-        .map(|at| &text[at..])
-        .find(|tail| {
-            markers
-                .iter()
-                .any(|m| m.len() > tail.len() && m.starts_with(tail))
-        })
-        .map_or(0, str::len)
-}
-
 /// A function name as a header format writes it: non-empty, bounded, no
-/// whitespace, quotes or markup.
+/// whitespace, control characters, quotes or markup.
 pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_BYTES
-        && !name.chars().any(|c| {
-            c.is_whitespace()
-                || c.is_control()
-                || matches!(c, '<' | '>' | '"' | '{' | '}' | '[' | ']')
-        })
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return false;
+    }
+    const MARKUP: [char; 7] = ['<', '>', '"', '{', '}', '[', ']'];
+    // Nearly every name is ASCII: byte by byte, where "printable and not
+    // space" is exactly "neither whitespace nor a control character".
+    if name.is_ascii() {
+        return name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !MARKUP.contains(&char::from(b)));
+    }
+    !name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || MARKUP.contains(&c))
 }
 
 #[cfg(test)]
@@ -403,13 +411,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_partial_marker_is_held_on_a_char_boundary() {
-        let markers = ["<tool_call>", "<｜tool▁calls▁begin｜>"];
-        assert_eq!(partial_marker_len("hello <tool", &markers), 5);
-        assert_eq!(partial_marker_len("hello <tool_call", &markers), 10);
-        assert_eq!(partial_marker_len("hello", &markers), 0);
-        assert_eq!(partial_marker_len("x<｜tool", &markers), "<｜tool".len());
-        // A whole marker is not "partial".
-        assert_eq!(partial_marker_len("<tool_call>", &["<tool_call>"]), 0);
+    fn an_ascii_name_is_judged_as_its_characters_are() {
+        // Every ASCII character, alone and inside a name, against the
+        // character rule the non-ASCII path applies.
+        for b in 0u8..0x80 {
+            let c = char::from(b);
+            let expected = !(c.is_whitespace() || c.is_control() || "<>\"{}[]".contains(c));
+            assert_eq!(valid_name(&c.to_string()), expected, "{b:#x}");
+            assert_eq!(valid_name(&format!("get{c}weather")), expected, "{b:#x}");
+            assert_eq!(valid_name(&format!("é{c}")), expected, "{b:#x} non-ASCII");
+        }
+        assert!(valid_name("functions.get_weather"));
+        assert!(!valid_name(""));
+        assert!(valid_name(&"a".repeat(MAX_NAME_BYTES)));
+        assert!(!valid_name(&"a".repeat(MAX_NAME_BYTES + 1)));
+        assert!(!valid_name("caf\u{a0}e"));
+        assert!(!valid_name("caf\u{2028}e"));
+        assert!(valid_name("café"));
     }
 }

@@ -22,9 +22,8 @@ use serde_json::Value;
 use super::engine::Grammar;
 use super::json_value::push_escaped_str;
 use super::stream::peek;
-use super::stream::{
-    Eat, MAX_HELD_BYTES, MAX_NAME_BYTES, Scan, Stream, partial_marker_len, valid_name,
-};
+use super::stream::{Eat, MAX_HELD_BYTES, MAX_NAME_BYTES, Scan, Stream, valid_name};
+use crate::scan::{self, Found};
 
 /// Which tags the grammar reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,20 +169,20 @@ impl XmlCalls {
 
     /// Appends value text: escaped when streaming; held otherwise, switching
     /// to streaming once it can only be a string (or outgrows the cap).
-    fn feed_value(&mut self, stream: &mut Stream, part: &str) {
+    fn feed_value(&mut self, args: &mut String, part: &str) {
         let State::Value { prefix, value } = &mut self.state else {
             return;
         };
         match value {
-            HeldValue::Streaming => push_escaped_str(&mut stream.args, part),
+            HeldValue::Streaming => push_escaped_str(args, part),
             HeldValue::Held { text, typing } => {
                 text.push_str(part);
                 let stream_now = text.len() > MAX_HELD_BYTES
                     || (*typing == Typing::Infer && !could_be_non_string(text));
                 if stream_now {
-                    stream.args.push_str(prefix);
-                    stream.args.push('"');
-                    push_escaped_str(&mut stream.args, text);
+                    args.push_str(prefix);
+                    args.push('"');
+                    push_escaped_str(args, text);
                     *value = HeldValue::Streaming;
                 }
             }
@@ -351,19 +350,14 @@ impl XmlCalls {
     fn step_value(&mut self, stream: &mut Stream, at_end: bool) -> bool {
         let terminators = self.value_terminators();
         let strip_newline = self.syntax == XmlSyntax::QwenXml;
-        let rest = stream.rest();
-        let found = terminators
-            .iter()
-            .enumerate()
-            .filter_map(|(n, t)| rest.find(t).map(|at| (at, n)))
-            .min();
-        if let Some((at, n)) = found {
+        let (rest, args) = stream.rest_and_args();
+        let found = scan::find(rest, terminators);
+        if let Found::Marker { at, index: n } = found {
             let mut part = &rest[..at];
             if strip_newline {
                 part = part.strip_suffix('\n').unwrap_or(part);
             }
-            let part = part.to_owned();
-            self.feed_value(stream, &part);
+            self.feed_value(args, part);
             self.complete_value(stream);
             // A missing `</parameter>` (the value ran into `</function>`) is
             // tolerated: the closing tag is read as the next element.
@@ -378,15 +372,17 @@ impl XmlCalls {
         if at_end {
             return false;
         }
-        let mut safe = rest.len() - partial_marker_len(rest, terminators);
+        let mut safe = match found {
+            Found::Prefix { at } => at,
+            _ => rest.len(),
+        };
         if strip_newline && rest[..safe].ends_with('\n') {
             safe -= 1;
         }
         if safe == 0 {
             return false;
         }
-        let part = rest[..safe].to_owned();
-        self.feed_value(stream, &part);
+        self.feed_value(args, &rest[..safe]);
         stream.consume(safe);
         true
     }
