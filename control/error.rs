@@ -414,13 +414,7 @@ impl Error {
             }
             return bounded(&self.message, MAX_MESSAGE_CHARS);
         }
-        tracing::warn!(
-            code = self.code.as_str(),
-            request_id = request_id.unwrap_or("-"),
-            worker = self.worker.as_deref().unwrap_or("-"),
-            detail = %self.message,
-            "a failure answered without its detail"
-        );
+        self.log_detail(request_id, "a failure answered without its detail");
         let what = match self.code.origin() {
             Origin::Worker => "a worker failed to serve the request",
             Origin::Gateway | Origin::Client => "the gateway failed to serve the request",
@@ -444,14 +438,20 @@ impl Error {
     /// names. The client reads them [redacted] and cut to
     /// [`WORKER_TEXT_CHARS`]; the log has them whole under the request id.
     fn worker_words(&self, request_id: Option<&str>) -> String {
+        self.log_detail(request_id, "a worker refused the request");
+        Excerpt(&redacted(&self.message), WORKER_TEXT_CHARS).to_string()
+    }
+
+    /// The whole message, for the log line a client's request id finds
+    /// (WARN, in the request's span when there is one).
+    fn log_detail(&self, request_id: Option<&str>, what: &str) {
         tracing::warn!(
             code = self.code.as_str(),
             request_id = request_id.unwrap_or("-"),
             worker = self.worker.as_deref().unwrap_or("-"),
             detail = %self.message,
-            "a worker refused the request"
+            "{what}"
         );
-        Excerpt(&redacted(&self.message), WORKER_TEXT_CHARS).to_string()
     }
 
     /// The OpenAI-shaped error body:

@@ -110,6 +110,17 @@ fn assert_error(path: &str, answer: &Answer, status: u16, code: &str) -> String 
     message
 }
 
+/// Sends `path`'s usual body with `id` as its `x-request-id`.
+async fn send_with_id(gateway: &Gateway, path: &str, id: &str) -> Answer {
+    send(
+        http()
+            .post(gateway.url(path))
+            .header("x-request-id", id)
+            .json(&body(path)),
+    )
+    .await
+}
+
 fn worker() -> SimWorker {
     SimWorker::start("tokenspeed", "regular", &["--zero-delay"])
 }
@@ -333,13 +344,7 @@ async fn a_worker_failure_names_the_request_id_and_no_worker_address() {
     };
     for (n, path) in [CHAT, MESSAGES].into_iter().enumerate() {
         let id = format!("trace-down-{n}");
-        let answer = send(
-            http()
-                .post(gateway.url(path))
-                .header("x-request-id", &id)
-                .json(&body(path)),
-        )
-        .await;
+        let answer = send_with_id(&gateway, path, &id).await;
         let message = assert_error(path, &answer, 503, "worker_unavailable");
         assert!(!leaks(&answer.text), "{path}: {}", answer.text);
         assert!(
@@ -443,13 +448,7 @@ async fn a_worker_refusal_gives_its_reason_without_paths_addresses_or_shm_names(
     };
     for path in [CHAT, MESSAGES] {
         let id = format!("trace-reject-{}", path.len());
-        let answer = send(
-            http()
-                .post(gateway.url(path))
-                .header("x-request-id", &id)
-                .json(&body(path)),
-        )
-        .await;
+        let answer = send_with_id(&gateway, path, &id).await;
         let message = assert_error(path, &answer, 400, "worker_rejected");
         assert_eq!(leaks(&answer.text), None, "{path}: {}", answer.text);
         assert!(
