@@ -167,6 +167,64 @@ async fn pd_mode_serves_a_two_turn_harmony_tool_loop() {
     check_two_turn_tool_loop(&gateway).await;
 }
 
+/// A forced call (`required`, a named function) reaches the engine as a
+/// structural tag over Harmony's own `commentary` messages, not a JSON
+/// schema over the whole output (which would take the model's channels
+/// away), and its answer is read as Harmony: reasoning, then the call,
+/// streamed and whole.
+#[tokio::test]
+async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("constraints.log");
+    let log_path = log.display().to_string();
+    let script = script();
+    let worker = model().worker_with("regular", &script, &["--constraint-log", &log_path]);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (tool_choice, one_call) in [(json!("required"), false), (named, true)] {
+        let mut body = request(json!([{"role": "user", "content": WEATHER}]), false);
+        body["tool_choice"] = tool_choice.clone();
+        let answer = whole(&gateway, &body).await;
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+        assert_eq!(choice["message"]["reasoning_content"], WEATHER_REASONING);
+        let calls = choice["message"]["tool_calls"]
+            .as_array()
+            .expect("tool_calls");
+        assert_eq!(calls.len(), 1, "{answer}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["arguments"], CALL_ARGUMENTS);
+        body["stream"] = json!(true);
+        let streamed = assemble(&chunks(&gateway, &body).await);
+        assert_eq!(streamed.finish_reason, "tool_calls");
+        assert_eq!(streamed.reasoning, WEATHER_REASONING);
+        assert_eq!(streamed.calls.len(), 1);
+
+        // What the engine was asked to enforce, for both requests.
+        let text = std::fs::read_to_string(&log).expect("the constraint log");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() >= 2, "{text}");
+        for line in &lines[lines.len() - 2..] {
+            let (_, constraint) = line.split_once(' ').expect("id and constraint");
+            let (kind, tag) = constraint.split_once(' ').expect("kind and text");
+            assert_eq!(kind, "structural_tag", "{tool_choice}: {line}");
+            let tag: Value = serde_json::from_str(tag).expect("JSON");
+            let format = &tag["format"];
+            assert_eq!(format["type"], "triggered_tags");
+            assert_eq!(format["at_least_one"], true);
+            assert_eq!(format["stop_after_first"], one_call);
+            assert_eq!(
+                format["tags"][0]["begin"],
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            );
+            assert_eq!(
+                format["tags"][0]["content"]["json_schema"]["required"],
+                json!(["city"])
+            );
+        }
+    }
+}
+
 /// `tool_choice: none` and `separate_reasoning: false` still hide the
 /// protocol: the call's body is the answer, reasoning moves into content.
 #[tokio::test]

@@ -55,9 +55,10 @@
 //! Messages to built-in tools (`python`, `browser.*`, `container.*`) are
 //! dropped: the gateway never offered them. Unlike the text families, a
 //! Harmony model's output is always parsed: raw, it is protocol, not text.
-//! `required` and a named function constrain the engine to JSON (the
-//! `json` array, or the function's arguments), so their output is read as
-//! for every model; the model's Harmony structure is then not produced.
+//! `required` and a named function are held by a structural tag over the
+//! model's own format (a `commentary` message to one of the allowed
+//! functions, its body in that function's schema, at least one; one for a
+//! named function), so their output is read by the Harmony parser too.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -192,12 +193,10 @@ impl OutputParsing {
     /// The parsing `chat` asks of a model with `parsers`; `None` when the
     /// output is plain text.
     pub(crate) fn for_request(parsers: &ModelParsers, chat: &ChatPrompt) -> Option<Self> {
-        let constrained = !chat.tools.is_empty()
-            && matches!(
-                chat.tool_choice,
-                ToolChoice::Required | ToolChoice::Function(_)
-            );
-        if parsers.harmony && !constrained {
+        // A Harmony model's forced call is held to its own format (a
+        // structural tag, `harmony_tool_constraint`), so its parser reads
+        // every choice; the text parsers read a forced call as JSON.
+        if parsers.harmony {
             let calls = (chat.tool_choice != ToolChoice::None && !chat.tools.is_empty())
                 .then(|| chat.tools.specs());
             return Some(Self {
@@ -933,15 +932,24 @@ mod tests {
     }
 
     #[test]
-    fn harmony_under_required_reads_the_constrained_json_and_parallel_off_keeps_one_call() {
-        let required = chat(weather(), ToolChoice::Required);
-        let out = run(
-            &mut OutputParsing::for_request(&gpt_oss(), &required)
-                .unwrap()
-                .sequence(),
-            &["[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}]"],
-        );
-        assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+    fn harmony_under_a_forced_choice_reads_its_own_format_and_parallel_off_keeps_one_call() {
+        // Forced calls are held to Harmony's own format (a structural
+        // tag), so the Harmony parser reads them, not the JSON one.
+        for forced in [
+            ToolChoice::Required,
+            ToolChoice::Function("get_weather".to_owned()),
+        ] {
+            let required = chat(weather(), forced);
+            let out = run(
+                &mut OutputParsing::for_request(&gpt_oss(), &required)
+                    .unwrap()
+                    .sequence(),
+                &[HARMONY_CALL],
+            );
+            assert_eq!(out.calls[0].name.as_deref(), Some("get_weather"));
+            assert_eq!(out.reasoning, "Need the weather.");
+            assert_eq!(out.content, "");
+        }
         let mut single = chat(weather(), ToolChoice::Auto);
         single.parallel_tool_calls = false;
         let two = format!(

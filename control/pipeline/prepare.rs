@@ -125,6 +125,7 @@ pub(crate) async fn prepare(
     // views, rendering, tokenizing) and the freeing of what it holds happen
     // where [`prepare_chat`] runs them.
     let prompt = std::mem::replace(&mut spec.prompt, Prompt::TokenIds(Vec::new()));
+    let mut harmony_constraint = None;
     let (prompt_text, input_ids, parsing) = match prompt {
         Prompt::Text(text) => {
             // A raw prompt with images is written in the model's markup;
@@ -157,6 +158,15 @@ pub(crate) async fn prepare(
             (String::new(), ids, None)
         }
         Prompt::Chat(chat) => {
+            // A forced call on a Harmony model is held by a structural tag
+            // over its own format, not the JSON schema other models get.
+            if model.parsers.harmony {
+                harmony_constraint = crate::api::types::tools::harmony_tool_constraint(
+                    &chat.tool_choice,
+                    chat.tools.definitions(),
+                    chat.parallel_tool_calls,
+                )?;
+            }
             prepare_chat(tokenizer, offload, placeholders, &model.parsers, chat).await?
         }
     };
@@ -194,6 +204,9 @@ pub(crate) async fn prepare(
         input_ids.len(),
     );
     let mut sampling = spec.sampling;
+    if harmony_constraint.is_some() {
+        sampling.constraint = harmony_constraint;
+    }
     for stop in &spec.stop_strings {
         if let Some(id) = tokenizer.single_token(stop)
             && !sampling.stop_token_ids.contains(&id)

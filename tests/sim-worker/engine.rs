@@ -120,6 +120,10 @@ pub struct EngineConfig {
     /// Each Generate call's request id is appended here, one per line
     /// (tests check the ids the gateway sends).
     pub request_log: Option<std::path::PathBuf>,
+    /// Each Generate call's constraint is appended here, one line per
+    /// call: `<request id> <kind> <text>` (tests check what the gateway
+    /// asked the engine to enforce).
+    pub constraint_log: Option<std::path::PathBuf>,
     /// Each Generate call's prompt is appended here, one line per call:
     /// `<request id> <id>,<id>,...` (tests check which token ids reached
     /// the engine, e.g. that typed text made no placeholder ids).
@@ -176,6 +180,9 @@ pub struct Sampling {
     /// The request's JSON-schema constraint (`--agent` writes JSON that
     /// matches it; other constraints are not simulated).
     pub json_schema: Option<String>,
+    /// The request's constraint as `KIND TEXT` (`json_schema`, `regex`,
+    /// `ebnf_grammar`, `structural_tag`), for `--constraint-log`.
+    pub constraint: Option<String>,
 }
 
 /// Simulated output logprobs: the token at output position `p` (0-based)
@@ -454,6 +461,11 @@ impl Engine {
     pub fn generate(self: &Arc<Self>, job: GenerateJob) -> Result<EventStream, Status> {
         if let Some(path) = &self.config.request_log {
             log_request_id(path, &job.request_id);
+        }
+        if let (Some(path), Some(constraint)) =
+            (&self.config.constraint_log, &job.sampling.constraint)
+        {
+            log_line(path, &format!("{} {constraint}", job.request_id));
         }
         if let Some(path) = &self.config.prompt_log {
             let ids: Vec<String> = job.input_ids.iter().map(u32::to_string).collect();

@@ -147,6 +147,15 @@ impl sg::sglang_scheduler_server::SglangScheduler for Sglang {
                 logprobs: request
                     .return_logprob
                     .then(|| request.top_logprobs_num.max(0) as u32),
+                constraint: sampling.constraint.as_ref().map(|constraint| {
+                    use sg::sampling_params::Constraint as C;
+                    match constraint {
+                        C::JsonSchema(text) => format!("json_schema {text}"),
+                        C::Regex(text) => format!("regex {text}"),
+                        C::EbnfGrammar(text) => format!("ebnf_grammar {text}"),
+                        C::StructuralTag(text) => format!("structural_tag {text}"),
+                    }
+                }),
                 json_schema: match sampling.constraint {
                     Some(sg::sampling_params::Constraint::JsonSchema(schema)) => Some(schema),
                     _ => None,

@@ -243,6 +243,10 @@ struct Args {
     /// Append each Generate call's request id to this file, one per line.
     #[arg(long, value_name = "FILE")]
     request_log: Option<PathBuf>,
+    /// Append each Generate call's constraint (`ID KIND TEXT`: KIND is
+    /// json_schema, regex, ebnf_grammar or structural_tag) to this file.
+    #[arg(long, value_name = "FILE")]
+    constraint_log: Option<PathBuf>,
     /// Append each Generate call's request id and prompt token ids
     /// (`ID 1,2,3`) to this file, one line per call.
     #[arg(long, value_name = "FILE")]
@@ -329,6 +333,7 @@ impl Args {
             max_total_tokens: self.max_total_tokens,
             request_log: self.request_log.clone(),
             prompt_log: self.prompt_log.clone(),
+            constraint_log: self.constraint_log.clone(),
             abort_log: self.abort_log.clone(),
             script: None,
             usage_log: self.usage_log.clone(),

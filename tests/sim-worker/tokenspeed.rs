@@ -48,6 +48,15 @@ impl TokenSpeed {
                 logprobs: request
                     .return_logprob
                     .then(|| request.top_logprobs_num.max(0) as u32),
+                constraint: sampling.constraint.as_ref().map(|constraint| {
+                    use ts::sampling_params::Constraint as C;
+                    match constraint {
+                        C::JsonSchema(text) => format!("json_schema {text}"),
+                        C::Regex(text) => format!("regex {text}"),
+                        C::EbnfGrammar(text) => format!("ebnf_grammar {text}"),
+                        C::StructuralTag(text) => format!("structural_tag {text}"),
+                    }
+                }),
                 json_schema: match sampling.constraint {
                     Some(ts::sampling_params::Constraint::JsonSchema(schema)) => Some(schema),
                     _ => None,

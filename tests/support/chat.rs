@@ -46,18 +46,20 @@ impl FamilyModel {
 
     /// A zero-delay TokenSpeed worker of `role` playing `script`.
     pub fn worker(&self, role: &str, script: &Script) -> SimWorker {
-        SimWorker::start_with_model(
-            "tokenspeed",
-            role,
-            &self.dir,
-            &[
-                "--zero-delay",
-                "--script",
-                &script.path,
-                "--served-model-name",
-                self.model_id,
-            ],
-        )
+        self.worker_with(role, script, &[])
+    }
+
+    /// As [`FamilyModel::worker`], with more sim-worker flags.
+    pub fn worker_with(&self, role: &str, script: &Script, extra: &[&str]) -> SimWorker {
+        let mut args = vec![
+            "--zero-delay",
+            "--script",
+            &script.path,
+            "--served-model-name",
+            self.model_id,
+        ];
+        args.extend_from_slice(extra);
+        SimWorker::start_with_model("tokenspeed", role, &self.dir, &args)
     }
 
     /// A gateway on this model, with `args`.
