@@ -161,7 +161,7 @@ pub(crate) async fn prepare(
             // A forced call on a Harmony model is held by a structural tag
             // over its own format, not the JSON schema other models get.
             if model.parsers.harmony {
-                harmony_constraint = crate::api::types::tools::harmony_tool_constraint(
+                harmony_constraint = super::tool_set::harmony_tool_constraint(
                     &chat.tool_choice,
                     chat.tools.definitions(),
                     chat.parallel_tool_calls,

@@ -120,6 +120,15 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
     tool.get("function")?.get("name")?.as_str()
 }
 
+/// The arguments schema of an OpenAI-shaped tool; any object when absent.
+pub fn tool_parameters(tool: &Value) -> Value {
+    tool.get("function")
+        .and_then(|function| function.get("parameters"))
+        .filter(|schema| !schema.is_null())
+        .cloned()
+        .unwrap_or_else(|| serde_json::json!({"type": "object"}))
+}
+
 /// The image URLs of OpenAI-shaped messages, in order: every
 /// `{"type": "image_url", "image_url": {"url"}}` part.
 pub(crate) fn image_urls(messages: &[Value]) -> Vec<String> {

@@ -26,8 +26,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-pub use super::spec::tool_name;
 use super::spec::{ToolChoice, ToolSet};
+pub use super::spec::{tool_name, tool_parameters};
 use crate::engine::Constraint;
 use crate::error::{Error, Result, excerpt};
 use crate::memo::Memo;
@@ -120,15 +120,6 @@ pub fn memoized(
     Ok(tools)
 }
 
-/// The arguments schema of an OpenAI-shaped tool; any object when absent.
-fn tool_parameters(tool: &Value) -> Value {
-    tool.get("function")
-        .and_then(|function| function.get("parameters"))
-        .filter(|schema| !schema.is_null())
-        .cloned()
-        .unwrap_or_else(|| json!({"type": "object"}))
-}
-
 /// The engine constraint that enforces `choice`, or `None` when the model
 /// is free (`none`, `auto`).
 pub fn tool_constraint(
@@ -153,74 +144,6 @@ pub fn tool_constraint(
         ToolChoice::Required => required_call_schema(tools, parallel_tool_calls)?,
     };
     Ok(Some(Constraint::JsonSchema(schema.to_string())))
-}
-
-/// Where a gpt-oss (Harmony) answer turns into a call: a `commentary`
-/// message opened mid-answer (after reasoning) or as the answer's first
-/// message.
-const HARMONY_TRIGGERS: [&str; 2] = [
-    "<|start|>assistant<|channel|>commentary",
-    "<|channel|>commentary",
-];
-
-/// The engine constraint that enforces a forced `choice` on a Harmony
-/// (gpt-oss) model, or `None` when the model is free (`none`, `auto`).
-///
-/// A JSON schema over the whole output would take the model's channels
-/// away (no reasoning, no headers, only JSON). Instead the engine gets an
-/// xgrammar structural tag that leaves the output free until a
-/// `commentary` message starts, then holds the header to one of the
-/// allowed functions (`to=functions.NAME <|constrain|>json<|message|>`)
-/// and the body to that function's parameters schema; `at_least_one`
-/// makes a call mandatory, and a named function (or `parallel_tool_calls:
-/// false`) stops after the first. Each tool gets a tag per trigger, so
-/// the call may follow reasoning or open the answer.
-pub fn harmony_tool_constraint(
-    choice: &ToolChoice,
-    tools: &[Value],
-    parallel_tool_calls: bool,
-) -> Result<Option<Constraint>> {
-    let allowed: Vec<&Value> = match choice {
-        ToolChoice::None | ToolChoice::Auto => return Ok(None),
-        ToolChoice::Function(name) => {
-            let tool = tools
-                .iter()
-                .find(|tool| tool_name(tool) == Some(name))
-                .ok_or_else(|| {
-                    Error::invalid_parameter(
-                        "tool_choice",
-                        format!("names function {:?}, which is not in tools", excerpt(name)),
-                    )
-                })?;
-            vec![tool]
-        }
-        ToolChoice::Required => tools.iter().collect(),
-    };
-    let mut tags = Vec::with_capacity(allowed.len() * HARMONY_TRIGGERS.len());
-    for tool in allowed {
-        let name = tool_name(tool)
-            .ok_or_else(|| Error::invalid_parameter("tools", "a tool has no function name"))?;
-        for trigger in HARMONY_TRIGGERS {
-            tags.push(json!({
-                "type": "tag",
-                "begin": format!("{trigger} to=functions.{name} <|constrain|>json<|message|>"),
-                "content": {"type": "json_schema", "json_schema": tool_parameters(tool)},
-                "end": "",
-            }));
-        }
-    }
-    let one_call = matches!(choice, ToolChoice::Function(_)) || !parallel_tool_calls;
-    let tag = json!({
-        "type": "structural_tag",
-        "format": {
-            "type": "triggered_tags",
-            "triggers": HARMONY_TRIGGERS,
-            "tags": tags,
-            "at_least_one": true,
-            "stop_after_first": one_call,
-        },
-    });
-    Ok(Some(Constraint::StructuralTag(tag.to_string())))
 }
 
 /// `[{"name": <tool>, "parameters": <its schema>}, ...]`, one or more items
@@ -315,74 +238,6 @@ mod tests {
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                            "required": ["city"]},
         }})
-    }
-
-    fn tag_of(constraint: Option<Constraint>) -> Value {
-        match constraint {
-            Some(Constraint::StructuralTag(text)) => serde_json::from_str(&text).unwrap(),
-            other => panic!("expected a structural tag, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_forced_harmony_call_is_a_structural_tag_over_commentary_messages() {
-        let bare = json!({"type": "function", "function": {"name": "get_time"}});
-        let tools = [weather(), bare];
-        for choice in [ToolChoice::None, ToolChoice::Auto] {
-            assert_eq!(
-                harmony_tool_constraint(&choice, &tools, true).unwrap(),
-                None
-            );
-        }
-        let required =
-            tag_of(harmony_tool_constraint(&ToolChoice::Required, &tools, true).unwrap());
-        assert_eq!(required["type"], "structural_tag");
-        let format = &required["format"];
-        assert_eq!(format["type"], "triggered_tags");
-        assert_eq!(
-            format["triggers"],
-            json!([
-                "<|start|>assistant<|channel|>commentary",
-                "<|channel|>commentary"
-            ])
-        );
-        assert_eq!(format["at_least_one"], true);
-        assert_eq!(format["stop_after_first"], false);
-        let begins: Vec<&str> = format["tags"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|tag| tag["begin"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            begins,
-            [
-                "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
-                "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
-                "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>",
-                "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>",
-            ]
-        );
-        // Each tag's body is its function's schema (any object without one),
-        // and every begin starts with one of the triggers.
-        let tags = format["tags"].as_array().unwrap();
-        assert_eq!(
-            tags[0]["content"]["json_schema"],
-            weather()["function"]["parameters"]
-        );
-        assert_eq!(tags[0]["content"]["type"], "json_schema");
-        assert_eq!(tags[0]["end"], "");
-        assert_eq!(tags[2]["content"]["json_schema"], json!({"type": "object"}));
-        // One call: a named function, or parallel calls off.
-        let named = ToolChoice::Function("get_time".to_owned());
-        let named = tag_of(harmony_tool_constraint(&named, &tools, true).unwrap());
-        assert_eq!(named["format"]["stop_after_first"], true);
-        assert_eq!(named["format"]["tags"].as_array().unwrap().len(), 2);
-        let single = tag_of(harmony_tool_constraint(&ToolChoice::Required, &tools, false).unwrap());
-        assert_eq!(single["format"]["stop_after_first"], true);
-        let unknown = ToolChoice::Function("nope".to_owned());
-        let err = harmony_tool_constraint(&unknown, &tools, true).unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("tool_choice"));
     }
 
     fn schema_of(constraint: Option<Constraint>) -> Value {
