@@ -120,6 +120,23 @@ pub fn tool_name(tool: &Value) -> Option<&str> {
     tool.get("function")?.get("name")?.as_str()
 }
 
+/// The tool `tool_choice` names, or the request's error (400 naming
+/// `tool_choice`) when `tools` has no function of that name.
+pub fn named_tool<'a>(tools: &'a [Value], name: &str) -> crate::error::Result<&'a Value> {
+    tools
+        .iter()
+        .find(|tool| tool_name(tool) == Some(name))
+        .ok_or_else(|| {
+            crate::error::Error::invalid_parameter(
+                "tool_choice",
+                format!(
+                    "names function {:?}, which is not in tools",
+                    crate::error::excerpt(name)
+                ),
+            )
+        })
+}
+
 /// The arguments schema of an OpenAI-shaped tool; any object when absent.
 pub fn tool_parameters(tool: &Value) -> Value {
     tool.get("function")

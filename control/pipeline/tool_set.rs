@@ -20,9 +20,9 @@ use smg_parsers::tool::{ToolSpec, Tools};
 
 use serde_json::json;
 
-use super::spec::{ToolChoice, tool_name, tool_parameters};
+use super::spec::{ToolChoice, named_tool, tool_name, tool_parameters};
 use crate::engine::Constraint;
-use crate::error::{Error, Result, excerpt};
+use crate::error::{Error, Result};
 use crate::tokenizer::{TemplateTools, json_text_bytes};
 
 /// OpenAI-shaped tool definitions
@@ -152,15 +152,7 @@ pub(crate) fn harmony_tool_constraint(
     let allowed: Vec<&Value> = match choice {
         ToolChoice::None | ToolChoice::Auto => return Ok(None),
         ToolChoice::Function(name) => {
-            let tool = tools
-                .iter()
-                .find(|tool| tool_name(tool) == Some(name))
-                .ok_or_else(|| {
-                    Error::invalid_parameter(
-                        "tool_choice",
-                        format!("names function {:?}, which is not in tools", excerpt(name)),
-                    )
-                })?;
+            let tool = named_tool(tools, name)?;
             vec![tool]
         }
         ToolChoice::Required => tools.iter().collect(),

@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::spec::{ToolChoice, ToolSet};
-pub use super::spec::{tool_name, tool_parameters};
+pub use super::spec::{named_tool, tool_name, tool_parameters};
 use crate::engine::Constraint;
 use crate::error::{Error, Result, excerpt};
 use crate::memo::Memo;
@@ -130,15 +130,7 @@ pub fn tool_constraint(
     let schema = match choice {
         ToolChoice::None | ToolChoice::Auto => return Ok(None),
         ToolChoice::Function(name) => {
-            let tool = tools
-                .iter()
-                .find(|tool| tool_name(tool) == Some(name))
-                .ok_or_else(|| {
-                    Error::invalid_parameter(
-                        "tool_choice",
-                        format!("names function {:?}, which is not in tools", excerpt(name)),
-                    )
-                })?;
+            let tool = named_tool(tools, name)?;
             tool_parameters(tool)
         }
         ToolChoice::Required => required_call_schema(tools, parallel_tool_calls)?,
