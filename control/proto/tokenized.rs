@@ -121,24 +121,23 @@ fn encode_ids(tag: u32, ids: &[u32], buf: &mut impl BufMut) {
 /// Writes `value` as a varint at `block[at..]`, returns the end. `block`
 /// has room for 5 bytes past `at` (the caller's block holds 5 per id).
 ///
-/// Token ids are one to three bytes (vocabularies hold up to ~2^18 ids),
-/// written straight; only wider values take the loop.
+/// Token ids are one to three bytes (vocabularies hold up to ~2^18 ids):
+/// those are spread into one little-endian word, 7 bits a byte with the
+/// continuation bit on every byte but the last, and stored whole (the byte
+/// past the varint is overwritten by the next id or cut off by the caller's
+/// slice): no branch on the width, which a prompt changes id to id. Wider
+/// values take the loop.
 #[inline]
 fn put_varint(block: &mut [u8; IDS_PER_BLOCK * 5], mut at: usize, mut value: u32) -> usize {
-    if value < 1 << 7 {
-        block[at] = value as u8;
-        return at + 1;
-    }
-    if value < 1 << 14 {
-        block[at] = value as u8 | 0x80;
-        block[at + 1] = (value >> 7) as u8;
-        return at + 2;
-    }
     if value < 1 << 21 {
-        block[at] = value as u8 | 0x80;
-        block[at + 1] = (value >> 7) as u8 | 0x80;
-        block[at + 2] = (value >> 14) as u8;
-        return at + 3;
+        let width = 1 + usize::from(value >= 1 << 7) + usize::from(value >= 1 << 14);
+        let spread = (value & 0x7f) | ((value << 1) & 0x7f00) | ((value << 2) & 0x7f_0000);
+        // 0, 0x80 or 0x8080: continuation bits for widths 1, 2 and 3.
+        let continuation = (0x8080_u32 >> (8 * (3 - width))) & 0x8080;
+        if let Some(word) = block.get_mut(at..at + 4) {
+            word.copy_from_slice(&(spread | continuation).to_le_bytes());
+            return at + width;
+        }
     }
     while value >= 0x80 {
         block[at] = (value as u8) | 0x80;
@@ -149,10 +148,25 @@ fn put_varint(block: &mut [u8; IDS_PER_BLOCK * 5], mut at: usize, mut value: u32
     at + 1
 }
 
-/// Bytes of the ids' varints, without key and length.
+/// Bytes of the ids' varints, without key and length: one byte per id and
+/// one more for each 7-bit boundary it crosses. Counted without branches,
+/// so the compiler can do it several ids at a time (prost's per-id
+/// `encoded_len_varint` cannot be), and counted more than once per request
+/// (the gRPC frame's size check and the enclosing message's length).
 fn packed_len(ids: &[u32]) -> usize {
-    ids.iter()
-        .map(|&id| encoded_len_varint(u64::from(id)))
+    // u32 sums cannot overflow within a chunk (at most 5 per id).
+    ids.chunks(1 << 16)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|&id| {
+                    1 + u32::from(id >= 1 << 7)
+                        + u32::from(id >= 1 << 14)
+                        + u32::from(id >= 1 << 21)
+                        + u32::from(id >= 1 << 28)
+                })
+                .sum::<u32>() as usize
+        })
         .sum()
 }
 
@@ -295,6 +309,37 @@ mod tests {
             assert_eq!(bytes, derived.encode_to_vec());
             assert_eq!(ours.encoded_len(), derived.encoded_len());
             assert_eq!(SglangTokenizedInput::decode(&bytes[..]).unwrap(), ours);
+        }
+    }
+
+    #[test]
+    fn narrow_ids_after_wide_ones_end_their_block_exactly() {
+        // A block of 63 five-byte ids leaves the 64th id its last 5 bytes;
+        // a narrow id's 4-byte store must fit there and end the block.
+        for last in [
+            0,
+            1,
+            127,
+            128,
+            16_383,
+            16_384,
+            2_097_151,
+            2_097_152,
+            u32::MAX,
+        ] {
+            let mut input_ids = vec![u32::MAX; 63];
+            input_ids.push(last);
+            input_ids.extend([5, 300, 70_000]);
+            let ours = TokenSpeedTokenizedInput {
+                input_ids: input_ids.clone(),
+                original_text: String::new(),
+            };
+            let derived = DerivedTokenSpeed {
+                input_ids,
+                original_text: String::new(),
+            };
+            assert_eq!(ours.encode_to_vec(), derived.encode_to_vec(), "last {last}");
+            assert_eq!(ours.encoded_len(), derived.encoded_len());
         }
     }
 
