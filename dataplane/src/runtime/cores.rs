@@ -102,14 +102,24 @@ pub fn confine_current_thread(cores: &[CoreId]) -> bool {
 /// only the caller changes. Returns whether it was applied. The control
 /// plane's threads for CPU-heavy request work use it, so that a flood of
 /// heavy requests cannot starve the threads serving everyone's I/O.
+///
+/// It never raises the priority: a thread already at `nice` or lower
+/// priority (a gateway started under `nice -n 15`) stays where it is,
+/// which matters when running as root, where setpriority could raise it.
 #[allow(unsafe_code)]
 pub fn lower_current_thread_priority(nice: u8) -> bool {
     if nice == 0 {
         return false;
     }
-    // SAFETY: setpriority takes no pointers and cannot break memory
-    // safety; on Linux `who` 0 with PRIO_PROCESS names the calling thread.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, i32::from(nice.min(19))) == 0 }
+    // SAFETY: getpriority and setpriority take no pointers and cannot
+    // break memory safety; on Linux `who` 0 with PRIO_PROCESS names the
+    // calling thread. getpriority's -1 may be an error or nice -1: either
+    // way the max below picks `nice`, a lower priority.
+    unsafe {
+        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
+        let target = current.max(i32::from(nice.min(19)));
+        target == current || libc::setpriority(libc::PRIO_PROCESS, 0, target) == 0
+    }
 }
 
 #[cfg(test)]
