@@ -386,7 +386,24 @@ enum End {
 impl SequenceParser {
     /// Parses the next piece of text.
     pub(crate) fn push(&mut self, text: &str) -> ParsedText {
-        let (parsed, calls) = match &mut self.reader {
+        let (parsed, calls) = self.read(text);
+        self.with_ids(parsed, calls)
+    }
+
+    /// Parses the next piece of text, of any length, into deltas in the
+    /// order the text had them: each delta's text comes before its calls,
+    /// and text written after a call starts the next delta (as it would
+    /// have streamed). Reasoning goes with the first delta.
+    pub(crate) fn push_in_order(&mut self, text: &str) -> Vec<ParsedText> {
+        let (parsed, calls) = self.read(text);
+        in_text_order(parsed, calls)
+            .into_iter()
+            .map(|(parsed, calls)| self.with_ids(parsed, calls))
+            .collect()
+    }
+
+    fn read(&mut self, text: &str) -> (ParsedText, Vec<CallDelta>) {
+        match &mut self.reader {
             Reader::Harmony(parser) => harmony_parsed(parser.push(text)),
             Reader::Text { reasoning, calls } => {
                 // The answer text is borrowed when nothing split it off.
@@ -400,8 +417,7 @@ impl SequenceParser {
                 let (parsed, calls, _) = answer_calls(calls, reasoning, answer, None);
                 (parsed, calls)
             }
-        };
-        self.with_ids(parsed, calls)
+        }
     }
 
     /// The text ended: flush what the parsers held back.
@@ -479,6 +495,54 @@ impl SequenceParser {
     }
 }
 
+/// `parsed`'s text and `calls` as deltas in text order (see
+/// [`SequenceParser::push_in_order`]), split where text follows a call.
+/// Text before every call, the usual case, is moved, not copied.
+fn in_text_order(parsed: ParsedText, calls: Vec<CallDelta>) -> Vec<(ParsedText, Vec<CallDelta>)> {
+    let ParsedText {
+        reasoning, content, ..
+    } = parsed;
+    if calls
+        .iter()
+        .all(|call| call.content_before >= content.len())
+    {
+        let parsed = ParsedText {
+            reasoning,
+            content,
+            calls: Vec::new(),
+        };
+        return vec![(parsed, calls)];
+    }
+    let mut deltas = Vec::new();
+    let mut current = (
+        ParsedText {
+            reasoning,
+            ..ParsedText::default()
+        },
+        Vec::new(),
+    );
+    let mut written = 0;
+    for call in calls {
+        let at = call.content_before.min(content.len());
+        if at > written && content.is_char_boundary(at) {
+            if !current.1.is_empty() {
+                deltas.push(std::mem::take(&mut current));
+            }
+            current.0.content.push_str(&content[written..at]);
+            written = at;
+        }
+        current.1.push(call);
+    }
+    if written < content.len() {
+        if !current.1.is_empty() {
+            deltas.push(std::mem::take(&mut current));
+        }
+        current.0.content.push_str(&content[written..]);
+    }
+    deltas.push(current);
+    deltas
+}
+
 /// A Harmony delta as text and call fragments.
 fn harmony_parsed(delta: harmony::HarmonyDelta) -> (ParsedText, Vec<CallDelta>) {
     let parsed = ParsedText {
@@ -517,8 +581,14 @@ fn answer_calls(
                     End::Normal => parser.finish(),
                     End::Cut => parser.finish_cut(),
                 };
+                let before = delta.content.len();
                 delta.content.push_str(&tail.content);
-                delta.calls.extend(tail.calls);
+                delta
+                    .calls
+                    .extend(tail.calls.into_iter().map(|call| CallDelta {
+                        content_before: before + call.content_before,
+                        ..call
+                    }));
                 cut_call = tail.cut_call;
             }
             parsed.content = delta.content;
@@ -530,6 +600,7 @@ fn answer_calls(
                     index: 0,
                     name: (!std::mem::replace(started, true)).then(|| name.clone()),
                     arguments: answer.into_owned(),
+                    content_before: 0,
                 });
             }
         }
@@ -603,6 +674,70 @@ mod tests {
         }
         absorb(parser.finish());
         all
+    }
+
+    /// (text, names of the calls that begin after it) per delta.
+    fn order_of(deltas: &[ParsedText]) -> Vec<(String, Vec<String>)> {
+        deltas
+            .iter()
+            .map(|delta| {
+                let names = delta.calls.iter().filter_map(|c| c.name.clone()).collect();
+                (delta.content.clone(), names)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_whole_text_in_one_push_keeps_text_before_between_and_after_calls_in_order() {
+        let tools = json!([
+            {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}]);
+        let parsing = OutputParsing::for_request(&qwen3(), &chat(tools, ToolChoice::Auto)).unwrap();
+        let text = "<think>why</think>Før 東京\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": \"é\"}}\n</tool_call>\
+                    between<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>\
+                    <tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>after é";
+        let mut whole = parsing.sequence();
+        let mut deltas = whole.push_in_order(text);
+        deltas.push(whole.finish());
+        assert_eq!(deltas[0].reasoning, "why");
+        let expected = vec![
+            ("Før 東京\n".to_owned(), vec!["a".to_owned()]),
+            ("between".to_owned(), vec!["b".to_owned(), "a".to_owned()]),
+            ("after é".to_owned(), vec![]),
+        ];
+        let mut order = order_of(&deltas);
+        order.retain(|(text, names)| !text.is_empty() || !names.is_empty());
+        assert_eq!(order, expected);
+        // The same text streamed a character at a time comes out in the same order.
+        let mut streamed = parsing.sequence();
+        let mut pieces: Vec<ParsedText> = text
+            .char_indices()
+            .map(|(at, c)| streamed.push(&text[at..at + c.len_utf8()]))
+            .collect();
+        pieces.push(streamed.finish());
+        let mut merged: Vec<(String, Vec<String>)> = Vec::new();
+        for (text, names) in order_of(&pieces) {
+            match merged.last_mut() {
+                Some(last) if last.1.is_empty() => {
+                    last.0.push_str(&text);
+                    last.1 = names;
+                }
+                _ if text.is_empty() && names.is_empty() => {}
+                Some(last) if text.is_empty() => last.1.extend(names),
+                _ => merged.push((text, names)),
+            }
+        }
+        assert_eq!(merged, expected);
+        // Arguments and ids are whole: one id per call, on its first fragment.
+        let calls: Vec<&ToolCallDelta> = deltas.iter().flat_map(|d| &d.calls).collect();
+        let ids = calls.iter().filter(|c| c.id.is_some()).count();
+        assert_eq!(ids, 3);
+        let first: String = calls
+            .iter()
+            .filter(|c| c.index == 0)
+            .map(|c| c.arguments.as_str())
+            .collect();
+        assert_eq!(first, "{\"x\":\"é\"}");
     }
 
     #[test]

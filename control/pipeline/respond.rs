@@ -202,23 +202,10 @@ impl Processor {
             return Ok(());
         };
         // A parsed delta says its text comes before its calls. A long text
-        // (a whole unary response) is parsed in token-sized pieces, and a
-        // delta ends at each call, so text written after a call follows it,
-        // as it would have streamed.
-        let mut events = Vec::new();
-        let mut pending = ParsedText::default();
-        for piece in pieces(&text, PARSE_PIECE_BYTES) {
-            let parsed = parser.push(piece);
-            pending.reasoning.push_str(&parsed.reasoning);
-            pending.content.push_str(&parsed.content);
-            if !parsed.calls.is_empty() {
-                pending.calls = parsed.calls;
-                events.push(std::mem::take(&mut pending));
-            }
-        }
-        if !pending.is_empty() || events.is_empty() {
-            events.push(pending);
-        }
+        // (a whole unary response) is parsed in one push, and a delta ends
+        // at each call, so text written after a call follows it, as it
+        // would have streamed.
+        let events = parser.push_in_order(&text);
         let mut first = Some((token_ids, logprobs));
         for parsed in events {
             let (token_ids, logprobs) = first.take().unwrap_or_default();
@@ -397,26 +384,6 @@ impl Processor {
     }
 }
 
-/// The size of the pieces a long text is parsed in: a few tokens' worth.
-const PARSE_PIECE_BYTES: usize = 16;
-
-/// `text` cut into pieces of about `size` bytes, at character boundaries.
-fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
-    let mut rest = text;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let mut end = size.min(rest.len());
-        while !rest.is_char_boundary(end) {
-            end += 1;
-        }
-        let (piece, tail) = rest.split_at(end);
-        rest = tail;
-        Some(piece)
-    })
-}
-
 /// Turns a request's engine events into client output events.
 pub(crate) fn process(events: EventStream, options: ResponseOptions) -> OutputStream {
     let keep_special_tokens = options.parsing.is_some();
@@ -570,18 +537,6 @@ pub(crate) async fn collect(mut output: OutputStream, n: u32) -> Result<Collecte
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    #[test]
-    fn long_texts_are_cut_at_character_boundaries() {
-        let text = "ab東京é".repeat(9);
-        let cut: Vec<&str> = pieces(&text, 4).collect();
-        assert_eq!(cut.concat(), text);
-        assert!(
-            cut.iter()
-                .all(|piece| !piece.is_empty() && piece.len() <= 4 + 3)
-        );
-        assert_eq!(pieces("", 4).count(), 0);
-    }
-
     use super::*;
 
     fn chunk(index: u32, token_ids: Vec<u32>) -> GenerateEvent {

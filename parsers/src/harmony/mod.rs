@@ -293,6 +293,7 @@ impl HarmonyParser {
                         index,
                         name: Some(name.to_owned()),
                         arguments: String::new(),
+                        content_before: self.delta.content.len(),
                     });
                     Route::Call(index)
                 }
@@ -329,6 +330,7 @@ impl HarmonyParser {
                     index,
                     name: None,
                     arguments: text.to_owned(),
+                    content_before: self.delta.content.len(),
                 }),
             },
         }

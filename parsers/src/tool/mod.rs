@@ -116,6 +116,10 @@ pub struct CallDelta {
     pub name: Option<String>,
     /// JSON text to append to the call's `arguments` (may be empty).
     pub arguments: String,
+    /// How many bytes of the same delta's `content` were written before
+    /// this fragment: where the call stands in the text, for a reader that
+    /// parses a long text in one push and keeps its order.
+    pub content_before: usize,
 }
 
 /// A whole call, as a non-streaming response carries it.

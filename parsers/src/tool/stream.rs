@@ -263,6 +263,7 @@ impl Stream {
             index,
             name: Some(name.to_owned()),
             arguments: take_copy(&mut self.args),
+            content_before: self.delta.content.len(),
         });
         true
     }
@@ -330,6 +331,7 @@ impl Stream {
                         index,
                         name: None,
                         arguments: self.args.clone(),
+                        content_before: self.delta.content.len(),
                     }),
                 }
             }
