@@ -384,7 +384,9 @@ enum End {
 }
 
 impl SequenceParser {
-    /// Parses the next piece of text.
+    /// Parses the next piece of text as one delta (text before calls):
+    /// the tests' view of a stream, piece by piece.
+    #[cfg(test)]
     pub(crate) fn push(&mut self, text: &str) -> ParsedText {
         let (parsed, calls) = self.read(text);
         self.with_ids(parsed, calls)
