@@ -15,7 +15,14 @@ use minijinja::{Error, ErrorKind};
 
 /// `x | tojson(ensure_ascii=False, indent=None, separators=None, sort_keys=False)`:
 /// `json.dumps` with those arguments, as `transformers` defines the filter.
-pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
+pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    // `tool | tojson`, as templates write it for every tool of every
+    // request: the dump made when the tool set was first seen, shared.
+    if kwargs.args().next().is_none()
+        && let Some(dumped) = value.downcast_object_ref::<DumpedMap>()
+    {
+        return Ok(dumped.dumped_value.clone());
+    }
     let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     let indent = kwargs
         .get::<Option<Value>>("indent")?
@@ -49,7 +56,7 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<String, Error> {
         out: String::new(),
     };
     writer.write_value(value, 0)?;
-    Ok(writer.out)
+    Ok(Value::from(writer.out))
 }
 
 /// `json.dumps(value)` with every argument at its default.
@@ -80,6 +87,8 @@ pub(super) struct DumpedMap {
     map: Value,
     keys: Vec<Value>,
     dumped: String,
+    /// `dumped` as a template string, handed out without a copy.
+    dumped_value: Value,
 }
 
 impl DumpedMap {
@@ -96,6 +105,7 @@ impl DumpedMap {
         Value::from_object(Self {
             map: value,
             keys,
+            dumped_value: Value::from(dumped.as_str()),
             dumped,
         })
     }
