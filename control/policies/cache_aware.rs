@@ -148,18 +148,35 @@ impl Tree {
 
     /// Records that `serial` took a prompt with these page keys: every node
     /// on the path gets the worker and one tick. Each shard is locked once;
-    /// a shard that grew past its share is trimmed afterwards.
+    /// a shard that grew past its share is trimmed afterwards. The keys are
+    /// grouped by shard first (a counting sort: two passes), so each shard
+    /// reads only its own.
     fn insert(&self, serial: u64, keys: &[u64]) {
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
-        let touched = keys
-            .iter()
-            .fold(0u32, |mask, &key| mask | (1 << Self::shard_of(key)));
-        for shard in (0..SHARDS).filter(|&s| touched & (1 << s) != 0) {
+        let mut bounds = [0usize; SHARDS + 1];
+        for &key in keys {
+            bounds[Self::shard_of(key) + 1] += 1;
+        }
+        for shard in 0..SHARDS {
+            bounds[shard + 1] += bounds[shard];
+        }
+        let mut grouped = vec![0u64; keys.len()];
+        let mut next = bounds;
+        for &key in keys {
+            let slot = &mut next[Self::shard_of(key)];
+            grouped[*slot] = key;
+            *slot += 1;
+        }
+        for shard in 0..SHARDS {
+            let shard_keys = &grouped[bounds[shard]..bounds[shard + 1]];
+            if shard_keys.is_empty() {
+                continue;
+            }
             let full = {
                 let mut nodes = self.shards[shard]
                     .write()
                     .unwrap_or_else(PoisonError::into_inner);
-                for &key in keys.iter().filter(|&&key| Self::shard_of(key) == shard) {
+                for &key in shard_keys {
                     let node = nodes.entry(key).or_default();
                     node.last_used = node.last_used.max(tick);
                     match node.holders.iter_mut().find(|(s, _)| *s == serial) {
