@@ -28,6 +28,11 @@ const TOOL_RESULT: &str = "sunny, 21 °C";
 const TOOL_RESULT_PROMPT: &str = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny, 21 °C<|end|><|start|>assistant";
 const FOLLOW_UP_ANSWER: &str = "<|channel|>analysis<|message|>The tool says sunny.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny in Paris, 21 °C.<|return|>";
 
+const FORMAT_QUESTION: &str = "Reply in JSON: is Paris in France?";
+const FORMAT_REASONING: &str = "Paris is the capital of France.";
+const FORMAT_JSON: &str = "{\"answer\": \"yes\"}";
+const FORMAT_ANSWER: &str = "<|channel|>analysis<|message|>Paris is the capital of France.<|end|><|start|>assistant<|channel|>final<|constrain|>json<|message|>{\"answer\": \"yes\"}<|return|>";
+
 const MARKERS: &[&str] = &[
     "<|start|>",
     "<|channel|>",
@@ -52,6 +57,7 @@ fn script() -> Script {
         // The follow-up's prompt also holds the question: it must match first.
         json!({"when": TOOL_RESULT_PROMPT, "text": FOLLOW_UP_ANSWER}),
         json!({"when": WEATHER, "text": WEATHER_ANSWER}),
+        json!({"when": FORMAT_QUESTION, "text": FORMAT_ANSWER}),
     ])
 }
 
@@ -223,6 +229,72 @@ async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
             );
         }
     }
+}
+
+/// `response_format` on gpt-oss holds only the `final` message's body to
+/// the schema (a structural tag triggered by the final channel), so the
+/// model still reasons on `analysis`; the `final<|constrain|>json` header
+/// reads as the answer, whole and streamed.
+#[tokio::test]
+async fn a_response_format_is_a_structural_tag_on_the_final_channel() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("constraints.log");
+    let log_path = log.display().to_string();
+    let script = script();
+    let worker = model().worker_with("regular", &script, &["--constraint-log", &log_path]);
+    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
+                        "required": ["answer"]});
+    let formats = [
+        json!({"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}),
+        json!({"type": "json_object"}),
+    ];
+    for format in formats {
+        let mut body = json!({"model": MODEL_ID, "max_tokens": 100,
+            "messages": [{"role": "user", "content": FORMAT_QUESTION}],
+            "response_format": format});
+        let answer = whole(&gateway, &body).await;
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["content"], FORMAT_JSON, "{answer}");
+        assert_eq!(message["reasoning_content"], FORMAT_REASONING);
+        assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+        body["stream"] = json!(true);
+        let streamed = assemble(&chunks(&gateway, &body).await);
+        assert_eq!(streamed.content, FORMAT_JSON);
+        assert_eq!(streamed.reasoning, FORMAT_REASONING);
+
+        let text = std::fs::read_to_string(&log).expect("the constraint log");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() >= 2, "{text}");
+        for line in &lines[lines.len() - 2..] {
+            let (_, constraint) = line.split_once(' ').expect("id and constraint");
+            let (kind, tag) = constraint.split_once(' ').expect("kind and text");
+            assert_eq!(kind, "structural_tag", "{format}: {line}");
+            let tag: Value = serde_json::from_str(tag).expect("JSON");
+            let format_tag = &tag["format"];
+            assert_eq!(
+                format_tag["triggers"],
+                json!(["<|start|>assistant<|channel|>final", "<|channel|>final"])
+            );
+            assert_eq!(
+                format_tag["tags"][1]["begin"],
+                "<|channel|>final<|constrain|>json<|message|>"
+            );
+            assert_eq!(format_tag["tags"][0]["content"]["type"], "json_schema");
+            assert_eq!(format_tag["stop_after_first"], true);
+        }
+    }
+    // With a forced call as well, the request is refused as any model's is.
+    let body = json!({"model": MODEL_ID, "max_tokens": 100, "tools": weather_tools(),
+        "tool_choice": "required", "messages": [{"role": "user", "content": FORMAT_QUESTION}],
+        "response_format": {"type": "json_object"}});
+    let refused = reqwest::Client::new()
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(refused.status(), 400);
 }
 
 /// `tool_choice: none` and `separate_reasoning: false` still hide the

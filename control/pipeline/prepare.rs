@@ -9,7 +9,7 @@
 
 use super::request_context::push_hex_u128;
 use super::spec::{ChatPrompt, GenerationSpec, Prompt, ToolChoice};
-use crate::engine::{MediaItem, Sampling};
+use crate::engine::{Constraint, MediaItem, Sampling};
 use crate::error::{Error, ErrorCode, Result, excerpt};
 use crate::lanes::LaneDecision;
 use crate::offload::Offload;
@@ -158,14 +158,22 @@ pub(crate) async fn prepare(
             (String::new(), ids, None)
         }
         Prompt::Chat(chat) => {
-            // A forced call on a Harmony model is held by a structural tag
-            // over its own format, not the JSON schema other models get.
+            // A forced call or a response format on a Harmony model is held
+            // by a structural tag over its own format, not the JSON schema
+            // over the whole output other models get. (A chat's JSON schema
+            // constraint comes only from those two: `single_constraint`
+            // allowed one.)
             if model.parsers.harmony {
                 harmony_constraint = super::tool_set::harmony_tool_constraint(
                     &chat.tool_choice,
                     chat.tools.definitions(),
                     chat.parallel_tool_calls,
                 )?;
+                if harmony_constraint.is_none()
+                    && let Some(Constraint::JsonSchema(schema)) = &spec.sampling.constraint
+                {
+                    harmony_constraint = Some(super::tool_set::harmony_format_constraint(schema)?);
+                }
             }
             prepare_chat(tokenizer, offload, placeholders, &model.parsers, chat).await?
         }

@@ -184,6 +184,43 @@ pub(crate) fn harmony_tool_constraint(
     Ok(Some(Constraint::StructuralTag(tag.to_string())))
 }
 
+/// Where a gpt-oss answer's final message starts: after reasoning, or as
+/// the answer's first message.
+const HARMONY_FINAL_TRIGGERS: [&str; 2] =
+    ["<|start|>assistant<|channel|>final", "<|channel|>final"];
+
+/// The engine constraint for `response_format` (or the Responses API's
+/// `text.format`) on a Harmony model, given the JSON schema other models
+/// get over their whole output: the same schema over the body of the
+/// `final` message only (header `final<|constrain|>json`), so reasoning
+/// keeps its `analysis` channel. Exactly one final message is required.
+pub(crate) fn harmony_format_constraint(schema: &str) -> Result<Constraint> {
+    let schema: Value = serde_json::from_str(schema)
+        .map_err(|err| Error::invalid_parameter("response_format", err.to_string()))?;
+    let tags: Vec<Value> = HARMONY_FINAL_TRIGGERS
+        .iter()
+        .map(|trigger| {
+            json!({
+                "type": "tag",
+                "begin": format!("{trigger}<|constrain|>json<|message|>"),
+                "content": {"type": "json_schema", "json_schema": schema},
+                "end": "",
+            })
+        })
+        .collect();
+    let tag = json!({
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": HARMONY_FINAL_TRIGGERS,
+            "tags": tags,
+            "at_least_one": true,
+            "stop_after_first": true,
+        },
+    });
+    Ok(Constraint::StructuralTag(tag.to_string()))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -202,6 +239,42 @@ mod tests {
             Some(Constraint::StructuralTag(text)) => serde_json::from_str(&text).unwrap(),
             other => panic!("expected a structural tag, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_harmony_response_format_holds_only_the_final_message_body() {
+        let schema =
+            r#"{"type":"object","properties":{"answer":{"type":"string"}},"required":["answer"]}"#;
+        let tag = tag_of(Some(harmony_format_constraint(schema).unwrap()));
+        assert_eq!(tag["type"], "structural_tag");
+        let format = &tag["format"];
+        assert_eq!(format["type"], "triggered_tags");
+        assert_eq!(
+            format["triggers"],
+            json!(["<|start|>assistant<|channel|>final", "<|channel|>final"])
+        );
+        let begins: Vec<&str> = format["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tag| tag["begin"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            begins,
+            [
+                "<|start|>assistant<|channel|>final<|constrain|>json<|message|>",
+                "<|channel|>final<|constrain|>json<|message|>",
+            ]
+        );
+        for tag in format["tags"].as_array().unwrap() {
+            assert_eq!(tag["content"]["type"], "json_schema");
+            assert_eq!(tag["content"]["json_schema"]["required"], json!(["answer"]));
+            assert_eq!(tag["end"], "");
+        }
+        assert_eq!(format["at_least_one"], true);
+        assert_eq!(format["stop_after_first"], true);
+        let err = harmony_format_constraint("{not json").unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("response_format"));
     }
 
     #[test]
