@@ -173,6 +173,23 @@ async fn pd_mode_serves_a_two_turn_harmony_tool_loop() {
     check_two_turn_tool_loop(&gateway).await;
 }
 
+/// The constraints of the last two requests in the sim worker's
+/// `--constraint-log` (`ID KIND TEXT` lines): both must be structural tags.
+fn last_two_structural_tags(log: &std::path::Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(log).expect("the constraint log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 2, "{text}");
+    lines[lines.len() - 2..]
+        .iter()
+        .map(|line| {
+            let (_, constraint) = line.split_once(' ').expect("id and constraint");
+            let (kind, tag) = constraint.split_once(' ').expect("kind and text");
+            assert_eq!(kind, "structural_tag", "{line}");
+            serde_json::from_str(tag).expect("JSON")
+        })
+        .collect()
+}
+
 /// A forced call (`required`, a named function) reaches the engine as a
 /// structural tag over Harmony's own `commentary` messages, not a JSON
 /// schema over the whole output (which would take the model's channels
@@ -207,14 +224,7 @@ async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
         assert_eq!(streamed.calls.len(), 1);
 
         // What the engine was asked to enforce, for both requests.
-        let text = std::fs::read_to_string(&log).expect("the constraint log");
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines.len() >= 2, "{text}");
-        for line in &lines[lines.len() - 2..] {
-            let (_, constraint) = line.split_once(' ').expect("id and constraint");
-            let (kind, tag) = constraint.split_once(' ').expect("kind and text");
-            assert_eq!(kind, "structural_tag", "{tool_choice}: {line}");
-            let tag: Value = serde_json::from_str(tag).expect("JSON");
+        for tag in last_two_structural_tags(&log) {
             let format = &tag["format"];
             assert_eq!(format["type"], "triggered_tags");
             assert_eq!(format["at_least_one"], true);
@@ -263,14 +273,7 @@ async fn a_response_format_is_a_structural_tag_on_the_final_channel() {
         assert_eq!(streamed.content, FORMAT_JSON);
         assert_eq!(streamed.reasoning, FORMAT_REASONING);
 
-        let text = std::fs::read_to_string(&log).expect("the constraint log");
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines.len() >= 2, "{text}");
-        for line in &lines[lines.len() - 2..] {
-            let (_, constraint) = line.split_once(' ').expect("id and constraint");
-            let (kind, tag) = constraint.split_once(' ').expect("kind and text");
-            assert_eq!(kind, "structural_tag", "{format}: {line}");
-            let tag: Value = serde_json::from_str(tag).expect("JSON");
+        for tag in last_two_structural_tags(&log) {
             let format_tag = &tag["format"];
             assert_eq!(
                 format_tag["triggers"],

@@ -234,6 +234,16 @@ mod tests {
         }})
     }
 
+    /// The `begin` of each tag of a `triggered_tags` format.
+    fn begins_of(format: &Value) -> Vec<&str> {
+        format["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|tag| tag["begin"].as_str().unwrap())
+            .collect()
+    }
+
     fn tag_of(constraint: Option<Constraint>) -> Value {
         match constraint {
             Some(Constraint::StructuralTag(text)) => serde_json::from_str(&text).unwrap(),
@@ -253,12 +263,7 @@ mod tests {
             format["triggers"],
             json!(["<|start|>assistant<|channel|>final", "<|channel|>final"])
         );
-        let begins: Vec<&str> = format["tags"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|tag| tag["begin"].as_str().unwrap())
-            .collect();
+        let begins = begins_of(format);
         assert_eq!(
             begins,
             [
@@ -301,12 +306,7 @@ mod tests {
         );
         assert_eq!(format["at_least_one"], true);
         assert_eq!(format["stop_after_first"], false);
-        let begins: Vec<&str> = format["tags"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|tag| tag["begin"].as_str().unwrap())
-            .collect();
+        let begins = begins_of(format);
         assert_eq!(
             begins,
             [
