@@ -173,6 +173,34 @@ async fn pd_mode_serves_a_two_turn_harmony_tool_loop() {
     check_two_turn_tool_loop(&gateway).await;
 }
 
+/// A Regular fleet whose sim worker logs the constraint of every request
+/// (`--constraint-log`). Fields drop in order: the gateway first.
+struct LoggedFleet {
+    gateway: Gateway,
+    _worker: SimWorker,
+    _script: Script,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl LoggedFleet {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("constraints.log");
+        let script = script();
+        let log_arg = log.display().to_string();
+        let worker = model().worker_with("regular", &script, &["--constraint-log", &log_arg]);
+        let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+        Self {
+            gateway,
+            _worker: worker,
+            _script: script,
+            log,
+            _dir: dir,
+        }
+    }
+}
+
 /// The constraints of the last two requests in the sim worker's
 /// `--constraint-log` (`ID KIND TEXT` lines): both must be structural tags.
 fn last_two_structural_tags(log: &std::path::Path) -> Vec<Value> {
@@ -197,17 +225,13 @@ fn last_two_structural_tags(log: &std::path::Path) -> Vec<Value> {
 /// streamed and whole.
 #[tokio::test]
 async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("constraints.log");
-    let log_path = log.display().to_string();
-    let script = script();
-    let worker = model().worker_with("regular", &script, &["--constraint-log", &log_path]);
-    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let fleet = LoggedFleet::start();
+    let (gateway, log) = (&fleet.gateway, fleet.log.as_path());
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for (tool_choice, one_call) in [(json!("required"), false), (named, true)] {
         let mut body = request(json!([{"role": "user", "content": WEATHER}]), false);
         body["tool_choice"] = tool_choice.clone();
-        let answer = whole(&gateway, &body).await;
+        let answer = whole(gateway, &body).await;
         let choice = &answer["choices"][0];
         assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
         assert_eq!(choice["message"]["reasoning_content"], WEATHER_REASONING);
@@ -218,13 +242,13 @@ async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
         assert_eq!(calls[0]["function"]["name"], "get_weather");
         assert_eq!(calls[0]["function"]["arguments"], CALL_ARGUMENTS);
         body["stream"] = json!(true);
-        let streamed = assemble(&chunks(&gateway, &body).await);
+        let streamed = assemble(&chunks(gateway, &body).await);
         assert_eq!(streamed.finish_reason, "tool_calls");
         assert_eq!(streamed.reasoning, WEATHER_REASONING);
         assert_eq!(streamed.calls.len(), 1);
 
         // What the engine was asked to enforce, for both requests.
-        for tag in last_two_structural_tags(&log) {
+        for tag in last_two_structural_tags(log) {
             let format = &tag["format"];
             assert_eq!(format["type"], "triggered_tags");
             assert_eq!(format["at_least_one"], true);
@@ -247,12 +271,8 @@ async fn a_forced_call_is_a_structural_tag_and_reads_as_harmony() {
 /// reads as the answer, whole and streamed.
 #[tokio::test]
 async fn a_response_format_is_a_structural_tag_on_the_final_channel() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let log = dir.path().join("constraints.log");
-    let log_path = log.display().to_string();
-    let script = script();
-    let worker = model().worker_with("regular", &script, &["--constraint-log", &log_path]);
-    let gateway = gateway(&["--worker-urls", &worker.grpc_url()]);
+    let fleet = LoggedFleet::start();
+    let (gateway, log) = (&fleet.gateway, fleet.log.as_path());
     let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
                         "required": ["answer"]});
     let formats = [
@@ -263,17 +283,17 @@ async fn a_response_format_is_a_structural_tag_on_the_final_channel() {
         let mut body = json!({"model": MODEL_ID, "max_tokens": 100,
             "messages": [{"role": "user", "content": FORMAT_QUESTION}],
             "response_format": format});
-        let answer = whole(&gateway, &body).await;
+        let answer = whole(gateway, &body).await;
         let message = &answer["choices"][0]["message"];
         assert_eq!(message["content"], FORMAT_JSON, "{answer}");
         assert_eq!(message["reasoning_content"], FORMAT_REASONING);
         assert_eq!(answer["choices"][0]["finish_reason"], "stop");
         body["stream"] = json!(true);
-        let streamed = assemble(&chunks(&gateway, &body).await);
+        let streamed = assemble(&chunks(gateway, &body).await);
         assert_eq!(streamed.content, FORMAT_JSON);
         assert_eq!(streamed.reasoning, FORMAT_REASONING);
 
-        for tag in last_two_structural_tags(&log) {
+        for tag in last_two_structural_tags(log) {
             let format_tag = &tag["format"];
             assert_eq!(
                 format_tag["triggers"],
