@@ -21,7 +21,7 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     if kwargs.args().next().is_none()
         && let Some(dumped) = value.downcast_object_ref::<DumpedMap>()
     {
-        return Ok(dumped.dumped_value.clone());
+        return Ok(dumped.dumped.clone());
     }
     let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     let indent = kwargs
@@ -86,9 +86,9 @@ const DEFAULT_KEY_SEPARATOR: &str = ": ";
 pub(super) struct DumpedMap {
     map: Value,
     keys: Vec<Value>,
-    dumped: String,
-    /// `dumped` as a template string, handed out without a copy.
-    dumped_value: Value,
+    /// Its `json.dumps` text, as a template string (shared, not copied,
+    /// when handed out).
+    dumped: Value,
 }
 
 impl DumpedMap {
@@ -105,8 +105,7 @@ impl DumpedMap {
         Value::from_object(Self {
             map: value,
             keys,
-            dumped_value: Value::from(dumped.as_str()),
-            dumped,
+            dumped: Value::from(dumped),
         })
     }
 }
@@ -173,7 +172,8 @@ impl JsonWriter {
         if let Some(dumped) = value.downcast_object_ref::<DumpedMap>()
             && self.writes_defaults()
         {
-            self.out.push_str(&dumped.dumped);
+            self.out
+                .push_str(dumped.dumped.as_str().unwrap_or_default());
             return Ok(());
         }
         match value.kind() {

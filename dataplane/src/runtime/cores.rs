@@ -111,15 +111,14 @@ pub fn lower_current_thread_priority(nice: u8) -> bool {
     if nice == 0 {
         return false;
     }
-    // SAFETY: getpriority and setpriority take no pointers and cannot
-    // break memory safety; on Linux `who` 0 with PRIO_PROCESS names the
-    // calling thread. getpriority's -1 may be an error or nice -1: either
-    // way the max below picks `nice`, a lower priority.
-    unsafe {
-        let current = libc::getpriority(libc::PRIO_PROCESS, 0);
-        let target = current.max(i32::from(nice.min(19)));
-        target == current || libc::setpriority(libc::PRIO_PROCESS, 0, target) == 0
-    }
+    // SAFETY: getpriority takes no pointers and cannot break memory
+    // safety; on Linux `who` 0 with PRIO_PROCESS names the calling thread.
+    // Its -1 may be an error or nice -1: either way the max below picks
+    // `nice`, a lower priority.
+    let current = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let target = current.max(i32::from(nice.min(19)));
+    // SAFETY: as above, for setpriority.
+    target == current || unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, target) == 0 }
 }
 
 #[cfg(test)]
