@@ -58,6 +58,38 @@ fn stdout_lines(child: &mut Child) -> mpsc::Receiver<String> {
     receiver
 }
 
+/// The `host:port` of every worker URL named after `--worker-urls`,
+/// `--prefill`, `--decode` or `--encode` in a launch command's arguments.
+fn named_worker_addresses<'a>(args: impl Iterator<Item = &'a std::ffi::OsStr>) -> Vec<String> {
+    let mut addresses = Vec::new();
+    let mut in_list = false;
+    for arg in args.filter_map(|arg| arg.to_str()) {
+        if arg.starts_with("--") {
+            in_list = matches!(arg, "--worker-urls" | "--prefill" | "--decode" | "--encode");
+        } else if in_list && let Some((_, address)) = arg.split_once("://") {
+            addresses.push(address.trim_end_matches('/').to_owned());
+        }
+    }
+    addresses
+}
+
+/// The body of a plain-HTTP `GET path` on `address` (the admin listener),
+/// or `None` unless it answered 200.
+fn admin_get_blocking(address: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(STARTUP_TIMEOUT)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
 /// The next line of `lines` starting with `prefix` (a ready line), within
 /// [`STARTUP_TIMEOUT`]; `None` if the process ended first or took longer.
 fn next_line(lines: &mpsc::Receiver<String>, prefix: &str) -> Option<String> {
@@ -336,7 +368,38 @@ impl Gateway {
     }
 
     fn spawn(command: Command) -> Gateway {
-        Self::spawn_until(command, "smg ready ")
+        let named = named_worker_addresses(command.get_args());
+        let gateway = Self::spawn_until(command, "smg ready ");
+        gateway.until_listed(&named);
+        gateway
+    }
+
+    /// Waits until the admin API lists a worker at each of `addresses`
+    /// (`host:port`). The gateway is ready once ONE worker of each role
+    /// has answered; the others join as they answer, so a test counting on
+    /// every worker it named (round robin over two) waits for them here.
+    /// Does not wait when the admin API asks for a key.
+    fn until_listed(&self, addresses: &[String]) {
+        if addresses.len() < 2 {
+            return;
+        }
+        let deadline = std::time::Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            let Some(listed) = admin_get_blocking(self.admin, "/workers") else {
+                return;
+            };
+            let missing = addresses
+                .iter()
+                .find(|address| !listed.contains(&format!("://{address}\"")));
+            let Some(missing) = missing else {
+                return;
+            };
+            assert!(
+                std::time::Instant::now() < deadline,
+                "worker {missing} never joined: {listed}"
+            );
+            std::thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// Spawns the gateway and waits for its stdout line starting with
