@@ -31,10 +31,15 @@
 //! skipped the parsers. Prints a table with each row's ratio to the
 //! baseline and to the same API and shape without tools, and writes
 //! `bench-results/tool_calls.json`. Run: `cargo bench --bench tool_calls`
-//! (`SMG_BENCH_SECS` per row, default 8; `SMG_BENCH_ONLY`, a `|`-separated
+//! (`SMG_BENCH_SECS` per row, default 8; `SMG_BENCH_ROUNDS`, default 1,
+//! runs every row that many times, round after round, and pools each row's
+//! rounds, printing each round's ratio to the row without tools: on a
+//! shared machine the load swings between rows, and a ratio of two rows
+//! run minutes apart carries the swing; `SMG_BENCH_ONLY`, a `|`-separated
 //! list of row labels, runs only those rows, e.g. to profile one; the
-//! gateway's pid is printed first). Not a test: nothing here asserts a
-//! speed.
+//! gateway's pid is printed first). The load generator sends each row's
+//! `tools` as text serialized once, so its own work per request stays that
+//! of a small body. Not a test: nothing here asserts a speed.
 
 // The e2e harness (process start-up, ports, the family fixtures); its
 // digest unit tests are not run here, so their imports look unused in this
@@ -266,26 +271,41 @@ impl Scenario {
         }
     }
 
-    /// The body of request `n`: the same question each time, numbered so
-    /// every prompt differs.
-    fn body(self, tools: &[Value], n: u64) -> Value {
+    /// Request `n` without `tools`: the same question each time, numbered
+    /// so every prompt differs.
+    fn body_without_tools(self, n: u64) -> Value {
         let text = format!("What is the weather in Paris and Rome? Request {n}");
-        let tools = &tools[..self.tools];
-        let mut body = if self.responses {
+        if self.responses {
             json!({"model": MODEL_ID, "input": text, "store": false,
                    "max_output_tokens": MAX_TOKENS})
         } else {
             json!({"model": MODEL_ID, "max_tokens": MAX_TOKENS, "stream": self.stream,
                    "messages": [{"role": "user", "content": text}]})
-        };
-        if !tools.is_empty() {
-            body["tools"] = if self.responses {
-                Value::Array(responses_tools(tools))
-            } else {
-                Value::Array(tools.to_vec())
-            };
         }
-        body
+    }
+
+    /// This row's `tools` (none for a row without).
+    fn tools_value(self, tools: &[Value]) -> Option<Value> {
+        let tools = &tools[..self.tools];
+        match (tools.is_empty(), self.responses) {
+            (true, _) => None,
+            (false, true) => Some(Value::Array(responses_tools(tools))),
+            (false, false) => Some(Value::Array(tools.to_vec())),
+        }
+    }
+
+    /// The JSON body of request `n`, with `tools` given already serialized
+    /// (`,"tools":[...]`, empty for none): the load generator shares its
+    /// cores with the worker, so it does not rebuild and re-serialize the
+    /// same schemas for every request.
+    fn body_text(self, tools_field: &str, n: u64) -> String {
+        let mut text = self.body_without_tools(n).to_string();
+        if !tools_field.is_empty() {
+            text.pop();
+            text.push_str(tools_field);
+            text.push('}');
+        }
+        text
     }
 
     /// The baseline this row's ratio is taken against: the first row.
@@ -332,15 +352,11 @@ struct Row {
 /// Sends one request of `scenario` and checks the answer went through the
 /// path the row claims to measure; returns its prompt and output token
 /// counts (0 for a stream, which carries no usage unless asked).
-async fn check(
-    http: &reqwest::Client,
-    url: &str,
-    scenario: Scenario,
-    tools: &[Value],
-) -> (u64, u64) {
+async fn check(http: &reqwest::Client, url: &str, scenario: Scenario, body: String) -> (u64, u64) {
     let response = http
         .post(url)
-        .json(&scenario.body(tools, u64::MAX))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
         .send()
         .await
         .expect("request sent");
@@ -389,6 +405,62 @@ async fn check(
     }
 }
 
+/// One timed run of one scenario.
+#[derive(Debug, Default)]
+struct Slice {
+    prompt_tokens: u64,
+    output_tokens: u64,
+    /// Latencies of the successful requests, ms.
+    latencies: Vec<f64>,
+    failures: u64,
+    wall: f64,
+    gateway_cpu: f64,
+    worker_cpu: f64,
+    load_average: f64,
+}
+
+impl Slice {
+    /// Requests per CPU-second of the gateway.
+    fn per_gateway_cpu_sec(&self) -> f64 {
+        self.latencies.len() as f64 / self.gateway_cpu
+    }
+
+    /// `later` added to this one (the rounds of one scenario pooled).
+    fn pool(&mut self, later: Slice) {
+        self.prompt_tokens = later.prompt_tokens;
+        self.output_tokens = later.output_tokens;
+        self.latencies.extend(later.latencies);
+        self.failures += later.failures;
+        self.wall += later.wall;
+        self.gateway_cpu += later.gateway_cpu;
+        self.worker_cpu += later.worker_cpu;
+        self.load_average = self.load_average.max(later.load_average);
+    }
+
+    fn row(mut self, scenario: Scenario) -> Row {
+        self.latencies.sort_by(f64::total_cmp);
+        let requests = self.latencies.len();
+        Row {
+            scenario: scenario.label.to_owned(),
+            tools: scenario.tools,
+            stream: scenario.stream,
+            prompt_tokens: self.prompt_tokens,
+            output_tokens: self.output_tokens,
+            requests,
+            failures: self.failures,
+            requests_per_sec: requests as f64 / self.wall,
+            gateway_cpu_cores: self.gateway_cpu / self.wall,
+            worker_cpu_cores: self.worker_cpu / self.wall,
+            requests_per_gateway_cpu_sec: self.per_gateway_cpu_sec(),
+            ratio_to_baseline: f64::NAN,
+            ratio_to_same_without_tools: f64::NAN,
+            load_average: self.load_average,
+            p50_ms: percentile(&self.latencies, 0.5),
+            p99_ms: percentile(&self.latencies, 0.99),
+        }
+    }
+}
+
 /// Runs `scenario` from [`CONCURRENCY`] loops for `duration`.
 async fn throughput(
     http: &reqwest::Client,
@@ -397,23 +469,32 @@ async fn throughput(
     scenario: Scenario,
     tools: &Arc<Vec<Value>>,
     duration: Duration,
-) -> Row {
+) -> Slice {
     let url = gateway.url(scenario.path());
-    let (prompt_tokens, output_tokens) = check(http, &url, scenario, tools).await;
     let sequence = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(AtomicU64::new(0));
-    let (http, count, tools) = (http.clone(), Arc::clone(&failures), Arc::clone(tools));
+    let tools_field = scenario
+        .tools_value(tools)
+        .map(|tools| format!(",\"tools\":{tools}"))
+        .unwrap_or_default();
+    let checked = scenario.body_text(&tools_field, u64::MAX);
+    let (prompt_tokens, output_tokens) = check(http, &url, scenario, checked).await;
+    let (http, count) = (http.clone(), Arc::clone(&failures));
     let cpu_before = cpu_seconds(gateway.pid());
     let worker_before = cpu_seconds(worker.pid());
     let started = Instant::now();
-    let (mut latencies, _) = closed_loop(CONCURRENCY, duration, move || {
+    let (latencies, _) = closed_loop(CONCURRENCY, duration, move || {
         let n = sequence.fetch_add(1, Ordering::Relaxed);
-        let body = scenario.body(&tools, n);
+        let body = scenario.body_text(&tools_field, n);
         let (http, url, failures) = (http.clone(), url.clone(), Arc::clone(&count));
         async move {
             // The whole body is read, streamed or not: a stream's time is
             // to its last event.
-            let ok = match http.post(&url).json(&body).send().await {
+            let request = http
+                .post(&url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+            let ok = match request.send().await {
                 Ok(response) if response.status().is_success() => response.bytes().await.is_ok(),
                 _ => false,
             };
@@ -425,31 +506,20 @@ async fn throughput(
     })
     .await;
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(gateway.pid())
-        .zip(cpu_before)
-        .map(|(after, before)| after - before);
-    let worker_cpu = cpu_seconds(worker.pid())
-        .zip(worker_before)
-        .map(|(after, before)| after - before);
-    latencies.sort_by(f64::total_cmp);
-    let requests = latencies.len();
-    Row {
-        scenario: scenario.label.to_owned(),
-        tools: scenario.tools,
-        stream: scenario.stream,
+    let used = |pid: u32, before: Option<f64>| {
+        cpu_seconds(pid)
+            .zip(before)
+            .map_or(f64::NAN, |(after, before)| after - before)
+    };
+    Slice {
         prompt_tokens,
         output_tokens,
-        requests,
+        latencies,
         failures: failures.load(Ordering::Relaxed),
-        requests_per_sec: requests as f64 / wall,
-        gateway_cpu_cores: cpu.map_or(f64::NAN, |cpu| cpu / wall),
-        worker_cpu_cores: worker_cpu.map_or(f64::NAN, |cpu| cpu / wall),
-        requests_per_gateway_cpu_sec: cpu.map_or(f64::NAN, |cpu| requests as f64 / cpu),
-        ratio_to_baseline: f64::NAN,
-        ratio_to_same_without_tools: f64::NAN,
+        wall,
+        gateway_cpu: used(gateway.pid(), cpu_before),
+        worker_cpu: used(worker.pid(), worker_before),
         load_average: load_average().unwrap_or(f64::NAN),
-        p50_ms: percentile(&latencies, 0.5),
-        p99_ms: percentile(&latencies, 0.99),
     }
 }
 
@@ -462,6 +532,11 @@ fn main() {
         .map(|list| list.split('|').map(str::to_owned).collect())
         .unwrap_or_default();
     let duration = Duration::from_secs(secs);
+    let rounds: usize = std::env::var("SMG_BENCH_ROUNDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let model = FamilyModel::new("qwen3", MODEL_ID);
     // A prompt with tools holds the template's `<tools>` block; the first
@@ -490,15 +565,29 @@ fn main() {
         .build()
         .expect("http client");
     let tools = Arc::new(chat_tools());
-    let mut rows: Vec<Row> = Vec::new();
+    let chosen: Vec<Scenario> = SCENARIOS
+        .iter()
+        .filter(|scenario| only.is_empty() || only.iter().any(|label| label == scenario.label))
+        .copied()
+        .collect();
+    // Round after round of every chosen row: the machine's swings (other
+    // tenants' load) then reach every row alike instead of one row's run.
+    let mut pooled: Vec<Slice> = chosen.iter().map(|_| Slice::default()).collect();
+    let mut per_round: Vec<Vec<f64>> = chosen.iter().map(|_| Vec::new()).collect();
     runtime.block_on(async {
-        for scenario in SCENARIOS {
-            let chosen = only.is_empty() || only.iter().any(|label| label == scenario.label);
-            if chosen {
-                rows.push(throughput(&http, &gateway, &worker, *scenario, &tools, duration).await);
+        for _ in 0..rounds {
+            for (index, scenario) in chosen.iter().enumerate() {
+                let slice = throughput(&http, &gateway, &worker, *scenario, &tools, duration).await;
+                per_round[index].push(slice.per_gateway_cpu_sec());
+                pooled[index].pool(slice);
             }
         }
     });
+    let mut rows: Vec<Row> = pooled
+        .into_iter()
+        .zip(&chosen)
+        .map(|(slice, scenario)| slice.row(*scenario))
+        .collect();
     let per_core = |label: &str| {
         rows.iter()
             .find(|row| row.scenario == label)
@@ -567,11 +656,37 @@ fn main() {
          shape without tools. prompt/output: tokens of the checked answer (streams carry no \
          usage); gw/wk cpu: cores the gateway/worker used."
     );
+    // Each round's ratio of a row with tools to its row without: the
+    // spread the pooled figure above averages over.
+    let mut round_ratios = serde_json::Map::new();
+    for (index, scenario) in chosen.iter().enumerate() {
+        let Some(without) = scenario
+            .without_tools()
+            .filter(|without| without.label != scenario.label)
+            .and_then(|without| chosen.iter().position(|s| s.label == without.label))
+        else {
+            continue;
+        };
+        let mut ratios: Vec<f64> = per_round[index]
+            .iter()
+            .zip(&per_round[without])
+            .map(|(with, without)| with / without)
+            .collect();
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        round_ratios.insert(scenario.label.to_owned(), json!(ratios));
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "{}: vs same per round {} (median {:.2})",
+            scenario.label,
+            listed.join(" "),
+            percentile(&ratios, 0.5)
+        );
+    }
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-results");
     if std::fs::create_dir_all(&out).is_ok() {
         let json = serde_json::to_string_pretty(&json!({
-            "cores": cores, "seconds": secs, "concurrency": CONCURRENCY,
-            "model": MODEL_ID, "rows": rows}))
+            "cores": cores, "seconds": secs, "rounds": rounds, "concurrency": CONCURRENCY,
+            "model": MODEL_ID, "rows": rows, "ratios_per_round": round_ratios}))
         .unwrap_or_default();
         let _ = std::fs::write(out.join("tool_calls.json"), json);
     }

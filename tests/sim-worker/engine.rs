@@ -606,11 +606,7 @@ impl Engine {
         let calm = Hostility::default();
         let hostile = match &self.config.hostile.only_for {
             Some(marker) => {
-                let prompt = self
-                    .model
-                    .tokenizer
-                    .decode(&job.input_ids, false)
-                    .unwrap_or_default();
+                let prompt = self.model.decode_prompt(&job.input_ids).unwrap_or_default();
                 if prompt.contains(marker.as_str()) {
                     &self.config.hostile
                 } else {
@@ -648,7 +644,7 @@ impl Engine {
         if self.config.script.is_none() && self.config.agent.is_none() {
             return None;
         }
-        let prompt = self.model.tokenizer.decode(&job.input_ids, false).ok()?;
+        let prompt = self.model.decode_prompt(&job.input_ids)?;
         if let Some(tokens) = self
             .config
             .script

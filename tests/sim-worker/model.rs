@@ -27,6 +27,12 @@ pub struct ModelFacts {
     pub model_path: PathBuf,
     pub served_model_name: String,
     pub tokenizer: Tokenizer,
+    /// The gateway's own tokenizer over the same files, for decoding
+    /// prompts: its byte table decodes the text `tokenizer` would, several
+    /// times faster, so a script matched against long (tool) prompts does
+    /// not make the worker the slowest process of a benchmark. `None` when
+    /// it does not load; `tokenizer` decodes then.
+    prompt_decoder: Option<smg::tokenizer::Tokenizer>,
     pub model_type: String,
     pub architectures: Vec<String>,
     pub vocab_size: u32,
@@ -99,9 +105,19 @@ impl ModelFacts {
             supports_vision: config.get("vision_config").is_some(),
             hidden_size: id(config.get("hidden_size")).unwrap_or(64),
             tokenizer,
+            prompt_decoder: smg::tokenizer::Tokenizer::from_model_dir(&model_path).ok(),
             tokenizer_zip,
             model_path,
         })
+    }
+
+    /// The text of prompt `ids` with special tokens kept, as the model's
+    /// Hugging Face tokenizer decodes it.
+    pub fn decode_prompt(&self, ids: &[u32]) -> Option<String> {
+        match &self.prompt_decoder {
+            Some(decoder) => decoder.decode(ids, false).ok(),
+            None => self.tokenizer.decode(ids, false).ok(),
+        }
     }
 
     /// Token ids of `text`, without special tokens.
