@@ -15,7 +15,9 @@
 //! `qwen` tool parser and the `qwen3` reasoning parser are picked), a
 //! zero-delay `smg-sim-worker --script` pinned to core 0, one gateway pinned
 //! to core 1 with `taskset` (when there are two cores), the load generator
-//! unpinned; closed loop, 64 in flight, every prompt different. The script
+//! unpinned; closed loop, 64 in flight, every prompt different; routing
+//! round robin, as in `gateway_overhead` (the scenario the issue names;
+//! `SMG_BENCH_POLICY=cache_aware` measures the default policy). The script
 //! answers a prompt that carries tools (the template's `<tools>` block) with
 //! a think block and two Hermes `<tool_call>` blocks, and any other prompt
 //! with plain text of about the same token count. Rows, in order:
@@ -550,15 +552,25 @@ fn main() {
     if cores >= 2 {
         pin(worker.pid(), 0);
     }
+    // The issue's scenario is gateway_overhead's, which routes round robin;
+    // `SMG_BENCH_POLICY=cache_aware` (the gateway's default) adds the prefix
+    // tree's hashing and insert, which grow with the prompt.
+    let policy = std::env::var("SMG_BENCH_POLICY").unwrap_or_else(|_| "round_robin".to_owned());
     let gateway = model.gateway(&[
         "--worker-urls",
         &worker.grpc_url(),
         "--disable-health-check",
+        "--policy",
+        &policy,
     ]);
     if cores >= 2 {
         pin(gateway.pid(), 1);
     }
-    println!("gateway pid {}, worker pid {}", gateway.pid(), worker.pid());
+    println!(
+        "gateway pid {}, worker pid {}, --policy {policy}",
+        gateway.pid(),
+        worker.pid()
+    );
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .timeout(Duration::from_secs(60))
@@ -686,6 +698,7 @@ fn main() {
     if std::fs::create_dir_all(&out).is_ok() {
         let json = serde_json::to_string_pretty(&json!({
             "cores": cores, "seconds": secs, "rounds": rounds, "concurrency": CONCURRENCY,
+            "policy": policy,
             "model": MODEL_ID, "rows": rows, "ratios_per_round": round_ratios}))
         .unwrap_or_default();
         let _ = std::fs::write(out.join("tool_calls.json"), json);
