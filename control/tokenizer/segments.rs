@@ -18,8 +18,21 @@
 //! on their position, e.g. a Metaspace "prepend only first" scheme).
 //! Otherwise [`SegmentEncoder::for_tokenizer`] declines and callers use the
 //! tokenizer directly.
+//!
+//! Before the cache, each thread keeps the last text it encoded with its
+//! ids and added tokens: a prompt that starts as the previous one did (an
+//! agent's system prompt and tools, turn after turn) takes the ids of that
+//! common prefix as they are, up to the last added token the prefix fully
+//! decides, and is scanned, hashed and looked up from there on only. An
+//! added token found at `start` is decided by the text up to `start` plus
+//! the longest added token (a longer one could begin there), so one whose
+//! end plus that length lies within the common prefix is found at the
+//! same place in both texts, as is everything before it; the scan resumes
+//! at its end, where a scan of the whole text would resume too.
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
@@ -30,11 +43,47 @@ use crate::memo::Memo;
 const MAX_CACHED_PIECE_BYTES: usize = 256 * 1024;
 /// Memory the cache may hold in all, keys and ids counted.
 const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// Texts longer than this are not kept as a thread's last text.
+const MAX_REMEMBERED_TEXT_BYTES: usize = 256 * 1024;
+
+/// Names each encoder for the threads' last texts (an address could be
+/// reused by the next encoder, for another tokenizer).
+static NEXT_ENCODER_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static LAST_ENCODED: RefCell<LastEncoded> = RefCell::new(LastEncoded::default());
+}
+
+/// The last text one thread encoded, and what encoding it found.
+#[derive(Default)]
+struct LastEncoded {
+    /// The encoder that encoded it (0: none yet).
+    encoder: u64,
+    text: String,
+    ids: Vec<u32>,
+    /// Its added tokens in order.
+    found: Vec<FoundToken>,
+    /// Bytes of the last encoded text taken from the previous one (tests).
+    #[cfg(test)]
+    reused_bytes: usize,
+}
+
+/// An added token found in a text: where it ends, and how many ids the
+/// text's encoding has up to and including it.
+#[derive(Debug, Clone, Copy)]
+struct FoundToken {
+    end: usize,
+    ids: usize,
+}
 
 /// Encodes text piece by piece between verbatim added tokens.
 pub(super) struct SegmentEncoder {
+    /// This encoder's name in the threads' [`LastEncoded`].
+    id: u64,
     delimiters: AhoCorasick,
     delimiter_ids: Vec<u32>,
+    /// Bytes of the longest added token.
+    longest_delimiter: usize,
     cache: Memo<Arc<[u32]>>,
     /// Encodes pieces without `tokenizers`' bookkeeping, when it applies.
     direct: Option<ByteLevelBpe>,
@@ -72,8 +121,14 @@ impl SegmentEncoder {
             .build(tokens.iter().map(|(_, content)| content.as_str()))
             .ok()?;
         let encoder = Self {
+            id: NEXT_ENCODER_ID.fetch_add(1, Ordering::Relaxed),
             delimiters,
             delimiter_ids: tokens.iter().map(|(id, _)| *id).collect(),
+            longest_delimiter: tokens
+                .iter()
+                .map(|(_, content)| content.len())
+                .max()
+                .unwrap_or(0),
             cache: Memo::new(cache_bytes),
             direct: ByteLevelBpe::for_tokenizer(tokenizer),
         };
@@ -94,14 +149,64 @@ impl SegmentEncoder {
         tokenizer: &tokenizers::Tokenizer,
         text: &str,
     ) -> tokenizers::Result<Vec<u32>> {
+        LAST_ENCODED.with(|last| match last.try_borrow_mut() {
+            Ok(mut last) => self.encode_after(tokenizer, text, &mut last),
+            // Not reached (nothing here encodes while encoding); still, a
+            // text is encoded without the record rather than not at all.
+            Err(_) => self.encode_after(tokenizer, text, &mut LastEncoded::default()),
+        })
+    }
+
+    /// Encodes `text`, taking what it shares with `last` from it, and
+    /// leaves `text` in `last`.
+    fn encode_after(
+        &self,
+        tokenizer: &tokenizers::Tokenizer,
+        text: &str,
+        last: &mut LastEncoded,
+    ) -> tokenizers::Result<Vec<u32>> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 8);
         let mut start = 0;
-        for found in self.delimiters.find_iter(text) {
-            self.encode_piece(tokenizer, &text[start..found.start()], &mut ids)?;
-            ids.push(self.delimiter_ids[found.pattern().as_usize()]);
-            start = found.end();
+        let mut kept_tokens = 0;
+        if last.encoder == self.id {
+            let shared = common_prefix_len(text.as_bytes(), last.text.as_bytes());
+            let decided = last
+                .found
+                .iter()
+                .rposition(|token| token.end + self.longest_delimiter <= shared);
+            if let Some(index) = decided {
+                let through = last.found[index];
+                ids.extend_from_slice(&last.ids[..through.ids]);
+                kept_tokens = index + 1;
+                start = through.end;
+            }
+        }
+        // Out of use until it describes `text` (an error below leaves it so).
+        last.encoder = 0;
+        last.found.truncate(kept_tokens);
+        #[cfg(test)]
+        {
+            last.reused_bytes = start;
+        }
+        let scan_from = start;
+        for token in self.delimiters.find_iter(&text[scan_from..]) {
+            let (token_start, token_end) = (scan_from + token.start(), scan_from + token.end());
+            self.encode_piece(tokenizer, &text[start..token_start], &mut ids)?;
+            ids.push(self.delimiter_ids[token.pattern().as_usize()]);
+            last.found.push(FoundToken {
+                end: token_end,
+                ids: ids.len(),
+            });
+            start = token_end;
         }
         self.encode_piece(tokenizer, &text[start..], &mut ids)?;
+        if text.len() <= MAX_REMEMBERED_TEXT_BYTES {
+            last.encoder = self.id;
+            last.text.clear();
+            last.text.push_str(text);
+            last.ids.clear();
+            last.ids.extend_from_slice(&ids);
+        }
         Ok(ids)
     }
 
@@ -143,6 +248,22 @@ impl SegmentEncoder {
     fn cached_pieces(&self) -> usize {
         self.cache.len()
     }
+}
+
+/// How many leading bytes `a` and `b` share: whole blocks compared as
+/// slices (memcmp) first, then the block where they differ byte by byte.
+fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 64;
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= len && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..len]
+        .iter()
+        .zip(&b[at..len])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 /// Whether the pre-tokenizer treats the input's first piece differently
@@ -291,6 +412,117 @@ mod tests {
             encoder.cached_pieces()
         );
         assert!(encoder.cached_pieces() > 0);
+    }
+
+    /// Bytes the last encode on this thread took from the one before.
+    fn reused_bytes() -> usize {
+        LAST_ENCODED.with(|last| last.borrow().reused_bytes)
+    }
+
+    #[test]
+    fn a_prompt_starting_as_the_last_one_takes_its_ids_and_agrees_with_the_tokenizer() {
+        let tokenizer = fixture();
+        let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
+        let base = "<|im_start|>system\nYou are a helpful assistant with tools.<|im_end|>\n\
+                    <|im_start|>user\nWhat is the weather?<|im_end|>\n<|im_start|>assistant\n";
+        // The next turn: the same start, more after it.
+        encoder.encode(&tokenizer, base).unwrap();
+        let next = format!("{base}It is sunny.<|im_end|>\n<|im_start|>user\nThanks<|im_end|>");
+        assert_eq!(
+            encoder.encode(&tokenizer, &next).unwrap(),
+            whole(&tokenizer, &next)
+        );
+        assert!(reused_bytes() > base.len() / 2, "{}", reused_bytes());
+        // A text that differs from its first byte takes nothing.
+        let other = format!("x{base}");
+        assert_eq!(
+            encoder.encode(&tokenizer, &other).unwrap(),
+            whole(&tokenizer, &other)
+        );
+        assert_eq!(reused_bytes(), 0);
+        // A change at every byte (a char boundary) of the base, after the
+        // base itself: what is taken is only what the change leaves alone.
+        for (at, _) in base.char_indices() {
+            for change in ["Z", "<|im_end|>", "<|im_start|", "\n"] {
+                let changed = format!("{}{change}{}", &base[..at], &base[at..]);
+                encoder.encode(&tokenizer, base).unwrap();
+                assert_eq!(
+                    encoder.encode(&tokenizer, &changed).unwrap(),
+                    whole(&tokenizer, &changed),
+                    "{changed:?}"
+                );
+                assert!(reused_bytes() <= at, "{changed:?}: {}", reused_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn an_added_token_a_longer_one_may_extend_is_not_taken_from_the_last_text() {
+        let mut tokenizer = fixture();
+        tokenizer.add_special_tokens(&[
+            tokenizers::AddedToken::from("<x>", true),
+            tokenizers::AddedToken::from("<x>yz", true),
+        ]);
+        let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
+        let long = whole(&tokenizer, "<x>yz");
+        assert_eq!(long.len(), 1, "<x>yz is one token: {long:?}");
+        // Both texts start "hi<x>y": there `<x>` is found in the first,
+        // `<x>yz` in the second.
+        let first = "hi<x>yq and more text after it";
+        let second = "hi<x>yz and more text after it";
+        encoder.encode(&tokenizer, first).unwrap();
+        let ids = encoder.encode(&tokenizer, second).unwrap();
+        assert_eq!(ids, whole(&tokenizer, second));
+        assert!(ids.contains(&long[0]), "{ids:?}");
+        assert_eq!(reused_bytes(), 0);
+    }
+
+    #[test]
+    fn texts_growing_and_changing_from_the_last_one_agree_with_the_tokenizer() {
+        use rand::{Rng, SeedableRng};
+        let mut tokenizer = fixture();
+        tokenizer.add_special_tokens(&[
+            tokenizers::AddedToken::from("<x>", true),
+            tokenizers::AddedToken::from("<x>yz", true),
+        ]);
+        let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
+        let parts = [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<x>",
+            "<x>yz",
+            "yz",
+            "y",
+            "hello",
+            " world",
+            "\n",
+            "é",
+            "🙂",
+            "<|",
+            "|>",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut text = String::new();
+        let mut reused = 0;
+        for _ in 0..2_000 {
+            // Keep a random share of the last text (cut at a char), add parts.
+            let keep = rng.random_range(0..=text.len());
+            let keep = (0..=keep)
+                .rev()
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(0);
+            text.truncate(keep);
+            for _ in 0..rng.random_range(0..6) {
+                text.push_str(parts[rng.random_range(0..parts.len())]);
+            }
+            assert_eq!(
+                encoder.encode(&tokenizer, &text).unwrap(),
+                whole(&tokenizer, &text),
+                "{text:?}"
+            );
+            reused += reused_bytes();
+        }
+        assert!(reused > 0, "some texts took ids from the last one");
     }
 
     #[test]
