@@ -456,13 +456,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_added_token_a_longer_one_may_extend_is_not_taken_from_the_last_text() {
+    /// The fixture with two more added tokens, one the start of the other.
+    fn fixture_with_nested_tokens() -> tokenizers::Tokenizer {
         let mut tokenizer = fixture();
         tokenizer.add_special_tokens(&[
             tokenizers::AddedToken::from("<x>", true),
             tokenizers::AddedToken::from("<x>yz", true),
         ]);
+        tokenizer
+    }
+
+    #[test]
+    fn an_added_token_a_longer_one_may_extend_is_not_taken_from_the_last_text() {
+        let tokenizer = fixture_with_nested_tokens();
         let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
         let long = whole(&tokenizer, "<x>yz");
         assert_eq!(long.len(), 1, "<x>yz is one token: {long:?}");
@@ -480,11 +486,7 @@ mod tests {
     #[test]
     fn texts_growing_and_changing_from_the_last_one_agree_with_the_tokenizer() {
         use rand::{Rng, SeedableRng};
-        let mut tokenizer = fixture();
-        tokenizer.add_special_tokens(&[
-            tokenizers::AddedToken::from("<x>", true),
-            tokenizers::AddedToken::from("<x>yz", true),
-        ]);
+        let tokenizer = fixture_with_nested_tokens();
         let encoder = SegmentEncoder::for_tokenizer(&tokenizer).unwrap();
         let parts = [
             "<|im_start|>",
