@@ -248,10 +248,12 @@ fn apply_routes(tree: Arc<Tree>, inbox: Receiver<Message>) {
     }
 }
 
-/// The last prompt hashed on this thread and its page keys.
+/// The last prompt hashed on this thread, with each full page's chain
+/// state and key.
 #[derive(Debug, Default)]
 struct PromptKeys {
     tokens: Vec<u32>,
+    chains: Vec<u64>,
     keys: Vec<u64>,
 }
 
@@ -259,32 +261,64 @@ thread_local! {
     static LAST_PROMPT: RefCell<PromptKeys> = RefCell::new(PromptKeys::default());
 }
 
-/// Runs `f` over the page keys of `ids`. The keys of the last prompt seen
-/// on this thread are reused when the tokens are the same (comparing is far
-/// cheaper than hashing), so one decision hashes its prompt once.
+/// Runs `f` over the page keys of `ids`. The pages a prompt shares with
+/// the last prompt seen on this thread (its start: an agent's system
+/// prompt and tools, or the same prompt again) keep their keys, and the
+/// chain goes on from there (comparing is far cheaper than hashing), so one
+/// decision hashes its prompt once and a conversation hashes only what is
+/// new.
 fn with_page_keys<R>(ids: &[u32], f: impl FnOnce(&[u64]) -> R) -> R {
     if ids.len() > KEY_CACHE_TOKENS {
         return f(&page_keys(ids).collect::<Vec<_>>());
     }
     LAST_PROMPT.with(|cell| match cell.try_borrow_mut() {
         Ok(mut last) => {
-            if last.tokens != ids {
-                last.tokens.clear();
-                last.tokens.extend_from_slice(ids);
-                last.keys.clear();
-                last.keys.extend(page_keys(ids));
+            let last = &mut *last;
+            let kept = shared_tokens(&last.tokens, ids) / PAGE_TOKENS;
+            last.chains.truncate(kept);
+            last.keys.truncate(kept);
+            let mut chain = last.chains.last().copied().unwrap_or(CHAIN_SEED);
+            for page in ids[kept * PAGE_TOKENS..].chunks_exact(PAGE_TOKENS) {
+                chain = chain_page(chain, page);
+                last.chains.push(chain);
+                last.keys.push(finalize(chain));
             }
+            last.tokens.clear();
+            last.tokens.extend_from_slice(ids);
             f(&last.keys)
         }
         Err(_) => f(&page_keys(ids).collect::<Vec<_>>()),
     })
 }
 
+/// How many leading tokens `a` and `b` share: whole pages compared as
+/// slices first, then the page where they differ token by token.
+fn shared_tokens(a: &[u32], b: &[u32]) -> usize {
+    let len = a.len().min(b.len());
+    let mut at = 0;
+    while at + PAGE_TOKENS <= len && a[at..at + PAGE_TOKENS] == b[at..at + PAGE_TOKENS] {
+        at += PAGE_TOKENS;
+    }
+    at + a[at..len]
+        .iter()
+        .zip(&b[at..len])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// The chain's state before the first page.
+const CHAIN_SEED: u64 = 0x243F_6A88_85A3_08D3;
+
+/// The chain's state after `page`, from its state before it.
+fn chain_page(chain: u64, page: &[u32]) -> u64 {
+    (chain.rotate_left(23) ^ page_hash(page)).wrapping_mul(0x517C_C1B7_2722_0A95)
+}
+
 /// The chained hash of each full page prefix of `ids`.
 fn page_keys(ids: &[u32]) -> impl Iterator<Item = u64> + '_ {
     ids.chunks_exact(PAGE_TOKENS)
-        .scan(0x243F_6A88_85A3_08D3u64, |chain, page| {
-            *chain = (chain.rotate_left(23) ^ page_hash(page)).wrapping_mul(0x517C_C1B7_2722_0A95);
+        .scan(CHAIN_SEED, |chain, page| {
+            *chain = chain_page(*chain, page);
             Some(finalize(*chain))
         })
 }
@@ -638,6 +672,29 @@ mod tests {
         assert_eq!(keys_b, page_keys(&b).collect::<Vec<_>>());
         assert_eq!(keys_a[..2], keys_b[..2]);
         assert_ne!(keys_a[2], keys_b[2]);
+    }
+
+    #[test]
+    fn prompts_sharing_a_start_with_the_last_one_get_the_keys_of_their_own_pages() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut prompt: Vec<u32> = Vec::new();
+        for _ in 0..500 {
+            // Keep a random share of the last prompt, change one token of
+            // it now and then, and add more.
+            prompt.truncate(rng.random_range(0..=prompt.len()));
+            if !prompt.is_empty() && rng.random_bool(0.2) {
+                let at = rng.random_range(0..prompt.len());
+                prompt[at] = rng.random_range(0..50);
+            }
+            let more = rng.random_range(0..80);
+            prompt.extend((0..more).map(|_| rng.random_range(0..50u32)));
+            assert_eq!(
+                with_page_keys(&prompt, <[u64]>::to_vec),
+                page_keys(&prompt).collect::<Vec<_>>(),
+                "{prompt:?}"
+            );
+        }
     }
 
     #[test]
