@@ -39,6 +39,7 @@ pub mod policies;
 pub mod proto;
 pub(crate) mod router;
 pub mod server;
+pub(crate) mod shared_prefix;
 pub(crate) mod shutdown;
 pub(crate) mod startup;
 pub(crate) mod tls;

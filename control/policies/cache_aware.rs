@@ -35,6 +35,7 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 
 use super::{Policy, Pool, SelectionRequest, least_loaded_from, request_load};
+use crate::shared_prefix::shared_prefix_len;
 use crate::workers::Worker;
 
 /// Tokens per page (engines' prefix caches page at 16 tokens).
@@ -274,7 +275,7 @@ fn with_page_keys<R>(ids: &[u32], f: impl FnOnce(&[u64]) -> R) -> R {
     LAST_PROMPT.with(|cell| match cell.try_borrow_mut() {
         Ok(mut last) => {
             let last = &mut *last;
-            let kept = shared_tokens(&last.tokens, ids) / PAGE_TOKENS;
+            let kept = shared_prefix_len(&last.tokens, ids) / PAGE_TOKENS;
             last.chains.truncate(kept);
             last.keys.truncate(kept);
             let mut chain = last.chains.last().copied().unwrap_or(CHAIN_SEED);
@@ -289,21 +290,6 @@ fn with_page_keys<R>(ids: &[u32], f: impl FnOnce(&[u64]) -> R) -> R {
         }
         Err(_) => f(&page_keys(ids).collect::<Vec<_>>()),
     })
-}
-
-/// How many leading tokens `a` and `b` share: whole pages compared as
-/// slices first, then the page where they differ token by token.
-fn shared_tokens(a: &[u32], b: &[u32]) -> usize {
-    let len = a.len().min(b.len());
-    let mut at = 0;
-    while at + PAGE_TOKENS <= len && a[at..at + PAGE_TOKENS] == b[at..at + PAGE_TOKENS] {
-        at += PAGE_TOKENS;
-    }
-    at + a[at..len]
-        .iter()
-        .zip(&b[at..len])
-        .take_while(|(x, y)| x == y)
-        .count()
 }
 
 /// The chain's state before the first page.

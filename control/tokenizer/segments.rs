@@ -38,6 +38,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 
 use super::byte_level_bpe::ByteLevelBpe;
 use crate::memo::Memo;
+use crate::shared_prefix::shared_prefix_len;
 
 /// Pieces longer than this are tokenized but never cached.
 const MAX_CACHED_PIECE_BYTES: usize = 256 * 1024;
@@ -169,7 +170,7 @@ impl SegmentEncoder {
         let mut start = 0;
         let mut kept_tokens = 0;
         if last.encoder == self.id {
-            let shared = common_prefix_len(text.as_bytes(), last.text.as_bytes());
+            let shared = shared_prefix_len(text.as_bytes(), last.text.as_bytes());
             let decided = last
                 .found
                 .iter()
@@ -248,22 +249,6 @@ impl SegmentEncoder {
     fn cached_pieces(&self) -> usize {
         self.cache.len()
     }
-}
-
-/// How many leading bytes `a` and `b` share: whole blocks compared as
-/// slices (memcmp) first, then the block where they differ byte by byte.
-fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 64;
-    let len = a.len().min(b.len());
-    let mut at = 0;
-    while at + BLOCK <= len && a[at..at + BLOCK] == b[at..at + BLOCK] {
-        at += BLOCK;
-    }
-    at + a[at..len]
-        .iter()
-        .zip(&b[at..len])
-        .take_while(|(x, y)| x == y)
-        .count()
 }
 
 /// Whether the pre-tokenizer treats the input's first piece differently
