@@ -1,6 +1,7 @@
 //! How long a start two sequences share: the per-thread "last prompt"
-//! records of the tokenizer (text) and the cache-aware policy (token ids)
-//! both begin by asking it, on every request, of inputs kilobytes long.
+//! records of the tokenizer (text), the cache-aware policy (token ids) and
+//! the engine messages' id encoder all begin by asking it, on every
+//! request, of inputs kilobytes long.
 
 /// Items compared as one slice before the element-by-element tail.
 const BLOCK: usize = 64;

@@ -8,6 +8,13 @@
 //! and more for an agent's long prompts. These types encode the ids into a
 //! stack block first and hand the frame buffer one slice per 64 ids.
 //!
+//! Each thread also keeps the last ids it encoded with their bytes, a
+//! block of 64 at a time: a prompt that starts as the previous one did (an
+//! agent's system prompt and tools turn after turn, a PD pair's prefill
+//! and decode requests) copies the bytes of the whole blocks it shares
+//! with it and encodes only the rest. Comparing ids costs a fraction of
+//! encoding them.
+//!
 //! The bytes are the derived encoder's, field for field: the fields in
 //! number order, empty fields left out, the ids as one packed field.
 //! Decoding accepts everything the derived decoder accepts (packed and
@@ -20,9 +27,13 @@
 // proto/mod.rs allows clippy for the generated code; this file is ours.
 #![warn(clippy::all)]
 
+use std::cell::RefCell;
+
 use bytes::{Buf, BufMut};
 use prost::DecodeError;
 use prost::encoding::{DecodeContext, WireType, encode_key, encoded_len_varint, key_len};
+
+use crate::shared_prefix::shared_prefix_len;
 
 /// TokenSpeed's `TokenizedInput`: `input_ids = 1`, `original_text = 2`.
 #[derive(Clone, PartialEq, Eq, Default, Debug)]
@@ -100,6 +111,55 @@ impl prost::Message for SglangTokenizedInput {
 
 /// Ids per block: a u32 varint is at most 5 bytes.
 const IDS_PER_BLOCK: usize = 64;
+/// A thread's record of its last ids grows no longer than this (1 MiB of
+/// ids, up to 1.25 MiB of bytes); a longer prompt reuses and records its
+/// first this many.
+const MAX_RECORDED_IDS: usize = 256 * 1024;
+
+thread_local! {
+    static LAST_ENCODED: RefCell<LastEncodedIds> = RefCell::new(LastEncodedIds::default());
+}
+
+/// The whole blocks of the last ids one thread encoded, and their bytes.
+#[derive(Default)]
+struct LastEncodedIds {
+    /// `IDS_PER_BLOCK` times `block_ends.len()` ids.
+    ids: Vec<u32>,
+    /// Their varints, back to back.
+    bytes: Vec<u8>,
+    /// `bytes.len()` after each block.
+    block_ends: Vec<usize>,
+    /// Bytes the last encoding copied from the one before (tests).
+    #[cfg(test)]
+    reused_bytes: usize,
+}
+
+impl LastEncodedIds {
+    /// Writes the varints of `ids` to `buf`, copying those of the whole
+    /// blocks they share with the record, and records `ids` in their place.
+    fn encode(&mut self, ids: &[u32], buf: &mut impl BufMut) {
+        let kept = (shared_prefix_len(&self.ids, ids) / IDS_PER_BLOCK).min(self.block_ends.len());
+        let kept_bytes = kept.checked_sub(1).map_or(0, |last| self.block_ends[last]);
+        buf.put_slice(&self.bytes[..kept_bytes]);
+        self.ids.truncate(kept * IDS_PER_BLOCK);
+        self.bytes.truncate(kept_bytes);
+        self.block_ends.truncate(kept);
+        #[cfg(test)]
+        {
+            self.reused_bytes = kept_bytes;
+        }
+        let mut block = [0u8; IDS_PER_BLOCK * 5];
+        for ids in ids[kept * IDS_PER_BLOCK..].chunks(IDS_PER_BLOCK) {
+            let encoded = encode_block(ids, &mut block);
+            buf.put_slice(encoded);
+            if ids.len() == IDS_PER_BLOCK && self.ids.len() < MAX_RECORDED_IDS {
+                self.ids.extend_from_slice(ids);
+                self.bytes.extend_from_slice(encoded);
+                self.block_ends.push(self.bytes.len());
+            }
+        }
+    }
+}
 
 /// Writes `ids` as one packed field (nothing when empty, as proto3 does).
 fn encode_ids(tag: u32, ids: &[u32], buf: &mut impl BufMut) {
@@ -108,14 +168,31 @@ fn encode_ids(tag: u32, ids: &[u32], buf: &mut impl BufMut) {
     }
     encode_key(tag, WireType::LengthDelimited, buf);
     prost::encoding::encode_varint(packed_len(ids) as u64, buf);
-    let mut block = [0u8; IDS_PER_BLOCK * 5];
-    for ids in ids.chunks(IDS_PER_BLOCK) {
-        let mut at = 0;
-        for &id in ids {
-            at = put_varint(&mut block, at, id);
+    let recorded = LAST_ENCODED.try_with(|last| match last.try_borrow_mut() {
+        Ok(mut last) => {
+            last.encode(ids, buf);
+            true
         }
-        buf.put_slice(&block[..at]);
+        Err(_) => false,
+    });
+    if recorded != Ok(true) {
+        let mut block = [0u8; IDS_PER_BLOCK * 5];
+        for ids in ids.chunks(IDS_PER_BLOCK) {
+            buf.put_slice(encode_block(ids, &mut block));
+        }
     }
+}
+
+/// Writes the varints of up to `IDS_PER_BLOCK` ids into `block`, returns
+/// them.
+#[inline]
+fn encode_block<'a>(ids: &[u32], block: &'a mut [u8; IDS_PER_BLOCK * 5]) -> &'a [u8] {
+    debug_assert!(ids.len() <= IDS_PER_BLOCK);
+    let mut at = 0;
+    for &id in ids {
+        at = put_varint(block, at, id);
+    }
+    &block[..at]
 }
 
 /// Writes `value` as a varint at `block[at..]`, returns the end. `block`
@@ -341,6 +418,87 @@ mod tests {
             assert_eq!(ours.encode_to_vec(), derived.encode_to_vec(), "last {last}");
             assert_eq!(ours.encoded_len(), derived.encoded_len());
         }
+    }
+
+    /// Bytes the last encoding on this thread copied from the one before.
+    fn reused_bytes() -> usize {
+        LAST_ENCODED.with(|last| last.borrow().reused_bytes)
+    }
+
+    #[test]
+    fn prompts_sharing_a_start_copy_its_whole_blocks_and_encode_the_same_bytes() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut previous: Vec<u32> = Vec::new();
+        for round in 0..400 {
+            // Keep a start of the previous prompt (all of it, none, or any
+            // length), then new ids of every varint width.
+            let keep = match round % 4 {
+                0 => previous.len(),
+                1 => 0,
+                _ => rng.random_range(0..=previous.len()),
+            };
+            let mut ids = previous[..keep].to_vec();
+            if round % 8 != 0 {
+                for _ in 0..rng.random_range(0..300) {
+                    let bits = 7 * rng.random_range(1..=5);
+                    ids.push(rng.random::<u32>() & (u32::MAX >> (32 - bits.min(32))));
+                }
+            }
+            // The shared start the record can use: whole blocks of what both
+            // have in common (the changed id may equal the old one by chance).
+            let shared = previous
+                .iter()
+                .zip(&ids)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let recorded_blocks = previous.len() / IDS_PER_BLOCK;
+            let expected_reuse =
+                packed_len(&ids[..(shared / IDS_PER_BLOCK).min(recorded_blocks) * IDS_PER_BLOCK]);
+            let ours = TokenSpeedTokenizedInput {
+                input_ids: ids.clone(),
+                original_text: String::new(),
+            };
+            let derived = DerivedTokenSpeed {
+                input_ids: ids.clone(),
+                original_text: String::new(),
+            };
+            assert_eq!(
+                ours.encode_to_vec(),
+                derived.encode_to_vec(),
+                "round {round}"
+            );
+            // No ids, no field: the record is left as it was.
+            if !ids.is_empty() {
+                assert_eq!(reused_bytes(), expected_reuse, "round {round}");
+                previous = ids;
+            }
+        }
+    }
+
+    #[test]
+    fn the_record_stops_growing_at_its_bound_and_reuses_what_it_holds() {
+        let ids: Vec<u32> = (0..MAX_RECORDED_IDS as u32 + 3 * IDS_PER_BLOCK as u32 + 5)
+            .map(|i| i.wrapping_mul(2_654_435_761) >> 14)
+            .collect();
+        let ours = SglangTokenizedInput {
+            original_text: "long".to_owned(),
+            input_ids: ids.clone(),
+        };
+        let derived = DerivedSglang {
+            original_text: "long".to_owned(),
+            input_ids: ids.clone(),
+        };
+        assert_eq!(ours.encode_to_vec(), derived.encode_to_vec());
+        // The same prompt again: the recorded blocks are copied, no more.
+        assert_eq!(ours.encode_to_vec(), derived.encode_to_vec());
+        assert_eq!(reused_bytes(), packed_len(&ids[..MAX_RECORDED_IDS]));
+        LAST_ENCODED.with(|last| {
+            let last = last.borrow();
+            assert_eq!(last.ids.len(), MAX_RECORDED_IDS);
+            assert_eq!(last.block_ends.len(), MAX_RECORDED_IDS / IDS_PER_BLOCK);
+            assert_eq!(last.bytes.len(), packed_len(&ids[..MAX_RECORDED_IDS]));
+        });
     }
 
     #[test]
