@@ -244,6 +244,31 @@ pub(super) fn sse_response(frames: impl Stream<Item = Bytes> + Send + 'static) -
     response
 }
 
+/// A `200 application/json` response of `value`, serialized into one
+/// buffer sized for a typical completion. (axum's `Json` writes through a
+/// `BytesMut` writer grown from 128 bytes, with a capacity check on each of
+/// the serializer's hundreds of small writes.)
+pub(super) fn json_response(value: &impl serde::Serialize) -> Response {
+    let mut body = Vec::with_capacity(JSON_RESPONSE_CAPACITY);
+    match serde_json::to_writer(&mut body, value) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            Bytes::from(body),
+        )
+            .into_response(),
+        Err(err) => {
+            Error::internal(format!("the response does not serialize: {err}")).into_response()
+        }
+    }
+}
+
+/// Room a JSON response starts with: a chat completion with a short
+/// answer, or tool calls, fits without growing.
+const JSON_RESPONSE_CAPACITY: usize = 1024;
+
 /// One `data: <json>\n\n` frame.
 pub(super) fn data_frame(json: &impl serde::Serialize) -> Bytes {
     let mut frame = b"data: ".to_vec();

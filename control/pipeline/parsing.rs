@@ -68,7 +68,7 @@ use smg_parsers::harmony::{self, HarmonyOptions, HarmonyParser};
 use smg_parsers::reasoning::{self, ReasoningOptions, ReasoningParser, ThinkingToggle};
 use smg_parsers::tool::{self, CallDelta, ToolParser, Tools};
 
-use super::request_context::push_hex_u128;
+use super::request_context::push_low_hex;
 use super::spec::{ChatPrompt, ToolChoice};
 
 /// The parsers a model's output goes through, decided once per model.
@@ -306,11 +306,9 @@ fn random_call_id() -> String {
 /// `format!("call_{:024x}", bits & mask)` writes it, by hand: `format!`'s
 /// `u128` hex costs several times more, on every call a tool chat makes.
 fn call_id(bits: u128) -> String {
-    let mut id = String::with_capacity("call_".len() + 32);
+    let mut id = String::with_capacity("call_".len() + 24);
     id.push_str("call_");
-    push_hex_u128(&mut id, bits);
-    // The first 8 of the 32 digits go: 96 bits stay.
-    id.drain(5..13);
+    push_low_hex(&mut id, bits, 24);
     id
 }
 

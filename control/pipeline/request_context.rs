@@ -87,11 +87,19 @@ fn push_decimal(out: &mut String, mut n: u32) {
 /// Appends `n` as 32 lowercase hex digits, as `format!("{n:032x}")` writes
 /// it: the random part of a minted id.
 pub(crate) fn push_hex_u128(out: &mut String, n: u128) {
+    push_low_hex(out, n, 32);
+}
+
+/// Appends the low `digits` hex digits of `n` (at most 32), most
+/// significant first, as `format!("{:0digits$x}", n & mask)` writes them.
+pub(crate) fn push_low_hex(out: &mut String, n: u128, digits: usize) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.extend((0..32).rev().map(|nibble| {
-        let digit = (n >> (nibble * 4)) & 0xf;
-        char::from(DIGITS[digit as usize])
-    }));
+    let mut text = [0u8; 32];
+    for (at, byte) in text.iter_mut().enumerate() {
+        *byte = DIGITS[((n >> (4 * (31 - at))) & 0xf) as usize];
+    }
+    // Hex digits are ASCII: always valid UTF-8.
+    out.push_str(std::str::from_utf8(&text[32 - digits.min(32)..]).unwrap_or_default());
 }
 
 #[cfg(test)]

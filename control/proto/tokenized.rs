@@ -135,11 +135,19 @@ struct LastEncodedIds {
 }
 
 impl LastEncodedIds {
+    /// The whole blocks `ids` shares with the record, and their bytes.
+    fn shared_blocks(&self, ids: &[u32]) -> (usize, usize) {
+        let kept = (shared_prefix_len(&self.ids, ids) / IDS_PER_BLOCK).min(self.block_ends.len());
+        (
+            kept,
+            kept.checked_sub(1).map_or(0, |last| self.block_ends[last]),
+        )
+    }
+
     /// Writes the varints of `ids` to `buf`, copying those of the whole
     /// blocks they share with the record, and records `ids` in their place.
     fn encode(&mut self, ids: &[u32], buf: &mut impl BufMut) {
-        let kept = (shared_prefix_len(&self.ids, ids) / IDS_PER_BLOCK).min(self.block_ends.len());
-        let kept_bytes = kept.checked_sub(1).map_or(0, |last| self.block_ends[last]);
+        let (kept, kept_bytes) = self.shared_blocks(ids);
         buf.put_slice(&self.bytes[..kept_bytes]);
         self.ids.truncate(kept * IDS_PER_BLOCK);
         self.bytes.truncate(kept_bytes);
@@ -225,12 +233,29 @@ fn put_varint(block: &mut [u8; IDS_PER_BLOCK * 5], mut at: usize, mut value: u32
     at + 1
 }
 
-/// Bytes of the ids' varints, without key and length: one byte per id and
-/// one more for each 7-bit boundary it crosses. Counted without branches,
-/// so the compiler can do it several ids at a time (prost's per-id
-/// `encoded_len_varint` cannot be), and counted more than once per request
-/// (the gRPC frame's size check and the enclosing message's length).
+/// Bytes of the ids' varints, without key and length. Asked three times
+/// per message (the gRPC frame's size check, the enclosing message's
+/// length, the field's length), before the ids are encoded: the whole
+/// blocks they share with this thread's record count as recorded, the
+/// rest one id at a time.
 fn packed_len(ids: &[u32]) -> usize {
+    if ids.len() < IDS_PER_BLOCK {
+        return count_varint_bytes(ids);
+    }
+    let shared =
+        LAST_ENCODED.try_with(|last| last.try_borrow().map(|last| last.shared_blocks(ids)));
+    let (kept, kept_bytes) = match shared {
+        Ok(Ok(shared)) => shared,
+        _ => (0, 0),
+    };
+    kept_bytes + count_varint_bytes(&ids[kept * IDS_PER_BLOCK..])
+}
+
+/// Bytes of the ids' varints: one byte per id and one more for each 7-bit
+/// boundary it crosses. Counted without branches, so the compiler can do
+/// it several ids at a time (prost's per-id `encoded_len_varint` cannot
+/// be).
+fn count_varint_bytes(ids: &[u32]) -> usize {
     // u32 sums cannot overflow within a chunk (at most 5 per id).
     ids.chunks(1 << 16)
         .map(|chunk| {
@@ -453,8 +478,9 @@ mod tests {
                 .take_while(|(a, b)| a == b)
                 .count();
             let recorded_blocks = previous.len() / IDS_PER_BLOCK;
-            let expected_reuse =
-                packed_len(&ids[..(shared / IDS_PER_BLOCK).min(recorded_blocks) * IDS_PER_BLOCK]);
+            let expected_reuse = count_varint_bytes(
+                &ids[..(shared / IDS_PER_BLOCK).min(recorded_blocks) * IDS_PER_BLOCK],
+            );
             let ours = TokenSpeedTokenizedInput {
                 input_ids: ids.clone(),
                 original_text: String::new(),
@@ -463,6 +489,7 @@ mod tests {
                 input_ids: ids.clone(),
                 original_text: String::new(),
             };
+            assert_eq!(ours.encoded_len(), derived.encoded_len(), "round {round}");
             assert_eq!(
                 ours.encode_to_vec(),
                 derived.encode_to_vec(),
@@ -492,12 +519,16 @@ mod tests {
         assert_eq!(ours.encode_to_vec(), derived.encode_to_vec());
         // The same prompt again: the recorded blocks are copied, no more.
         assert_eq!(ours.encode_to_vec(), derived.encode_to_vec());
-        assert_eq!(reused_bytes(), packed_len(&ids[..MAX_RECORDED_IDS]));
+        assert_eq!(ours.encoded_len(), derived.encoded_len());
+        assert_eq!(reused_bytes(), count_varint_bytes(&ids[..MAX_RECORDED_IDS]));
         LAST_ENCODED.with(|last| {
             let last = last.borrow();
             assert_eq!(last.ids.len(), MAX_RECORDED_IDS);
             assert_eq!(last.block_ends.len(), MAX_RECORDED_IDS / IDS_PER_BLOCK);
-            assert_eq!(last.bytes.len(), packed_len(&ids[..MAX_RECORDED_IDS]));
+            assert_eq!(
+                last.bytes.len(),
+                count_varint_bytes(&ids[..MAX_RECORDED_IDS])
+            );
         });
     }
 

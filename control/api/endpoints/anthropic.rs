@@ -15,10 +15,10 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::super::dialect::ErrorDialect;
-use super::super::http::{SharedState, named_frame};
+use super::super::http::{SharedState, json_response, named_frame};
 use super::super::types::spec::GenerationSpec;
 use super::super::types::validate::Limits;
 use super::super::types::{anthropic, openai};
@@ -257,7 +257,7 @@ impl Dialect for MessagesDialect {
         if content.is_empty() {
             content.push(anthropic::ResponseBlock::Text { text: choice.text });
         }
-        axum::Json(message(info, stop.as_ref(), content, usage)).into_response()
+        json_response(&message(info, stop.as_ref(), content, usage))
     }
 }
 

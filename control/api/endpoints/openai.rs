@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 
-use super::super::http::{SharedState, data_frame};
+use super::super::http::{SharedState, data_frame, json_response};
 use super::super::logprobs;
 use super::super::types::forms::ListObject;
 use super::super::types::openai;
@@ -186,7 +186,7 @@ impl<S: OpenAiShape> Dialect for OpenAiDialect<S> {
     }
 
     fn json(&self, info: &GenerationInfo, output: CollectedOutput) -> Response {
-        axum::Json(openai::CompletionEnvelope {
+        json_response(&openai::CompletionEnvelope {
             id: info.id.clone(),
             object: S::ResponseObject::default(),
             created: info.created,
@@ -198,7 +198,6 @@ impl<S: OpenAiShape> Dialect for OpenAiDialect<S> {
                 .collect::<Vec<_>>(),
             usage: openai_usage(&output.usage),
         })
-        .into_response()
     }
 }
 

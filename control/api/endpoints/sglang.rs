@@ -9,9 +9,9 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
-use super::super::http::{SharedState, data_frame};
+use super::super::http::{SharedState, data_frame, json_response};
 use super::super::types::sglang;
 use super::super::types::spec::GenerationSpec;
 use super::super::types::validate::Limits;
@@ -167,8 +167,8 @@ impl Dialect for GenerateDialect {
             })
             .collect();
         match <[sglang::GenerateResponse; 1]>::try_from(responses) {
-            Ok([single]) => axum::Json(single).into_response(),
-            Err(many) => axum::Json(many).into_response(),
+            Ok([single]) => json_response(&single),
+            Err(many) => json_response(&many),
         }
     }
 }
