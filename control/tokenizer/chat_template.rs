@@ -174,6 +174,10 @@ pub struct ChatTemplate {
     /// The templates' sources, for reading a model's conventions off them
     /// (its tool-call markup, its thinking switch).
     sources: String,
+    /// Whether one is named `tool_use` (known once, not asked of the
+    /// environment on every request with tools: a failed lookup builds an
+    /// error).
+    has_tool_use: bool,
 }
 
 /// The error `raise_exception` fails rendering with, so that its message can
@@ -225,6 +229,9 @@ impl ChatTemplate {
             .map(|(_, source)| source.as_str())
             .collect::<Vec<_>>()
             .join("\n");
+        let has_tool_use = named_sources
+            .iter()
+            .any(|(name, _)| name == TOOL_USE_TEMPLATE);
         for (name, source) in named_sources {
             environment
                 .add_template_owned(name.clone(), source)
@@ -239,6 +246,7 @@ impl ChatTemplate {
             budget,
             special_tokens: JinjaValue::from(Serde(special_tokens)),
             sources,
+            has_tool_use,
         }
         .with_budget(budget))
     }
@@ -288,7 +296,7 @@ impl ChatTemplate {
             RenderBudget::Inline => &self.inline,
             RenderBudget::Full => &self.environment,
         };
-        let template = Self::select(environment, options.tools.is_some())?;
+        let template = Self::select(environment, self.has_tool_use && options.tools.is_some())?;
         let fixed = minijinja::context! {
             messages => Serde(as_transformers_passes(messages)),
             tools => options.tools.as_ref().map(|tools| tools.0.clone()),
@@ -325,9 +333,9 @@ impl ChatTemplate {
     /// template, else `default`, as `transformers` chooses.
     fn select<'env>(
         environment: &'env Environment<'static>,
-        has_tools: bool,
+        tool_use: bool,
     ) -> Result<Template<'env, 'env>> {
-        if has_tools && let Ok(template) = environment.get_template(TOOL_USE_TEMPLATE) {
+        if tool_use && let Ok(template) = environment.get_template(TOOL_USE_TEMPLATE) {
             return Ok(template);
         }
         environment.get_template(DEFAULT_TEMPLATE).map_err(|_| {
