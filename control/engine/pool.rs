@@ -108,6 +108,15 @@ impl Default for ConnectionConfig {
 /// No `SETTINGS_MAX_CONCURRENT_STREAMS` seen (yet, or at all).
 const UNLIMITED: u32 = u32::MAX;
 
+/// Streams a connection remembers having reset (h2's default is 10). The
+/// gateway resets streams on purpose: a stop string ended a sequence, the
+/// client left, a leg past its bound. Frames the worker sent before it saw
+/// the reset are ignored on a remembered stream; on a forgotten one each
+/// counts as an error of the connection, and at 1,024 errors h2 closes it
+/// (GOAWAY `ENHANCE_YOUR_CALM`), failing every stream on it. At thousands
+/// of requests a second, ten are forgotten within milliseconds.
+const RESET_STREAMS_REMEMBERED: usize = 1024;
+
 /// One worker's connections.
 #[derive(Debug)]
 pub(super) struct Pool {
@@ -228,6 +237,7 @@ impl Pool {
             .parse()
             .map_err(|err| format!("{err}"))?;
         let mut endpoint = Endpoint::from(dialled)
+            .http2_max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
             .http2_keep_alive_interval(config.keepalive_interval)
             .keep_alive_timeout(config.keepalive_timeout)
             .keep_alive_while_idle(true);

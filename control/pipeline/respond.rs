@@ -5,9 +5,11 @@
 //! engines cannot see. The result is a dialect-neutral stream of
 //! [`OutputEvent`]s that each API formats its own way (OpenAI chunks,
 //! SGLang's `/generate`, Anthropic events), or collects for a JSON answer.
-//! When every sequence has stopped on a stop string the engine stream is
-//! dropped, which aborts the legs. Chat requests may also have their text
-//! split into reasoning, answer and tool calls here (see [`super::parsing`]).
+//! When every sequence has ended, the engine stream is let go: read to its
+//! end when the engine completed every sequence, dropped (which aborts the
+//! legs) when a stop string ended one the engine was still generating.
+//! Chat requests may also have their text split into reasoning, answer and
+//! tool calls here (see [`super::parsing`]).
 
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -347,9 +349,9 @@ impl Processor {
                 return None;
             }
             if self.all_finished() {
-                // Dropping the engine stream aborts legs still generating.
                 if let Some(events) = self.events.take() {
-                    drop(events);
+                    let engine_completed_all = self.sequences.iter().all(|s| s.counted);
+                    release(events, engine_completed_all);
                     // Sequences a stop string ended before their engine
                     // completion arrived count what they produced.
                     for sequence in &mut self.sequences {
@@ -381,6 +383,41 @@ impl Processor {
                 return Some(Err(err));
             }
         }
+    }
+}
+
+/// How long a stream whose every sequence the engine completed may take
+/// to end (its gRPC trailers) before it is reset after all.
+const TRAILERS_WAIT: Duration = Duration::from_secs(2);
+
+/// Lets go of an engine stream the response needs nothing more from.
+///
+/// When the engine completed every sequence, only the stream's end is
+/// still to come: it is read, at once when it has already arrived, else on
+/// a task of its own bounded by [`TRAILERS_WAIT`], so the stream ends as
+/// the worker ends it. Dropping it instead resets it (`RST_STREAM`), and
+/// under load that is not free: h2 remembers only a few streams it reset,
+/// a frame arriving on a forgotten one counts as an error of the
+/// connection, and at 1,024 such errors it closes the connection (GOAWAY
+/// `ENHANCE_YOUR_CALM`), failing every request on it — measured at every
+/// ~48,000 unary requests on one connection before this.
+///
+/// Otherwise a stop string ended a sequence the engine is still
+/// generating, and dropping the stream is what stops it.
+fn release(mut events: EventStream, engine_completed_all: bool) {
+    if !engine_completed_all {
+        return;
+    }
+    use futures::FutureExt;
+    if let Some(None) = events.next().now_or_never() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            let drained = async { while events.next().await.is_some() {} };
+            // Past the wait the stream is dropped: reset, as before.
+            let _ = tokio::time::timeout(TRAILERS_WAIT, drained).await;
+        });
     }
 }
 
@@ -537,6 +574,9 @@ pub(crate) async fn collect(mut output: OutputStream, n: u32) -> Result<Collecte
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
 
     fn chunk(index: u32, token_ids: Vec<u32>) -> GenerateEvent {
@@ -548,6 +588,142 @@ mod tests {
             cached_tokens: 32,
             logprobs: None,
         }
+    }
+
+    fn complete(index: u32, output_ids: Vec<u32>) -> GenerateEvent {
+        GenerateEvent::Complete {
+            index,
+            completion_tokens: output_ids.len() as u32,
+            output_ids,
+            finish_reason: "stop".into(),
+            matched_stop: None,
+            prompt_tokens: 40,
+            cached_tokens: 32,
+            logprobs: None,
+        }
+    }
+
+    fn options(n: u32, stop_strings: Vec<String>) -> ResponseOptions {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
+        ResponseOptions {
+            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
+            n,
+            skip_special_tokens: true,
+            stop_strings,
+            no_stop_trim: false,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
+            parsing: None,
+            stop_token_ids: Vec::new(),
+        }
+    }
+
+    /// An engine stream fed by a channel, telling whether it was read to
+    /// its end (the worker's trailers) and when it was let go.
+    struct Observed {
+        events: futures::channel::mpsc::UnboundedReceiver<Result<GenerateEvent>>,
+        ended: Arc<AtomicBool>,
+        released: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+
+    impl Stream for Observed {
+        type Item = Result<GenerateEvent>;
+
+        fn poll_next(
+            mut self: Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            let next = self.events.poll_next_unpin(cx);
+            if let std::task::Poll::Ready(None) = next {
+                self.ended.store(true, Ordering::SeqCst);
+            }
+            next
+        }
+    }
+
+    impl Drop for Observed {
+        fn drop(&mut self) {
+            if let Some(released) = self.released.take() {
+                let _ = released.send(());
+            }
+        }
+    }
+
+    /// The engine stream with `events` sent; the sender ends it (drop).
+    fn observed(
+        events: Vec<GenerateEvent>,
+    ) -> (
+        EventStream,
+        futures::channel::mpsc::UnboundedSender<Result<GenerateEvent>>,
+        Arc<AtomicBool>,
+        tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let (sender, receiver) = futures::channel::mpsc::unbounded();
+        for event in events {
+            sender.unbounded_send(Ok(event)).unwrap();
+        }
+        let ended = Arc::new(AtomicBool::new(false));
+        let (released, on_release) = tokio::sync::oneshot::channel();
+        let stream = Observed {
+            events: receiver,
+            ended: Arc::clone(&ended),
+            released: Some(released),
+        };
+        (Box::pin(stream), sender, ended, on_release)
+    }
+
+    async fn collected(events: EventStream, options: ResponseOptions) -> Vec<OutputEvent> {
+        process(events, options)
+            .map(|event| event.unwrap())
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_end_has_arrived_is_read_to_it_not_reset() {
+        let (events, sender, ended, mut on_release) =
+            observed(vec![chunk(0, vec![39]), complete(0, vec![39])]);
+        drop(sender);
+        let output = collected(events, options(1, Vec::new())).await;
+        assert!(matches!(output.last(), Some(OutputEvent::Usage(_))));
+        assert!(ended.load(Ordering::SeqCst), "read to its end");
+        assert!(on_release.try_recv().is_ok(), "and let go at once");
+    }
+
+    #[tokio::test]
+    async fn a_stream_whose_end_is_late_is_read_to_it_after_the_answer() {
+        let (events, sender, ended, on_release) =
+            observed(vec![chunk(0, vec![39]), complete(0, vec![39])]);
+        let output = collected(events, options(1, Vec::new())).await;
+        assert!(matches!(output.last(), Some(OutputEvent::Usage(_))));
+        assert!(!ended.load(Ordering::SeqCst));
+        // The trailers arrive after the answer went out.
+        drop(sender);
+        on_release.await.unwrap();
+        assert!(ended.load(Ordering::SeqCst), "read to its end, not reset");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_never_ends_is_reset_after_the_wait() {
+        let (events, sender, ended, on_release) =
+            observed(vec![chunk(0, vec![39]), complete(0, vec![39])]);
+        let started = tokio::time::Instant::now();
+        collected(events, options(1, Vec::new())).await;
+        on_release.await.unwrap();
+        assert!(!ended.load(Ordering::SeqCst));
+        assert!(started.elapsed() >= TRAILERS_WAIT);
+        drop(sender);
+    }
+
+    #[tokio::test]
+    async fn a_stream_a_stop_string_ended_is_dropped_to_stop_the_engine() {
+        // "ell" stops the sequence; the engine has not completed it.
+        let (events, sender, ended, mut on_release) =
+            observed(vec![chunk(0, vec![39]), chunk(0, vec![415])]);
+        let output = collected(events, options(1, vec!["ell".into()])).await;
+        assert!(matches!(output.last(), Some(OutputEvent::Usage(_))));
+        assert!(on_release.try_recv().is_ok(), "dropped with the answer");
+        assert!(!ended.load(Ordering::SeqCst));
+        drop(sender);
     }
 
     /// Two sequences; a stop string ends the first after two tokens, the
