@@ -23,6 +23,10 @@
 //! with plain text of about the same token count. Rows, in order:
 //!
 //! - chat completions without tools (the baseline), whole and streamed;
+//! - whole chat without tools whose answer starts with a think block like
+//!   the tool answer's (its prompt asks to think first): Qwen3 reasons with
+//!   or without tools, so "vs think" compares the tools alone, where the
+//!   baseline's "vs same" also charges the tools with the reasoning;
 //! - chat completions with 1 and with 8 tools (realistic JSON schemas),
 //!   whole and streamed;
 //! - `/v1/responses` with the same tools, whole, `store: false`, and
@@ -78,6 +82,20 @@ const PLAIN_ANSWER: &str = "The weather in Paris is mild today, around sixteen d
     about twenty one degrees, with clear skies expected until the evening. If you travel \
     between the two this week, pack a light jacket for the Paris evenings and sunglasses for \
     Rome; no rain is expected in either city before the weekend.";
+
+/// The answer to a prompt without tools that asks the model to think
+/// first: the tool answer's kind of think block, then plain text, about as
+/// many tokens as the others. A thinking model (Qwen3 thinks by default)
+/// reasons whether or not it has tools; against this row, a row with tools
+/// differs from its baseline by the tools alone.
+const THINKING_ANSWER: &str = "<think>\nThe user wants the weather in two cities, so I will \
+    describe each of them in turn.\n</think>\n\nThe weather in Paris is mild today, around \
+    sixteen degrees with a light breeze from the west and some clouds in the afternoon. Rome is \
+    warmer and sunny, about twenty one degrees, with clear skies expected until the evening. \
+    Pack a light jacket for Paris and sunglasses for Rome.";
+
+/// What a thinking row's prompt carries for the script to match.
+const THINK_FIRST: &str = "Think it over first.";
 
 /// Eight function tools with schemas of the size real agents send: nested
 /// objects, enums, arrays, descriptions. `get_weather` comes first, so the
@@ -205,6 +223,8 @@ struct Scenario {
     tools: usize,
     stream: bool,
     responses: bool,
+    /// Asks for an answer with a think block (rows without tools only).
+    thinking: bool,
 }
 
 const SCENARIOS: &[Scenario] = &[
@@ -213,54 +233,70 @@ const SCENARIOS: &[Scenario] = &[
         tools: 0,
         stream: false,
         responses: false,
+        thinking: false,
+    },
+    Scenario {
+        label: "chat, no tools, thinking",
+        tools: 0,
+        stream: false,
+        responses: false,
+        thinking: true,
     },
     Scenario {
         label: "chat, 1 tool",
         tools: 1,
         stream: false,
         responses: false,
+        thinking: false,
     },
     Scenario {
         label: "chat, 8 tools",
         tools: 8,
         stream: false,
         responses: false,
+        thinking: false,
     },
     Scenario {
         label: "chat streamed, no tools",
         tools: 0,
         stream: true,
         responses: false,
+        thinking: false,
     },
     Scenario {
         label: "chat streamed, 1 tool",
         tools: 1,
         stream: true,
         responses: false,
+        thinking: false,
     },
     Scenario {
         label: "chat streamed, 8 tools",
         tools: 8,
         stream: true,
         responses: false,
+        thinking: false,
     },
     Scenario {
         label: "responses, no tools",
         tools: 0,
         stream: false,
         responses: true,
+        thinking: false,
     },
     Scenario {
         label: "responses, 1 tool",
         tools: 1,
         stream: false,
         responses: true,
+        thinking: false,
     },
     Scenario {
         label: "responses, 8 tools",
         tools: 8,
         stream: false,
         responses: true,
+        thinking: false,
     },
 ];
 
@@ -276,7 +312,8 @@ impl Scenario {
     /// Request `n` without `tools`: the same question each time, numbered
     /// so every prompt differs.
     fn body_without_tools(self, n: u64) -> Value {
-        let text = format!("What is the weather in Paris and Rome? Request {n}");
+        let think = if self.thinking { THINK_FIRST } else { "" };
+        let text = format!("What is the weather in Paris and Rome? {think}Request {n}");
         if self.responses {
             json!({"model": MODEL_ID, "input": text, "store": false,
                    "max_output_tokens": MAX_TOKENS})
@@ -312,14 +349,29 @@ impl Scenario {
 
     /// The baseline this row's ratio is taken against: the first row.
     fn is_baseline(self) -> bool {
-        self.tools == 0 && !self.stream && !self.responses
+        self.tools == 0 && !self.stream && !self.responses && !self.thinking
     }
 
-    /// The row of the same API and shape without tools.
+    /// The row of the same API and shape without tools (and without a
+    /// think block).
     fn without_tools(self) -> Option<&'static Scenario> {
         SCENARIOS.iter().find(|other| {
-            other.tools == 0 && other.stream == self.stream && other.responses == self.responses
+            other.tools == 0
+                && !other.thinking
+                && other.stream == self.stream
+                && other.responses == self.responses
         })
+    }
+
+    /// For whole chat with tools, the whole chat row without tools whose
+    /// answer thinks as the tool answer does.
+    fn thinking_without_tools(self) -> Option<&'static Scenario> {
+        if self.tools == 0 || self.stream || self.responses {
+            return None;
+        }
+        SCENARIOS
+            .iter()
+            .find(|other| other.thinking && !other.stream && !other.responses)
     }
 }
 
@@ -346,6 +398,9 @@ struct Row {
     ratio_to_baseline: f64,
     /// That figure over the same API and shape's row without tools.
     ratio_to_same_without_tools: f64,
+    /// Whole chat with tools: that figure over the thinking row without
+    /// tools (the tools alone; NaN for other rows).
+    ratio_to_thinking_without_tools: f64,
     load_average: f64,
     p50_ms: f64,
     p99_ms: f64,
@@ -400,6 +455,15 @@ async fn check(http: &reqwest::Client, url: &str, scenario: Scenario, body: Stri
         assert_eq!(calls, if with_tools { 2 } else { 0 }, "{body}");
         let reason = if with_tools { "tool_calls" } else { "stop" };
         assert_eq!(choice["finish_reason"], reason, "{body}");
+        let reasoned = choice["message"]["reasoning_content"]
+            .as_str()
+            .is_some_and(|text| !text.is_empty());
+        assert_eq!(
+            reasoned,
+            with_tools || scenario.thinking,
+            "{}: {body}",
+            scenario.label
+        );
         (
             count(&body["usage"], "prompt_tokens"),
             count(&body["usage"], "completion_tokens"),
@@ -456,6 +520,7 @@ impl Slice {
             requests_per_gateway_cpu_sec: self.per_gateway_cpu_sec(),
             ratio_to_baseline: f64::NAN,
             ratio_to_same_without_tools: f64::NAN,
+            ratio_to_thinking_without_tools: f64::NAN,
             load_average: self.load_average,
             p50_ms: percentile(&self.latencies, 0.5),
             p99_ms: percentile(&self.latencies, 0.99),
@@ -545,6 +610,7 @@ fn main() {
     // matching line wins, and the empty `when` matches every other prompt.
     let script = support::chat::script(&[
         json!({"when": "<tools>", "text": TOOL_ANSWER}),
+        json!({"when": THINK_FIRST, "text": THINKING_ANSWER}),
         json!({"when": "", "text": PLAIN_ANSWER}),
     ]);
     let worker = model.worker("regular", &script);
@@ -619,15 +685,21 @@ fn main() {
         let ratio = |base: Option<f64>| {
             base.map_or(f64::NAN, |base| row.requests_per_gateway_cpu_sec / base)
         };
-        ratios.push((ratio(baseline), ratio(same)));
+        let thinking = SCENARIOS
+            .iter()
+            .find(|s| s.label == row.scenario)
+            .and_then(|s| s.thinking_without_tools())
+            .and_then(|s| per_core(s.label));
+        ratios.push((ratio(baseline), ratio(same), ratio(thinking)));
     }
-    for (row, (to_baseline, to_same)) in rows.iter_mut().zip(ratios) {
+    for (row, (to_baseline, to_same, to_thinking)) in rows.iter_mut().zip(ratios) {
         row.ratio_to_baseline = to_baseline;
         row.ratio_to_same_without_tools = to_same;
+        row.ratio_to_thinking_without_tools = to_thinking;
     }
 
     println!(
-        "\n{:<24} {:>7} {:>6} {:>8} {:>5} {:>7} {:>6} {:>6} {:>12} {:>6} {:>6} {:>5} {:>7} {:>7}",
+        "\n{:<24} {:>7} {:>6} {:>8} {:>5} {:>7} {:>6} {:>6} {:>12} {:>6} {:>6} {:>6} {:>5} {:>7} {:>7}",
         "scenario",
         "prompt",
         "output",
@@ -639,13 +711,14 @@ fn main() {
         "req/gw-cpu-s",
         "vs (a)",
         "vs same",
+        "vs think",
         "load",
         "p50 ms",
         "p99 ms"
     );
     for r in &rows {
         println!(
-            "{:<24} {:>7} {:>6} {:>8} {:>5} {:>7.0} {:>6.2} {:>6.2} {:>12.0} {:>6.2} {:>6.2} {:>5.1} {:>7.2} {:>7.2}",
+            "{:<24} {:>7} {:>6} {:>8} {:>5} {:>7.0} {:>6.2} {:>6.2} {:>12.0} {:>6.2} {:>6.2} {:>6.2} {:>5.1} {:>7.2} {:>7.2}",
             r.scenario,
             r.prompt_tokens,
             r.output_tokens,
@@ -657,6 +730,7 @@ fn main() {
             r.requests_per_gateway_cpu_sec,
             r.ratio_to_baseline,
             r.ratio_to_same_without_tools,
+            r.ratio_to_thinking_without_tools,
             r.load_average,
             r.p50_ms,
             r.p99_ms
@@ -665,34 +739,40 @@ fn main() {
     println!(
         "req/gw-cpu-s: requests per CPU-second of the gateway (the per-core figure); vs (a): \
          that over chat completions without tools, whole; vs same: over the same API and \
-         shape without tools. prompt/output: tokens of the checked answer (streams carry no \
+         shape without tools; vs think: whole chat with tools over whole chat without tools \
+         whose answer thinks as the tool answer does (the tools alone). prompt/output: tokens of the checked answer (streams carry no \
          usage); gw/wk cpu: cores the gateway/worker used."
     );
     // Each round's ratio of a row with tools to its row without: the
     // spread the pooled figure above averages over.
     let mut round_ratios = serde_json::Map::new();
     for (index, scenario) in chosen.iter().enumerate() {
-        let Some(without) = scenario
-            .without_tools()
-            .filter(|without| without.label != scenario.label)
-            .and_then(|without| chosen.iter().position(|s| s.label == without.label))
-        else {
-            continue;
-        };
-        let mut ratios: Vec<f64> = per_round[index]
-            .iter()
-            .zip(&per_round[without])
-            .map(|(with, without)| with / without)
-            .collect();
-        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-        round_ratios.insert(scenario.label.to_owned(), json!(ratios));
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "{}: vs same per round {} (median {:.2})",
-            scenario.label,
-            listed.join(" "),
-            percentile(&ratios, 0.5)
-        );
+        let baselines = [
+            ("vs same", scenario.without_tools()),
+            ("vs think", scenario.thinking_without_tools()),
+        ];
+        for (kind, baseline) in baselines {
+            let Some(without) = baseline
+                .filter(|without| without.label != scenario.label)
+                .and_then(|without| chosen.iter().position(|s| s.label == without.label))
+            else {
+                continue;
+            };
+            let mut ratios: Vec<f64> = per_round[index]
+                .iter()
+                .zip(&per_round[without])
+                .map(|(with, without)| with / without)
+                .collect();
+            let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            round_ratios.insert(format!("{} {kind}", scenario.label), json!(ratios));
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "{}: {kind} per round {} (median {:.2})",
+                scenario.label,
+                listed.join(" "),
+                percentile(&ratios, 0.5)
+            );
+        }
     }
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench-results");
     if std::fs::create_dir_all(&out).is_ok() {
