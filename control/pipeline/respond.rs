@@ -731,32 +731,13 @@ mod tests {
     /// in the fixture: "H", "ell", "o", " world").
     #[tokio::test]
     async fn the_prompt_counts_come_first_and_every_sequence_counts() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/model");
         let events: Vec<Result<GenerateEvent>> = vec![
             Ok(chunk(0, vec![39])),
             Ok(chunk(0, vec![415])),
             Ok(chunk(1, vec![39])),
-            Ok(GenerateEvent::Complete {
-                index: 1,
-                output_ids: vec![39],
-                finish_reason: "stop".into(),
-                matched_stop: None,
-                prompt_tokens: 40,
-                completion_tokens: 1,
-                cached_tokens: 32,
-                logprobs: None,
-            }),
+            Ok(complete(1, vec![39])),
         ];
-        let options = ResponseOptions {
-            tokenizer: Tokenizer::from_model_dir(&dir).unwrap(),
-            n: 2,
-            skip_special_tokens: true,
-            stop_strings: vec!["ell".into()],
-            no_stop_trim: false,
-            deadline: tokio::time::Instant::now() + Duration::from_secs(60),
-            parsing: None,
-            stop_token_ids: Vec::new(),
-        };
+        let options = options(2, vec!["ell".into()]);
         let output: Vec<OutputEvent> = process(Box::pin(futures::stream::iter(events)), options)
             .map(|event| event.unwrap())
             .collect()
