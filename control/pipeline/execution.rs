@@ -329,7 +329,11 @@ impl Stream for LoneLeg {
                     if this.completes >= this.sequences
                         && let Some(abort) = this.abort.as_mut()
                     {
+                        // The worker is done with the request: nothing to
+                        // abort, and its load is given back now, not when
+                        // the stream's trailers arrive.
                         abort.armed = false;
+                        this.guards.clear();
                     }
                 }
                 return Poll::Ready(Some(Ok(event)));
@@ -577,8 +581,67 @@ async fn next_prefill(prefill: &mut Option<EventStream>) -> Option<Result<Genera
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::engine::{EngineClient, Runtime};
+    use crate::workers::{Worker, WorkerRole};
+
+    /// A lone leg on a worker nothing listens for: the engine's events come
+    /// from `events`.
+    fn lone_leg(events: EventStream, guard: LoadGuard) -> LoneLeg {
+        let client = EngineClient::new("grpc://127.0.0.1:9", Runtime::TokenSpeed).unwrap();
+        LoneLeg {
+            events,
+            abort: Some(AbortOnDrop {
+                client: Arc::new(client),
+                request_id: "req-1".to_owned(),
+                armed: true,
+                tasks: RequestTasks::new(),
+                stream: None,
+            }),
+            guards: vec![guard],
+            sequences: 1,
+            completes: 0,
+            worker: Arc::from("grpc://127.0.0.1:9"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lone_leg_gives_its_load_back_at_the_completion_not_the_streams_end() {
+        let client = EngineClient::new("grpc://127.0.0.1:9", Runtime::TokenSpeed).unwrap();
+        let worker = Arc::new(Worker::new(Arc::new(client), WorkerRole::Regular, None).unwrap());
+        let (sender, receiver) = futures::channel::mpsc::unbounded();
+        sender.unbounded_send(Ok(chunk(0))).unwrap();
+        sender
+            .unbounded_send(Ok(GenerateEvent::Complete {
+                index: 0,
+                output_ids: vec![7],
+                finish_reason: "stop".into(),
+                matched_stop: None,
+                prompt_tokens: 40,
+                completion_tokens: 1,
+                cached_tokens: 0,
+                logprobs: None,
+            }))
+            .unwrap();
+        let mut leg = lone_leg(Box::pin(receiver), worker.acquire());
+        assert_eq!(worker.in_flight(), 1);
+        assert!(matches!(
+            leg.next().await,
+            Some(Ok(GenerateEvent::Chunk { .. }))
+        ));
+        assert_eq!(worker.in_flight(), 1, "held while generating");
+        assert!(matches!(
+            leg.next().await,
+            Some(Ok(GenerateEvent::Complete { .. }))
+        ));
+        // The stream has not ended (its trailers are still to come).
+        assert_eq!(worker.in_flight(), 0, "given back at the completion");
+        drop(sender);
+        assert!(leg.next().await.is_none());
+        assert!(leg.abort.is_none(), "ended, nothing to abort");
+    }
 
     fn chunk(cached_tokens: u32) -> GenerateEvent {
         GenerateEvent::Chunk {
